@@ -1,0 +1,104 @@
+"""Save and stop cleanly when the job is about to be preempted; requeue it on SLURM.
+
+SLURM sends ``SIGUSR1`` some time before it kills a job (``#SBATCH --signal=SIGUSR1@90``). Lightning's own
+handler saves a checkpoint *inside the signal handler*, wherever training happens to be: possibly in the middle
+of an optimizer step, and under DDP while the other ranks sit in a collective, which can deadlock. Here the
+handler only sets a flag. At the end of the next optimizer step all ranks agree on it (one tiny all-reduce),
+save ``last.ckpt`` together, and stop; rank 0 then runs ``scontrol requeue``. The requeued job passes
+``--ckpt_path=last`` and continues from exactly that step: same data order, same weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning as L
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from src.errors import Preempted
+
+log = logging.getLogger(__name__)
+
+
+def slurm_job_id() -> str | None:
+    """The id ``scontrol requeue`` needs (``ARRAYJOB_TASK`` for array jobs)."""
+    if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+class PreemptionCheckpoint(Callback):
+    """On ``signal_name``, save ``<checkpoint dir>/last.ckpt`` at the next step boundary, stop, and requeue.
+
+    Args:
+        signal_name: The signal announcing preemption (``SIGUSR1`` matches ``#SBATCH --signal=SIGUSR1@90``).
+        requeue: Under SLURM, requeue the job after saving (needs ``#SBATCH --requeue``).
+        filename: Checkpoint file name; it must start with ``last`` for ``--ckpt_path=last`` to find it.
+    """
+
+    def __init__(self, signal_name: str = "SIGUSR1", requeue: bool = True, filename: str = "last.ckpt") -> None:
+        if not filename.startswith("last") or not filename.endswith(".ckpt"):
+            raise ValueError(f"--preemption.filename={filename} must look like last*.ckpt so --ckpt_path=last finds it")
+        self.signal_number = signal.Signals[signal_name.upper()]
+        self.requeue = requeue
+        self.filename = filename
+        self.received = False
+        self._previous_handler: Any = None
+        self._last_step_seen = -1
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = True  # act later, at a step boundary, never inside the handler
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return
+        environment = trainer._accelerator_connector.cluster_environment
+        if isinstance(environment, SLURMEnvironment):
+            environment.auto_requeue = False  # this callback replaces Lightning's in-handler save and requeue
+        self._previous_handler = signal.signal(self.signal_number, self._handle)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._previous_handler is not None:
+            signal.signal(self.signal_number, self._previous_handler)
+            self._previous_handler = None
+
+    def checkpoint_path(self, trainer: L.Trainer) -> Path:
+        checkpoint = trainer.checkpoint_callback
+        if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
+            return Path(checkpoint.dirpath) / self.filename
+        return Path(trainer.default_root_dir) / "checkpoints" / self.filename
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self._last_step_seen:
+            return  # mid-accumulation: no optimizer step has finished since the last check
+        self._last_step_seen = trainer.global_step
+        received = self.received
+        if trainer.world_size > 1:
+            received = trainer.strategy.reduce_boolean_decision(received, all=False)  # any rank was signalled
+        if not received:
+            return
+        path = self.checkpoint_path(trainer)
+        trainer.save_checkpoint(path)  # every rank calls it; rank 0 writes
+        job_id = slurm_job_id()
+        requeued = False
+        if self.requeue and job_id and trainer.is_global_zero:
+            result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+            requeued = result.returncode == 0
+            if not requeued:
+                log.warning("scontrol requeue %s failed: %s", job_id, result.stderr.strip())
+        trainer.strategy.barrier("preemption")
+        raise Preempted(
+            f"saved {path} at step {trainer.global_step}"
+            + (f" and requeued SLURM job {job_id}" if requeued else "")
+            + "; resume with --ckpt_path=last (same --trainer.default_root_dir)."
+        )

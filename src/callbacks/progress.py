@@ -1,0 +1,81 @@
+"""Progress output: a Rich bar on an interactive terminal, plain log lines everywhere else.
+
+Carriage-return progress bars (tqdm, Rich) turn SLURM and CI logs into megabytes of redrawn lines. The plain
+bar is written by hand because Lightning has no line-per-interval progress callback.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+
+
+def _format(metrics: dict[str, Any]) -> str:
+    parts = []
+    for name, value in metrics.items():
+        parts.append(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}")
+    return " ".join(parts)
+
+
+class PlainProgressBar(ProgressBar):
+    """Prints one line every ``every_n_steps`` optimizer steps and one after each validation, on rank 0.
+
+    Args:
+        every_n_steps: Optimizer steps between lines.
+    """
+
+    def __init__(self, every_n_steps: int = 50) -> None:
+        super().__init__()
+        self.every_n_steps = every_n_steps
+        self._enabled = True
+        self._start = 0.0
+        self._last_printed_step = -1
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        if self._enabled:
+            print(*args, **kwargs, flush=True)
+
+    def _line(self, trainer: L.Trainer, pl_module: L.LightningModule, prefix: str) -> None:
+        elapsed = time.perf_counter() - self._start
+        metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
+        total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        position = f"epoch {trainer.current_epoch} step {trainer.global_step}/{total}"
+        self.print(f"{prefix} {position} [{elapsed:.1f}s] {_format(metrics)}")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if self._enabled and step % self.every_n_steps == 0 and step != self._last_printed_step:
+            self._last_printed_step = step
+            self._line(trainer, pl_module, "train")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._enabled and not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._line(trainer, pl_module, "val  ")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._enabled:
+            self._line(trainer, pl_module, "done ")
+
+
+def progress_bar(mode: str) -> ProgressBar | None:
+    """``auto`` (Rich on a terminal, plain otherwise), ``rich``, ``plain``, or ``none``."""
+    if mode == "none":
+        return None
+    if mode == "rich" or (mode == "auto" and sys.stdout.isatty()):
+        return RichProgressBar()
+    return PlainProgressBar()

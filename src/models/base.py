@@ -1,0 +1,81 @@
+"""The LightningModule base class: optimizer and LR scheduler chosen on the command line."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+
+#: parameter dtype of the "-true" precisions (the module itself is converted, not just autocast)
+TRUE_PRECISION_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
+
+
+class TemplateModule(L.LightningModule):
+    """Base class for this template's models: injects the optimizer and LR scheduler.
+
+    Both are callables that LightningCLI builds from ``--model.init_args.optimizer`` and
+    ``--model.init_args.lr_scheduler`` (any class from ``torch.optim`` or your own), so every one of their
+    options is on the command line, in YAML and in ``--model.help``. The scheduler steps every optimizer
+    step by default, which is what warm-up and cosine schedules expect.
+
+    Args:
+        optimizer: Builds the optimizer from the parameters, e.g. ``torch.optim.AdamW`` with its options.
+        lr_scheduler: Builds a scheduler from the optimizer; ``None`` keeps the learning rate constant.
+        lr_scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch``.
+        lr_scheduler_monitor: Metric a ``ReduceLROnPlateau`` scheduler watches.
+    """
+
+    def __init__(
+        self,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        lr_scheduler_interval: Literal["step", "epoch"] = "step",
+        lr_scheduler_monitor: str = "val/loss",
+    ) -> None:
+        super().__init__()
+        self.optimizer_factory = optimizer
+        self.lr_scheduler_factory = lr_scheduler
+        self.lr_scheduler_interval = lr_scheduler_interval
+        self.lr_scheduler_monitor = lr_scheduler_monitor
+
+    def configure_optimizers(self) -> Any:
+        """Build the optimizer (and scheduler) from the injected factories."""
+        optimizer = self.optimizer_factory(self.parameters())
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        scheduler = self.lr_scheduler_factory(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {
+                "scheduler": scheduler,
+                "interval": self.lr_scheduler_interval,
+                "monitor": self.lr_scheduler_monitor,
+            },
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning loads the weights before it converts the module to a "-true" precision, so float64 weights
+        # would be rounded through float32 on resume. Convert first; the later conversion is then a no-op.
+        trainer = self._trainer
+        dtype = TRUE_PRECISION_DTYPES.get(str(trainer.precision)) if trainer is not None else None
+        if dtype is not None:
+            self.to(dtype)
+
+    def should_log_step(self) -> bool:
+        """True on the optimizer steps whose per-step metrics the logger will write.
+
+        ``self.log`` costs about a millisecond per call even when nothing is written, so per-step metrics are
+        only logged on the steps Lightning flushes (every ``trainer.log_every_n_steps``).
+        """
+        trainer = self._trainer
+        if trainer is None:
+            return False
+        return (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0 and not self._accumulating()
+
+    def _accumulating(self) -> bool:
+        trainer = self._trainer
+        assert trainer is not None
+        batch_idx = trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1
+        return (batch_idx + 1) % trainer.accumulate_grad_batches != 0

@@ -1,0 +1,204 @@
+"""Causal language model: a small GPT (pre-norm transformer) over byte tokens.
+
+Attention goes through ``torch.nn.functional.scaled_dot_product_attention``, which picks the fastest kernel
+the device has (flash or memory-efficient attention on GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from src.models.base import TemplateModule
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention where each position sees only itself and earlier positions."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"--model.init_args.n_embd={n_embd} must be a multiple of n_head={n_head}")
+        self.n_head = n_head
+        self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        self.proj = nn.Linear(n_embd, n_embd)
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, time, channels = x.shape
+        q, k, v = self.qkv(x).split(channels, dim=2)
+        q, k, v = (t.view(batch, time, self.n_head, channels // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(batch, time, channels)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: attention then a 4x MLP, each with a residual connection."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
+        self.ln2 = nn.LayerNorm(n_embd)
+        self.mlp = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd), nn.Dropout(dropout)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Token and position embeddings, ``n_layer`` blocks, a final norm and an output layer tied to the embedding."""
+
+    def __init__(
+        self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, dropout: float
+    ) -> None:
+        super().__init__()
+        self.block_size = block_size
+        self.tok_emb = nn.Embedding(vocab_size, n_embd)
+        self.pos_emb = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # weight tying: fewer parameters, better small models
+        self.apply(self._init_weights)
+        for name, param in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                # scaled init of residual projections (GPT-2): keeps the residual stream's variance flat in depth
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        time = tokens.shape[1]
+        if time > self.block_size:
+            raise ValueError(f"sequence of {time} tokens is longer than the model's block_size={self.block_size}")
+        positions = torch.arange(time, device=tokens.device)
+        x = self.drop(self.tok_emb(tokens) + self.pos_emb(positions))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+class CausalLanguageModel(TemplateModule):
+    """Next-token prediction with ``GPT``; logs ``{train,val,test}/loss`` (nats per token) and ``val/perplexity``.
+
+    Args:
+        vocab_size: Token ids are below this (256 for the byte-level ``TextDataModule``).
+        block_size: Longest sequence the model accepts.
+        n_layer: Transformer blocks.
+        n_head: Attention heads per block.
+        n_embd: Width of the residual stream.
+        dropout: Dropout rate (0 keeps training identical across strategies).
+        optimizer: See ``TemplateModule``.
+        lr_scheduler: See ``TemplateModule``.
+        lr_scheduler_interval: See ``TemplateModule``.
+        lr_scheduler_monitor: See ``TemplateModule``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        block_size: int = 128,
+        n_layer: int = 4,
+        n_head: int = 4,
+        n_embd: int = 128,
+        dropout: float = 0.0,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        lr_scheduler_interval: Literal["step", "epoch"] = "step",
+        lr_scheduler_monitor: str = "val/loss",
+    ) -> None:
+        super().__init__(optimizer, lr_scheduler, lr_scheduler_interval, lr_scheduler_monitor)
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.net = GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
+        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, sequence_length: int | None = None) -> int:
+        """Training FLOPs per token (forward + backward): 6 per parameter plus attention (PaLM, appendix B)."""
+        hp = self.hparams
+        time = sequence_length or hp.block_size
+        non_embedding = self.num_parameters - self.net.pos_emb.weight.numel()
+        return 6 * non_embedding + 12 * hp.n_layer * hp.n_embd * time
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Token ids ``(N, T)`` -> next-token logits ``(N, T, vocab_size)``."""
+        return self.net(tokens)
+
+    def model_step(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """Mean next-token cross-entropy of a batch ``(inputs, targets)``."""
+        inputs, targets = batch
+        logits = self(inputs)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """One micro-batch of training; returns the loss Lightning backpropagates."""
+        loss = self.model_step(batch)
+        self.train_loss.update(loss.detach(), weight=batch[1].numel())
+        if self.should_log_step():
+            self.log("train/loss", loss.detach(), prog_bar=True, sync_dist=True)
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train/loss_epoch", self.train_loss.compute())
+        self.train_loss.reset()
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """Accumulate validation loss, weighted by the number of tokens."""
+        self.val_loss.update(self.model_step(batch), weight=batch[1].numel())
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()  # reduced over all processes
+        self.log_dict({"val/loss": loss, "val/perplexity": loss.exp()}, prog_bar=True)
+        self.val_loss.reset()
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """Accumulate test loss, weighted by the number of tokens."""
+        self.test_loss.update(self.model_step(batch), weight=batch[1].numel())
+
+    def on_test_epoch_end(self) -> None:
+        loss = self.test_loss.compute()
+        self.log_dict({"test/loss": loss, "test/perplexity": loss.exp()})
+        self.test_loss.reset()
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """The most likely next token after every position, ``(N, T)``."""
+        inputs, _ = batch
+        return self(inputs).argmax(dim=-1)
+
+    @torch.no_grad()
+    def generate(
+        self, tokens: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None
+    ) -> Tensor:
+        """Extend ``tokens`` ``(N, T)`` by sampling ``max_new_tokens`` tokens; ``temperature=0`` is greedy."""
+        for _ in range(max_new_tokens):
+            logits = self(tokens[:, -self.hparams.block_size :])[:, -1].float()
+            if temperature == 0:
+                next_token = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_token = torch.multinomial(logits.softmax(dim=-1), 1)
+            tokens = torch.cat([tokens, next_token], dim=1)
+        return tokens

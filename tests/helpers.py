@@ -1,0 +1,41 @@
+"""Callbacks and workloads used only by the tests (importable by the CLI in test subprocesses)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+
+class SignalAtStep(Callback):
+    """Sends ``signal_name`` to this process (rank ``rank`` only) after optimizer step ``step``."""
+
+    def __init__(self, step: int, signal_name: str = "SIGUSR1", rank: int = 0) -> None:
+        self.step = step
+        self.signal_number = signal.Signals[signal_name]
+        self.rank = rank
+        self.sent = False
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        if not self.sent and trainer.global_step == self.step and trainer.global_rank == self.rank:
+            self.sent = True
+            os.kill(os.getpid(), self.signal_number)
+
+
+class RecordParameters(Callback):
+    """Appends ``step <sum of parameters>`` after every optimizer step to ``path`` (rank 0)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        if trainer.is_global_zero:
+            total = sum(p.detach().double().sum().item() for p in pl_module.parameters())
+            with open(self.path, "a") as handle:
+                handle.write(f"{trainer.global_step} {batch_idx} {total!r}\n")
