@@ -19,10 +19,11 @@ import sys
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import lightning as L
 from jsonargparse import Namespace
+from jsonargparse._common import debug_mode_active
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -85,6 +86,30 @@ def _check_checkpoint_file(path: Path, option: str) -> None:
         )
 
 
+class TemplateArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser with short errors: the message and where to look, not the 150-line usage."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` must not silently mean max_epochs
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error or debug_mode_active():
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        # keep the lines that say what is wrong; drop jsonargparse's internals (the None alternative, NestedArg)
+        noise = ("Subtypes:", "Expected a <class 'NoneType'>", "Given value type:", "Given value: NestedArg")
+        lines = message.strip().splitlines()
+        message = "\n".join(line for line in lines if not line.strip().lstrip("- ").startswith(noise))
+        command = parser.prog.replace(" [options]", "")
+        sys.stderr.write(
+            f"error: {message}\n"
+            f"Fix: correct that option. `{command} --help` lists every option; `--model.help CLASS` and"
+            " `--data.help CLASS` list a model's or data module's.\n"
+        )
+        self.exit(2)
+
+
 class TemplateCLI(LightningCLI):
     """LightningCLI with this template's defaults, checks and run-directory layout (see the module docstring)."""
 
@@ -97,7 +122,9 @@ class TemplateCLI(LightningCLI):
             datamodule_class=L.LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
-            parser_kwargs={"default_env": True, **{name: dict(per_subcommand) for name in SUBCOMMANDS}},
+            parser_kwargs={"default_env": True, "prog": "python -m src.cli"}
+            | {name: dict(per_subcommand) for name in SUBCOMMANDS},
+            parser_class=TemplateArgumentParser,
             auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)
             args=args,
             run=run,

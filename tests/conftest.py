@@ -1,0 +1,104 @@
+"""Shared fixtures: run the CLI in-process or in a subprocess, tiny workloads, checkpoint comparisons."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: a small but complete image workload: a few seconds per run on a 2-core CPU
+TINY_IMAGE = [
+    "--trainer.accelerator=cpu",
+    "--trainer.enable_model_summary=false",
+    "--model.init_args.widths=[8,16]",
+    "--data.init_args.synthetic_train_size=512",
+    "--data.init_args.synthetic_val_size=128",
+    "--data.init_args.batch_size=32",
+]
+TINY_GPT = [
+    "--trainer.accelerator=cpu",
+    "--trainer.enable_model_summary=false",
+    "--model=src.models.CausalLanguageModel",
+    "--model.init_args.n_layer=2",
+    "--model.init_args.n_head=2",
+    "--model.init_args.n_embd=32",
+    "--model.init_args.block_size=32",
+    "--data=src.data.TextDataModule",
+    "--data.init_args.block_size=32",
+    "--data.init_args.corpus_chars=40000",
+    "--data.init_args.batch_size=16",
+    "--checkpoint.monitor=val/loss",
+    "--checkpoint.mode=min",
+]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Environment for a CLI subprocess: the repo importable, one thread per process, quiet, offline."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PL_", "WANDB_"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        PYTHONWARNINGS="ignore::DeprecationWarning",
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+    )
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
+    """Run ``python -m src.cli ARGS`` in a subprocess (needed for ddp, which re-launches the script)."""
+
+    def run(
+        *args: str, check: bool = True, env: dict[str, str] | None = None, timeout: int = 600, cwd: Path | None = None
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "src.cli", *args],
+            cwd=cwd or REPO,
+            env=env or cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"CLI failed ({result.returncode}): {' '.join(args)}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+            )
+        return result
+
+    return run
+
+
+def read_metrics(run_dir: Path, version: int | None = None) -> list[dict[str, str]]:
+    """Rows of ``metrics.csv`` of the latest (or given) logger version of a run directory."""
+    versions = sorted((run_dir / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    folder = versions[-1] if version is None else run_dir / "logs" / f"version_{version}"
+    with open(folder / "metrics.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def last_value(rows: list[dict[str, str]], key: str) -> float:
+    values = [float(row[key]) for row in rows if row.get(key) not in (None, "")]
+    assert values, f"no {key} in metrics"
+    return values[-1]
+
+
+def load_state(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """||a - b|| / ||a|| over all floating-point tensors of two state dicts (same keys required)."""
+    assert a.keys() == b.keys()
+    keys = [k for k in a if a[k].is_floating_point()]
+    diff = sum(((a[k].double() - b[k].double()) ** 2).sum() for k in keys).sqrt()
+    norm = sum((a[k].double() ** 2).sum() for k in keys).sqrt()
+    return (diff / norm).item()

@@ -1,0 +1,61 @@
+"""Models: shapes, causality, FLOP counts, checkpoints."""
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from src.models import CausalLanguageModel, ImageClassifier
+
+
+def test_image_classifier_outputs_logits_per_class():
+    model = ImageClassifier(num_classes=7, widths=(8, 16))
+    assert model(torch.randn(5, 3, 32, 32)).shape == (5, 7)
+
+
+def test_gpt_is_causal():
+    torch.manual_seed(0)
+    model = CausalLanguageModel(n_layer=2, n_head=2, n_embd=16, block_size=16).eval()
+    tokens = torch.randint(0, 256, (2, 16))
+    changed = tokens.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % 256
+    a, b = model(tokens), model(changed)
+    assert torch.allclose(a[:, :10], b[:, :10], atol=1e-6)  # the past does not see the future
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_gpt_rejects_sequences_longer_than_its_block():
+    model = CausalLanguageModel(n_layer=1, n_head=1, n_embd=8, block_size=8)
+    with pytest.raises(ValueError, match="block_size=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_gpt_flops_follow_the_parameter_count():
+    model = CausalLanguageModel(n_layer=2, n_head=2, n_embd=32, block_size=64)
+    non_embedding = sum(p.numel() for p in model.parameters()) - 64 * 32
+    assert model.flops_per_token() == 6 * non_embedding + 12 * 2 * 32 * 64
+
+
+def test_gpt_generates_the_requested_number_of_tokens():
+    model = CausalLanguageModel(n_layer=1, n_head=1, n_embd=8, block_size=8)
+    out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=10, temperature=0)
+    assert out.shape == (2, 13)
+
+
+def test_checkpoint_reloads_with_its_hyperparameters(tmp_path):
+    model = ImageClassifier(widths=(8, 16), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    trainer = L.Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    data = TensorDataset(torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+    trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=8))
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    restored = ImageClassifier.load_from_checkpoint(tmp_path / "m.ckpt")
+    assert restored.hparams.widths == (8, 16)
+    for (name, a), b in zip(model.state_dict().items(), restored.state_dict().values()):
+        assert torch.equal(a, b), name
