@@ -53,6 +53,12 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(autouse=True)
+def _plain_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process CLI calls pass ``args``; pytest's own argv must not look like CLI arguments."""
+    monkeypatch.setattr(sys, "argv", ["src.cli"])
+
+
 @pytest.fixture
 def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
     """Run ``python -m src.cli ARGS`` in a subprocess (needed for ddp, which re-launches the script)."""

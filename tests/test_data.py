@@ -68,7 +68,7 @@ def test_cifar10_batches_are_read_and_split(tmp_path):
     dm.prepare_data()
     dm.setup("fit")
     assert len(dm.train_set) == 70 and len(dm.val_set) == 30 and len(dm.test_set) == 20
-    image, label, index = dm.train_set[0]
+    image, label, _ = dm.train_set[0]
     assert image.shape == (3, 32, 32) and image.dtype == torch.uint8 and 0 <= int(label) < 10
     # the folder may also be given as the batch folder itself
     assert find_cifar10_folder(tmp_path / CIFAR10_FOLDER) == tmp_path / CIFAR10_FOLDER
@@ -122,6 +122,6 @@ def test_train_loader_outside_a_trainer_uses_the_whole_global_batch():
     dm = CIFAR10DataModule(synthetic_train_size=256, synthetic_val_size=64, batch_size=32)
     dm.setup()
     loader = dm.train_dataloader()
-    images, labels, index = next(iter(loader))
+    images, _, _ = next(iter(loader))
     assert images.shape[0] == 32 and len(loader) == 8
     assert loader.state_dict() == {}  # no trainer: nothing to resume

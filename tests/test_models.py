@@ -57,5 +57,5 @@ def test_checkpoint_reloads_with_its_hyperparameters(tmp_path):
     trainer.save_checkpoint(tmp_path / "m.ckpt")
     restored = ImageClassifier.load_from_checkpoint(tmp_path / "m.ckpt")
     assert restored.hparams.widths == (8, 16)
-    for (name, a), b in zip(model.state_dict().items(), restored.state_dict().values()):
+    for (name, a), b in zip(model.state_dict().items(), restored.state_dict().values(), strict=True):
         assert torch.equal(a, b), name

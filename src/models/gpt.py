@@ -105,10 +105,10 @@ class CausalLanguageModel(TemplateModule):
         n_head: Attention heads per block.
         n_embd: Width of the residual stream.
         dropout: Dropout rate (0 keeps training identical across strategies).
-        optimizer: See ``TemplateModule``.
-        lr_scheduler: See ``TemplateModule``.
-        lr_scheduler_interval: See ``TemplateModule``.
-        lr_scheduler_monitor: See ``TemplateModule``.
+        optimizer: Optimizer class and options, e.g. ``--model.optimizer=SGD --model.optimizer.lr=0.1``.
+        lr_scheduler: Scheduler class and options (``torch.optim.lr_scheduler``), or none for a constant rate.
+        lr_scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch``.
+        lr_scheduler_monitor: Metric a ``ReduceLROnPlateau`` scheduler watches.
     """
 
     def __init__(

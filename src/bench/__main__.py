@@ -1,0 +1,198 @@
+"""``python -m src.bench``: the template's strategies against plain PyTorch, on this machine, in one command.
+
+Examples::
+
+    python -m src.bench --quick                      # about a minute on a 2-core CPU
+    python -m src.bench                              # both workloads, every strategy, 1..N devices, 3 repeats
+    python -m src.bench --workload image --strategies ddp,plain-ddp --devices 1,2 --batch-sizes 16,64,256
+
+Rows: ``single`` (one device), ``dp``, ``ddp``, ``ddp_spawn`` (the template through ``python -m src.cli fit``)
+and ``plain-loop``, ``plain-ddp`` (hand-written PyTorch). On a CPU, devices are processes with a fixed number
+of threads each, DDP uses gloo, and ``dp`` is a pass-through (one process). Results go to ``--out``:
+``results.json``, ``results.csv``, ``results.md`` and two PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from src.bench.environment import load_average, machine_info
+from src.bench.flops import flops_per_sample, peak_flops
+from src.bench.report import build_table, write_all
+from src.bench.runner import PLAIN_STRATEGIES, STRATEGY_LABELS, TEMPLATE_STRATEGIES, Row, Settings, run_all
+from src.bench.workloads import WORKLOADS, global_batch_size, resolve, tokens_per_sample
+
+PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m src.bench",
+        description="Training throughput of the template's strategies against plain PyTorch.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument("--quick", action="store_true", help="small models, few steps, one repeat: about a minute")
+    parser.add_argument("--workload", type=_names, help=f"comma-separated: {', '.join(WORKLOADS)} (default: all)")
+    parser.add_argument(
+        "--strategies",
+        type=_names,
+        help=f"comma-separated from {', '.join(STRATEGY_LABELS)} (default: all); the 1-device rows that"
+        " efficiencies are measured against (single, plain-loop) are always added",
+    )
+    parser.add_argument("--devices", type=_ints, help="device counts, e.g. 1,2 (default: 1 and 2, 4, ... up to all)")
+    parser.add_argument("--precisions", type=_names, help="32, 16-mixed, bf16-mixed (default: 32; on GPU all three)")
+    parser.add_argument("--batch-sizes", type=_ints, help="global batch sizes (default: the workload's own)")
+    parser.add_argument("--repeats", type=int, help="runs per row; the median is reported (default 3, quick 1)")
+    parser.add_argument("--steps", type=int, help="timed optimizer steps per run (default 20, quick 8)")
+    parser.add_argument("--warmup", type=int, help="optimizer steps before the timed ones (default 5, quick 2)")
+    parser.add_argument("--threads", type=int, help="torch threads per process (default: 1 on CPU)")
+    parser.add_argument("--accelerator", choices=["auto", "cpu", "gpu"], default="auto")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds before one run is stopped")
+    parser.add_argument("--out", type=Path, default=Path("bench_results"), help="output folder")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
+    return parser.parse_args(argv)
+
+
+def default_devices(accelerator: str) -> list[int]:
+    available = torch.cuda.device_count() if accelerator == "gpu" else len(os.sched_getaffinity(0))
+    counts = [1]
+    while counts[-1] * 2 <= min(available, 8):
+        counts.append(counts[-1] * 2)
+    return counts if available in counts or available > 8 else [*counts, available]
+
+
+def supported(precision: str, accelerator: str) -> str | None:
+    """Why a precision cannot run here, or None."""
+    if accelerator == "gpu" and precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bf16"
+    return None
+
+
+def plan(args: argparse.Namespace, accelerator: str) -> tuple[list[Row], list[str]]:
+    """The rows to run, and what was skipped and why."""
+    workloads = args.workload or (["image"] if args.quick else list(WORKLOADS))
+    strategies = args.strategies or list(STRATEGY_LABELS)
+    unknown = [s for s in [*workloads, *strategies] if s not in WORKLOADS and s not in STRATEGY_LABELS]
+    if unknown:
+        raise SystemExit(f"error: unknown workload or strategy {unknown}; workloads {list(WORKLOADS)}, strategies {list(STRATEGY_LABELS)}")
+    if any(s in TEMPLATE_STRATEGIES for s in strategies) and "single" not in strategies:
+        strategies.insert(0, "single")
+    if any(s in PLAIN_STRATEGIES for s in strategies) and "plain-loop" not in strategies:
+        strategies.append("plain-loop")
+    devices = args.devices or ([2] if args.quick else default_devices(accelerator))
+    default_precisions = ["32", "bf16-mixed", "16-mixed"] if accelerator == "gpu" and not args.quick else ["32"]
+    precisions = [PRECISION_ALIASES.get(p, p) for p in (args.precisions or default_precisions)]
+    available = torch.cuda.device_count() if accelerator == "gpu" else len(os.sched_getaffinity(0))
+    skipped = [f"{n} devices: this machine has {available}" for n in devices if n > available]
+    devices = [n for n in devices if n <= available]
+    rows: list[Row] = []
+    for workload in workloads:
+        sizes = args.batch_sizes or [global_batch_size(resolve(WORKLOADS[workload], args.quick))]
+        for precision in precisions:
+            reason = supported(precision, accelerator)
+            if reason:
+                skipped.append(f"{precision}: {reason}")
+                continue
+            for batch in sizes:
+                for strategy in strategies:
+                    counts = [1] if strategy in ("single", "plain-loop") else devices
+                    for n in counts:
+                        processes = n if strategy in ("ddp", "ddp_spawn", "plain-ddp") else 1
+                        if batch % processes:
+                            skipped.append(f"{workload} {strategy} x{n} b{batch}: batch not divisible by {processes}")
+                            continue
+                        rows.append(Row(workload, strategy, n, precision, batch))
+    return rows, skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    accelerator = args.accelerator
+    if accelerator == "auto":
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    if accelerator == "gpu" and not torch.cuda.is_available():
+        raise SystemExit("error: --accelerator=gpu, but PyTorch sees no CUDA GPU")
+    rows, skipped = plan(args, accelerator)
+    if not rows:
+        raise SystemExit("error: nothing to run: " + "; ".join(skipped))
+    largest = max(row.processes for row in rows)
+    threads = args.threads or (1 if accelerator == "cpu" else max(1, (os.cpu_count() or 1) // largest))
+    settings = Settings(
+        accelerator=accelerator,
+        quick=args.quick,
+        warmup=max(1, args.warmup if args.warmup is not None else (2 if args.quick else 5)),
+        steps=args.steps or (8 if args.quick else 20),
+        threads=threads,
+        timeout_s=args.timeout,
+        out=args.out.resolve(),
+    )
+    repeats = args.repeats or (1 if args.quick else 3)
+    environment = machine_info(argv)
+    print(f"{len(rows)} rows x {repeats} repeat(s) on {accelerator}, {threads} thread(s) per process; output {settings.out}")
+    for reason in skipped:
+        print(f"skipped: {reason}")
+
+    workload_info: dict[str, dict[str, Any]] = {}
+    for name in {row.workload for row in rows}:
+        config = resolve(WORKLOADS[name], args.quick)
+        workload_info[name] = {
+            "description": WORKLOADS[name].description,
+            "tokens_per_sample": tokens_per_sample(config),
+            "flops_per_sample": flops_per_sample(config),
+        }
+    device = torch.device("cuda", 0) if accelerator == "gpu" else torch.device("cpu")
+    peaks: dict[str, float | None] = {}
+    peak_sources = {}
+    for precision in {row.precision for row in rows}:
+        peaks[precision], peak_sources[precision] = peak_flops(device, precision)
+
+    started = time.time()
+    results = run_all(rows, repeats, settings)
+    environment["load_average_end"] = load_average()
+    environment["bench_wall_s"] = round(time.time() - started, 1)
+    table = build_table(results, accelerator, workload_info, peaks)
+    output = {
+        "environment": environment,
+        "settings": {
+            "accelerator": accelerator,
+            "quick": args.quick,
+            "warmup": settings.warmup,
+            "steps": settings.steps,
+            "repeats": repeats,
+            "threads": threads,
+            "peak_flops_source": peak_sources,
+            "skipped": skipped,
+        },
+        "workloads": workload_info,
+        "rows": table,
+        "runs": {row.key: runs for row, runs in results.items()},
+    }
+    written = write_all(settings.out, output, plots=not args.no_plots)
+    print((settings.out / "results.md").read_text())
+    print("wrote " + ", ".join(str(path) for path in written))
+    failed = [row["key"] for row in table if row.get("samples_per_s") is None]
+    if failed:
+        print(f"FAILED rows: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

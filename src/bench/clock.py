@@ -1,0 +1,105 @@
+"""Per-step wall times of one training process, written as JSON (used by ``StepTimer`` and the plain baselines).
+
+A step's time is the interval between the ends of two consecutive optimizer steps, so everything the loop does
+per step counts (loading, transfer, augmentation, forward, backward, optimizer, logging, progress output,
+callbacks), wherever in the loop it happens. On a GPU the step ends are CUDA events read after training, so
+no host synchronisation is added inside the timed window. Each process writes its own file (``rank_path``);
+the launcher reads them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: the launcher's ``time.time()`` just before it started the run, for the time to first step
+T0_ENV = "BENCH_T0"
+
+
+def rank_path(path: str | Path, rank: int) -> Path:
+    """``out.json`` for rank 0, ``out.rank1.json`` ... for the others."""
+    path = Path(path)
+    return path if rank == 0 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def launch_time() -> float | None:
+    value = os.environ.get(T0_ENV)
+    return float(value) if value else None
+
+
+class StepClock:
+    """Records the end of every optimizer step of one process and summarises the run as a dict."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.t0 = launch_time()
+        self.host_ends: list[float] = []
+        self.events: list[Any] = []
+        self.new_epoch: list[bool] = []
+        self.first_step_s: float | None = None
+        self.losses: dict[str, float] = {}
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def step_end(self, new_epoch: bool = False) -> None:
+        """Call at the end of each optimizer step; ``new_epoch``: this step started a new pass over the data."""
+        if self.first_step_s is None and self.t0 is not None:
+            if self.cuda:
+                torch.cuda.synchronize(self.device)  # once, outside the timed window: the step really finished
+            self.first_step_s = time.time() - self.t0
+        self.host_ends.append(time.perf_counter())
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
+        self.new_epoch.append(new_epoch)
+
+    def record_loss(self, name: str, loss: torch.Tensor | float) -> None:
+        """Keep a loss value (first and last step) to check that two runs trained the same thing."""
+        self.losses[name] = float(loss.detach().float().item() if isinstance(loss, torch.Tensor) else loss)
+
+    @property
+    def steps(self) -> int:
+        return len(self.host_ends)
+
+    def step_times(self) -> list[float]:
+        """Seconds between consecutive step ends; entry ``i`` is the time of step ``i + 1`` (0-based)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return [start.elapsed_time(end) / 1000 for start, end in zip(self.events, self.events[1:], strict=False)]
+        return [end - start for start, end in zip(self.host_ends, self.host_ends[1:], strict=False)]
+
+    def peak_memory(self) -> tuple[int, str]:
+        """(bytes, what they are): the CUDA allocator's peak on a GPU, the process's peak resident set on a CPU."""
+        if self.cuda:
+            return torch.cuda.max_memory_allocated(self.device), "cuda_max_allocated"
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "max_rss"
+
+    def result(self, **extra: Any) -> dict[str, Any]:
+        memory, memory_kind = self.peak_memory()
+        return {
+            "step_times_s": self.step_times(),
+            "new_epoch": self.new_epoch[1:],
+            "steps": self.steps,
+            "first_step_s": self.first_step_s,
+            "peak_memory_bytes": memory,
+            "memory_kind": memory_kind,
+            "threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
+            "losses": self.losses,
+            "pid": os.getpid(),
+            **extra,
+        }
+
+    def write(self, path: str | Path, rank: int, **extra: Any) -> Path:
+        target = rank_path(path, rank)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(self.result(rank=rank, **extra)))
+        return target

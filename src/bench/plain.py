@@ -1,0 +1,181 @@
+"""The baselines: a plain PyTorch training loop, and plain PyTorch DDP started with ``torch.multiprocessing.spawn``.
+
+``python -m src.bench.plain --workload image --devices 2 --out run.json`` trains the workload's network
+(``model.net`` of the same ``src.models`` class, built with the same seed) on the same data: the same global
+batch order (``GlobalBatchSampler``), per-process batch, augmentation and normalisation, and the same
+optimizer, LR scheduler, gradient clipping and precision. What it leaves out is the template: Lightning's loop,
+metrics, logging, progress output and callbacks. ``--mode loop`` runs one process without DDP; ``--mode ddp``
+spawns ``--devices`` processes that wrap the network in ``DistributedDataParallel`` (gloo on CPU, NCCL on GPU),
+as in the article this template grew from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from src.bench.clock import StepClock
+from src.bench.workloads import WORKLOADS, build_datamodule, build_model, build_optimizer, resolve
+
+# src.data and src.models import Lightning (their base classes): only the training processes import them, so the
+# launcher of plain DDP starts as fast as a plain PyTorch script does.
+
+#: autocast dtype of each mixed precision; on a CPU Lightning runs 16-mixed as bf16-mixed, and so does this
+AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def batches(loader: DataLoader, sampler: Any) -> Iterator[tuple[int, bool, Any]]:
+    """(epoch, first batch of the epoch, batch) forever; each epoch reshuffles as the template's sampler does."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        for index, batch in enumerate(loader):
+            yield epoch, index == 0, batch
+        epoch += 1
+
+
+def image_step(seed: int, device: torch.device) -> Callable[[Any, int], tuple[Tensor, Tensor]]:
+    """Transfer, augment and normalise as ``CIFAR10DataModule.on_after_batch_transfer`` does."""
+    from src.data.images import CIFAR10_MEAN, CIFAR10_STD, random_crop_flip
+
+    mean = torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1)
+
+    def prepare(batch: Any, epoch: int) -> tuple[Tensor, Tensor]:
+        images, labels, indices = (t.to(device, non_blocking=True) for t in batch)
+        images = random_crop_flip(images, indices, seed=seed, epoch=epoch)
+        return (images.float() / 255 - mean) / std, labels
+
+    return prepare
+
+
+def text_step(device: torch.device) -> Callable[[Any, int], tuple[Tensor, Tensor]]:
+    def prepare(batch: Any, epoch: int) -> tuple[Tensor, Tensor]:
+        return tuple(t.to(device, non_blocking=True) for t in batch)  # type: ignore[return-value]
+
+    return prepare
+
+
+def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> None:
+    """One process of the baseline: build, then ``args.steps`` optimizer steps, then write the timings."""
+    from src.data.sampling import GlobalBatchSampler
+
+    torch.set_num_threads(args.threads)
+    use_cuda = args.accelerator == "gpu"
+    device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    distributed = args.mode == "ddp"
+    if distributed:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
+
+    config = resolve(WORKLOADS[args.workload], args.quick, {"data.init_args.batch_size": args.batch_size})
+    seed = int(config.get("seed_everything") or 0)
+    torch.manual_seed(seed)  # the same initial weights as the CLI, which seeds before building the model
+    module = build_model(config)
+    net: nn.Module = module.net.to(device)
+    model: nn.Module = DistributedDataParallel(net, device_ids=[rank] if use_cuda else None) if distributed else net
+    optimizer, scheduler = build_optimizer(config, net.parameters())
+    clip = config.get("trainer", {}).get("gradient_clip_val")
+
+    datamodule = build_datamodule(config)
+    datamodule.setup("fit")
+    dataset = datamodule.train_set
+    sampler = GlobalBatchSampler(dataset, args.batch_size, num_replicas=world_size, rank=rank, seed=seed)
+    workers = datamodule.num_workers
+    loader = DataLoader(
+        dataset,
+        batch_size=sampler.micro_batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=use_cuda and datamodule.pin_memory,
+        persistent_workers=workers > 0,
+    )
+    image = "CIFAR10" in type(datamodule).__name__
+    prepare = image_step(seed, device) if image else text_step(device)
+
+    precision = args.precision
+    dtype = AUTOCAST.get("bf16-mixed" if precision == "16-mixed" and not use_cuda else precision)
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+
+    clock = StepClock(device)
+    model.train()
+    for step, (epoch, new_epoch, batch) in enumerate(batches(loader, sampler), start=1):
+        inputs, targets = prepare(batch, epoch)
+        autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+        with autocast:
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.float().flatten(0, -2) if logits.ndim > 2 else logits.float(), targets.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if clip:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+        scaler.step(optimizer)
+        scaler.update()
+        if scheduler is not None:
+            scheduler.step()
+        clock.step_end(new_epoch=new_epoch)
+        if step in (1, args.steps):
+            clock.record_loss("first" if step == 1 else "last", loss)  # after the clock read: not timed
+        if step == args.steps:
+            break
+    clock.write(
+        args.out,
+        rank,
+        world_size=world_size,
+        strategy="plain DDP" if distributed else "plain loop",
+        precision=precision,
+        accumulate_grad_batches=1,
+    )
+    if distributed:
+        dist.destroy_process_group()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m src.bench.plain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="image")
+    parser.add_argument("--mode", choices=["loop", "ddp"], default="loop", help="one process, or DDP processes")
+    parser.add_argument("--devices", type=int, default=1, help="processes for --mode=ddp (one per GPU)")
+    parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
+    parser.add_argument("--batch-size", type=int, required=True, help="global batch per optimizer step")
+    parser.add_argument("--steps", type=int, required=True, help="optimizer steps, warm-up included")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--quick", action="store_true", help="the workload's small --quick variant")
+    parser.add_argument("--out", required=True, help="JSON file of rank 0 (other ranks write beside it)")
+    args = parser.parse_args(argv)
+    if args.mode == "loop" and args.devices != 1:
+        parser.error("--mode=loop runs one process; use --mode=ddp for --devices > 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.mode == "loop":
+        train(0, 1, args, port=0)
+    else:
+        mp.spawn(train, args=(args.devices, args, free_port()), nprocs=args.devices, join=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Runs the rows of the benchmark, each in fresh processes, and collects what their timers wrote.
+
+Each run is one subprocess tree: ``python -m src.cli fit`` with the ``StepTimer`` callback for the template rows,
+``python -m src.bench.plain`` for the baselines. Every process gets the same, fixed thread count through
+``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` (Lightning leaves the count alone when it is set). Repeats go round
+robin over the rows, so slow drift of a shared machine spreads over all rows instead of landing on one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from src.bench.stats import summarise_run
+from src.bench.clock import T0_ENV, rank_path
+from src.bench.workloads import REPO, WORKLOADS, cli_flags
+
+#: what each strategy of a row means; "plain-*" are the hand-written baselines
+STRATEGY_LABELS = {
+    "single": "template, 1 device",
+    "dp": "template, dp",
+    "ddp": "template, ddp",
+    "ddp_spawn": "template, ddp_spawn",
+    "plain-loop": "plain PyTorch loop",
+    "plain-ddp": "plain PyTorch DDP (mp.spawn)",
+}
+TEMPLATE_STRATEGIES = ("single", "dp", "ddp", "ddp_spawn")
+PLAIN_STRATEGIES = ("plain-loop", "plain-ddp")
+MULTIPROCESS = ("ddp", "ddp_spawn", "plain-ddp")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration of the benchmark."""
+
+    workload: str
+    strategy: str
+    devices: int
+    precision: str
+    batch_size: int
+
+    @property
+    def implementation(self) -> str:
+        return "plain" if self.strategy.startswith("plain") else "template"
+
+    @property
+    def processes(self) -> int:
+        return self.devices if self.strategy in MULTIPROCESS else 1
+
+    @property
+    def key(self) -> str:
+        return f"{self.workload}-{self.strategy}-{self.devices}dev-{self.precision}-b{self.batch_size}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How every row is run."""
+
+    accelerator: str  # "cpu" or "gpu"
+    quick: bool
+    warmup: int
+    steps: int
+    threads: int
+    timeout_s: int
+    out: Path
+
+
+def note(row: Row, accelerator: str) -> str:
+    """What the reader must know about a row."""
+    if row.strategy == "dp" and accelerator == "cpu":
+        return "pass-through on CPU: one process, one device (DataParallel splits across GPUs only)"
+    if row.precision == "16-mixed" and accelerator == "cpu":
+        return "Lightning runs 16-mixed as bf16-mixed on a CPU"
+    return ""
+
+
+def template_command(row: Row, settings: Settings, json_path: Path, run_dir: Path) -> list[str]:
+    strategy = "auto" if row.strategy == "single" else row.strategy
+    devices = 1 if row.strategy == "single" else row.devices
+    extra = {"data.init_args.batch_size": row.batch_size}
+    return [
+        sys.executable,
+        "-m",
+        "src.cli",
+        "fit",
+        *cli_flags(WORKLOADS[row.workload], settings.quick, extra),
+        f"--trainer.accelerator={settings.accelerator}",
+        f"--trainer.devices={devices}",
+        f"--trainer.strategy={strategy}",
+        f"--trainer.precision={row.precision}",
+        f"--trainer.max_steps={settings.warmup + settings.steps}",
+        "--trainer.max_epochs=-1",
+        # validation (and the sanity check) stays out of the timed window; checkpoints are written after it
+        "--trainer.limit_val_batches=0",
+        "--trainer.num_sanity_val_steps=0",
+        f"--trainer.default_root_dir={run_dir}",
+        "--trainer.callbacks+=src.bench.timing.StepTimer",
+        f"--trainer.callbacks.path={json_path}",
+    ]
+
+
+def plain_command(row: Row, settings: Settings, json_path: Path) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "src.bench.plain",
+        f"--workload={row.workload}",
+        f"--mode={'ddp' if row.strategy == 'plain-ddp' else 'loop'}",
+        f"--devices={row.devices}",
+        f"--accelerator={settings.accelerator}",
+        f"--precision={row.precision}",
+        f"--batch-size={row.batch_size}",
+        f"--steps={settings.warmup + settings.steps}",
+        f"--threads={settings.threads}",
+        f"--out={json_path}",
+    ]
+    return [*command, "--quick"] if settings.quick else command
+
+
+def run_env(threads: int) -> dict[str, str]:
+    """The environment of a run: the repo importable, fixed threads, no cluster or logger variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PL_", "WANDB_"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+        WANDB_MODE="offline",
+    )
+    return env
+
+
+def run_once(row: Row, repeat: int, settings: Settings) -> dict[str, Any]:
+    """Run one repeat of a row; returns its figures, or ``{"error": ...}`` with the end of its log."""
+    run_dir = settings.out / "runs" / f"{row.key}-r{repeat}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    json_path = run_dir / "timing.json"
+    if row.implementation == "template":
+        command = template_command(row, settings, json_path, run_dir)
+    else:
+        command = plain_command(row, settings, json_path)
+    (run_dir / "command.txt").write_text(" ".join(command) + "\n")
+    env = run_env(settings.threads)
+    env[T0_ENV] = repr(time.time())
+    started = time.perf_counter()
+    with open(run_dir / "output.log", "w") as log:
+        # a session of its own, so that a run past its timeout is ended with all the processes it started
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = process.wait(timeout=settings.timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            returncode = None
+    wall_s = time.perf_counter() - started
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # not results, and written after the timed window
+    result: dict[str, Any] = {"repeat": repeat, "wall_s": wall_s, "run_dir": str(run_dir)}
+    paths = [rank_path(json_path, rank) for rank in range(row.processes)]
+    if returncode != 0 or not all(path.is_file() for path in paths):
+        tail = (run_dir / "output.log").read_text(errors="replace")[-2000:]
+        reason = "timed out" if returncode is None else f"exit code {returncode}"
+        return {**result, "error": f"{reason}; log: {run_dir / 'output.log'}", "log_tail": tail}
+    ranks = [json.loads(path.read_text()) for path in paths]
+    try:
+        figures = summarise_run(ranks, settings.warmup, row.batch_size)
+    except ValueError as error:
+        return {**result, "error": str(error)}
+    return {**result, **figures}
+
+
+def run_all(
+    rows: list[Row], repeats: int, settings: Settings, progress: Callable[[str], None] = print
+) -> dict[Row, list[dict[str, Any]]]:
+    """All repeats of all rows, round robin: repeat 1 of every row, then repeat 2, ..."""
+    results: dict[Row, list[dict[str, Any]]] = {row: [] for row in rows}
+    total, done = len(rows) * repeats, 0
+    for repeat in range(1, repeats + 1):
+        for row in rows:
+            done += 1
+            run = run_once(row, repeat, settings)
+            results[row].append(run)
+            if "error" in run:
+                progress(f"[{done}/{total}] {row.key} repeat {repeat}: FAILED ({run['error']})")
+            else:
+                progress(
+                    f"[{done}/{total}] {row.key} repeat {repeat}: {run['samples_per_s']:.1f} samples/s,"
+                    f" step {run['step_ms_median']:.2f} ms median, first step after {run['startup_s']:.1f} s"
+                    f" ({run['wall_s']:.0f} s)"
+                )
+    return results
+
+
+def row_dict(row: Row) -> dict[str, Any]:
+    return {**asdict(row), "implementation": row.implementation, "processes": row.processes, "key": row.key}

@@ -1,0 +1,99 @@
+"""From per-step times to the benchmark's figures: one run, the median over repeats, and ratios between rows."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of a non-empty list (the same as numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -> dict[str, Any]:
+    """Figures of one run from the JSON of each of its processes (rank 0 first).
+
+    The timed window is every step after the first ``warmup``; a step that began a new pass over the data is
+    left out as well (it carries the epoch-end hooks and the loader restart). Ranks wait for each other in the
+    gradient all-reduce, so rank 0's step times stand for the run.
+    """
+    rank0 = ranks[0]
+    times = rank0["step_times_s"][max(0, warmup - 1) :]
+    new_epoch = rank0["new_epoch"][max(0, warmup - 1) :]
+    steady = [t for t, boundary in zip(times, new_epoch, strict=True) if not boundary]
+    if not steady:
+        raise ValueError(f"no timed steps after {warmup} warm-up steps ({rank0['steps']} steps recorded)")
+    mean = statistics.fmean(steady)
+    startups = [r["first_step_s"] for r in ranks if r.get("first_step_s") is not None]
+    return {
+        "timed_steps": len(steady),
+        "epoch_boundaries_excluded": len(times) - len(steady),
+        "step_ms_median": 1000 * statistics.median(steady),
+        "step_ms_p25": 1000 * quantile(steady, 0.25),
+        "step_ms_p75": 1000 * quantile(steady, 0.75),
+        "step_ms_mean": 1000 * mean,
+        "samples_per_s": global_batch / mean,
+        "startup_s": max(startups) if startups else None,
+        "peak_memory_mb": max(r["peak_memory_bytes"] for r in ranks) / 2**20,
+        "memory_kind": rank0["memory_kind"],
+        "threads_per_process": sorted({r["threads"] for r in ranks}),
+        "processes": len(ranks),
+        "device": rank0["device"],
+        "strategy_class": rank0.get("strategy"),
+        "precision_run": rank0.get("precision"),
+        "loss_first": rank0.get("losses", {}).get("first"),
+        "loss_last": rank0.get("losses", {}).get("last"),
+    }
+
+
+#: figures that are combined over repeats by their median
+MEDIAN_FIELDS = ("step_ms_median", "step_ms_p25", "step_ms_p75", "step_ms_mean", "samples_per_s", "startup_s")
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over the successful repeats of one row; the spread of throughput beside it."""
+    ok = [run for run in runs if "error" not in run]
+    if not ok:
+        return {"repeats_ok": 0, "error": runs[-1].get("error", "failed") if runs else "not run"}
+    result: dict[str, Any] = {"repeats_ok": len(ok), "repeats": len(runs)}
+    for name in MEDIAN_FIELDS:
+        values = [run[name] for run in ok if run.get(name) is not None]
+        result[name] = statistics.median(values) if values else None
+    throughputs = [run["samples_per_s"] for run in ok]
+    result["samples_per_s_min"] = min(throughputs)
+    result["samples_per_s_max"] = max(throughputs)
+    result["peak_memory_mb"] = max(run["peak_memory_mb"] for run in ok)
+    for name in ("memory_kind", "threads_per_process", "processes", "device", "strategy_class", "precision_run"):
+        result[name] = ok[0][name]
+    result["loss_first"] = ok[0]["loss_first"]
+    result["loss_last"] = ok[0]["loss_last"]
+    if len(ok) < len(runs):
+        result["error"] = f"{len(runs) - len(ok)} of {len(runs)} repeats failed"
+    return result
+
+
+def scaling_efficiency(throughput: float | None, devices: int, reference: float | None) -> float | None:
+    """Throughput over ``devices`` times the single-device throughput (1.0 is linear scaling)."""
+    if not throughput or not reference:
+        return None
+    return throughput / (devices * reference)
+
+
+def overhead(template: dict[str, Any], plain: dict[str, Any]) -> dict[str, float] | None:
+    """Extra time per optimizer step of a template row over its plain PyTorch counterpart."""
+    if template.get("step_ms_mean") is None or plain.get("step_ms_mean") is None:
+        return None
+    mean = template["step_ms_mean"] - plain["step_ms_mean"]
+    median = template["step_ms_median"] - plain["step_ms_median"]
+    return {
+        "ms_per_step": mean,
+        "percent": 100 * mean / plain["step_ms_mean"],
+        "median_ms_per_step": median,
+        "median_percent": 100 * median / plain["step_ms_median"],
+        "throughput_ratio": template["samples_per_s"] / plain["samples_per_s"],
+    }

@@ -1,0 +1,59 @@
+"""``StepTimer``: the callback that times every optimizer step of a ``python -m src.cli fit`` run.
+
+It only reads the clock at each step end (``src/bench/clock.py``); the launcher (``src/bench/runner.py``) adds
+it with ``--trainer.callbacks+=src.bench.timing.StepTimer --trainer.callbacks.path=FILE``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from src.bench.clock import StepClock
+
+
+class StepTimer(Callback):
+    """Times every optimizer step of a ``python -m src.cli fit`` run; each rank writes ``rank_path(path, rank)``.
+
+    Add it on the command line: ``--trainer.callbacks+=src.bench.timing.StepTimer
+    --trainer.callbacks.path=out.json``. The launcher sets ``BENCH_T0`` for the time to first step.
+
+    Args:
+        path: JSON file of rank 0; other ranks write beside it.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.clock: StepClock | None = None
+        self._last_step = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.clock = StepClock(pl_module.device)
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self._last_step or self.clock is None:
+            return  # mid-accumulation: no optimizer step finished
+        self._last_step = trainer.global_step
+        clock = self.clock
+        clock.step_end(new_epoch=batch_idx + 1 == trainer.accumulate_grad_batches)
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor) and (clock.steps == 1 or trainer.global_step == trainer.max_steps):
+            clock.record_loss("first" if clock.steps == 1 else "last", loss)  # after the clock read: not timed
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.clock is None:
+            return
+        self.clock.write(
+            self.path,
+            trainer.global_rank,
+            world_size=trainer.world_size,
+            strategy=type(trainer.strategy).__name__,
+            precision=str(trainer.precision),
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+        )

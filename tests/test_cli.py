@@ -1,0 +1,259 @@
+"""The command line: defaults, config round trips, env vars, any model/data class, and errors on bad input."""
+
+import hashlib
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from src.cli import main
+from tests.conftest import REPO, TINY_IMAGE, cli_env, last_value, read_metrics
+
+
+def print_config(capsys, *args: str) -> dict:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def fails_with(capsys, args: list[str], *needles: str) -> str:
+    """Run the CLI in-process, expect exit status 2 and an error message containing every needle."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: "), err
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in:\n{err}"
+    return err
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+# -- the default run ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bare_fit_trains_the_embedded_default_and_writes_checkpoint_and_metrics(tmp_path, run_cli):
+    """`python -m src.cli fit` with nothing else: the README's first command."""
+    result = run_cli("fit", cwd=tmp_path, env=cli_env(), timeout=900)
+    run_dir = tmp_path / "runs" / "default"
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert list((run_dir / "checkpoints").glob("best-*.ckpt"))
+    assert (run_dir / "logs" / "version_0" / "config.yaml").is_file()
+    rows = read_metrics(run_dir)
+    # untrained weights score ~0.10 on the 10 balanced classes; two short epochs reach far above that
+    assert last_value(rows, "val/acc") > 0.35
+    assert last_value(rows, "val/loss") < 2.0
+    assert "done  epoch" in result.stdout  # plain progress lines when stdout is not a terminal
+
+
+# -- configuration ------------------------------------------------------------------------------------------
+
+
+def test_print_config_round_trips(tmp_path, capsys):
+    first = print_config(capsys, "--config", "configs/experiment/gpt.yaml", "--trainer.max_steps=7")
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(yaml.safe_dump(first))
+    assert print_config(capsys, "--config", str(saved)) == first
+    assert first["model"]["class_path"] == "src.models.CausalLanguageModel"
+    assert first["trainer"]["max_steps"] == 7
+
+
+def test_configs_compose_in_order_and_flags_win(tmp_path, capsys):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("trainer:\n  max_steps: 11\n  log_every_n_steps: 3\n")
+    b.write_text("trainer:\n  max_steps: 22\n")
+    config = print_config(capsys, "--config", str(a), "--config", str(b))
+    assert config["trainer"]["max_steps"] == 22 and config["trainer"]["log_every_n_steps"] == 3
+    config = print_config(capsys, "--config", str(b), "--config", str(a), "--trainer.log_every_n_steps=5")
+    assert config["trainer"]["max_steps"] == 11 and config["trainer"]["log_every_n_steps"] == 5
+
+
+def test_environment_variables_set_any_option(capsys, monkeypatch):
+    monkeypatch.setenv("PL_FIT__TRAINER__MAX_STEPS", "33")
+    # a class-path group (model, data) is set as a whole, in YAML or JSON
+    monkeypatch.setenv("PL_FIT__DATA", "{class_path: src.data.CIFAR10DataModule, init_args: {batch_size: 64}}")
+    config = print_config(capsys)
+    assert config["trainer"]["max_steps"] == 33
+    assert config["data"]["init_args"]["batch_size"] == 64
+
+
+def test_help_lists_model_data_and_optimizer_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.help", "src.models.CausalLanguageModel"])
+    out = capsys.readouterr().out
+    assert "--model.n_layer" in out and "--model.optimizer" in out and "Optimizer class and options" in out
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    out = capsys.readouterr().out
+    for option in ("--trainer.strategy", "--trainer.precision", "--checkpoint.monitor", "--preemption.signal_name"):
+        assert option in out
+
+
+CUSTOM_MODULE = textwrap.dedent(
+    '''
+    """A model and data module that exist only in this test."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    class LineFit(L.LightningModule):
+        def __init__(self, lr: float = 0.1):
+            super().__init__()
+            self.lr = lr
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("train/mse", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val/loss", torch.nn.functional.mse_loss(self.layer(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+    class LineData(L.LightningDataModule):
+        def __init__(self, slope: float = 3.0, batch_size: int = 16):
+            super().__init__()
+            self.slope, self.batch_size = slope, batch_size
+
+        def _loader(self):
+            x = torch.linspace(-1, 1, 64).unsqueeze(1)
+            return DataLoader(TensorDataset(x, self.slope * x), batch_size=self.batch_size)
+
+        def train_dataloader(self):
+            return self._loader()
+
+        def val_dataloader(self):
+            return self._loader()
+    '''
+)
+
+
+def test_any_importable_model_and_data_module_can_be_trained(tmp_path, run_cli):
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text(CUSTOM_MODULE)
+    env = cli_env(PYTHONPATH=f"{REPO}:{tmp_path}")
+    run_dir = tmp_path / "run"
+    run_cli(
+        "fit",
+        "--model=my_pkg.LineFit",
+        "--data=my_pkg.LineData",
+        "--data.init_args.slope=2.5",
+        "--trainer.accelerator=cpu",
+        "--trainer.max_epochs=30",
+        f"--trainer.default_root_dir={run_dir}",
+        env=env,
+    )
+    rows = read_metrics(run_dir)
+    assert last_value(rows, "val/loss") < 0.05  # it learned y = 2.5 x
+    saved = yaml.safe_load((run_dir / "logs" / "version_0" / "config.yaml").read_text())
+    assert saved["model"]["class_path"] == "my_pkg.LineFit"
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_resumed_run_reuses_its_directory_and_keeps_earlier_logs(tmp_path, run_cli):
+    run_dir = tmp_path / "run"
+    common = [*TINY_IMAGE, f"--trainer.default_root_dir={run_dir}", "--trainer.limit_val_batches=2"]
+    run_cli("fit", *common, "--trainer.max_steps=6")
+    first_metrics = (run_dir / "logs" / "version_0" / "metrics.csv").read_bytes()
+    run_cli("fit", *common, "--trainer.max_steps=12", "--ckpt_path=last")
+    assert (run_dir / "logs" / "version_0" / "metrics.csv").read_bytes() == first_metrics
+    assert (run_dir / "logs" / "version_1" / "config.yaml").is_file()
+    import torch
+
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
+
+
+# -- bad input: one clear error, exit status 2, nothing touched ------------------------------------------------
+
+
+def test_unknown_option_is_refused_briefly(capsys):
+    err = fails_with(capsys, ["fit", "--trainer.max_epochz=3"], "--trainer.max_epochz", "Fix:")
+    assert len(err.splitlines()) <= 4  # no 150-line usage dump
+
+
+def test_abbreviated_option_is_not_guessed(capsys):
+    fails_with(capsys, ["fit", "--trainer.max_epoch=3"], "unrecognized arguments: --trainer.max_epoch=3")
+
+
+def test_wrong_type_names_the_option(capsys):
+    fails_with(capsys, ["fit", "--trainer.max_epochs=abc"], "trainer.max_epochs", "abc")
+    fails_with(capsys, ["fit", "--model.init_args.widthz=3"], "widthz", "not accepted")
+
+
+def test_batch_size_that_does_not_divide_among_processes(capsys):
+    fails_with(
+        capsys,
+        [
+            "fit",
+            "--trainer.accelerator=cpu",
+            "--trainer.strategy=ddp",
+            "--trainer.devices=2",
+            "--data.init_args.batch_size=33",
+        ],
+        "--data.batch_size=33",
+        "multiple of 2",
+    )
+    fails_with(
+        capsys,
+        ["fit", "--trainer.accelerator=cpu", "--trainer.accumulate_grad_batches=3", "--data.init_args.batch_size=32"],
+        "multiple of 3",
+    )
+
+
+def test_missing_data_folder_fails_before_training_and_touches_nothing(tmp_path, run_cli):
+    run_dir = tmp_path / "run"
+    run_cli(
+        "fit",
+        *TINY_IMAGE,
+        f"--trainer.default_root_dir={run_dir}",
+        "--trainer.max_steps=3",
+        "--trainer.limit_val_batches=1",
+    )
+    before = tree_digest(run_dir)
+    result = run_cli(
+        "fit",
+        *TINY_IMAGE,
+        f"--trainer.default_root_dir={run_dir}",
+        "--ckpt_path=last",
+        f"--data.init_args.data_dir={tmp_path / 'no_such_folder'}",
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "error: --data.init_args.data_dir=" in result.stderr and "Traceback" not in result.stderr
+    assert tree_digest(run_dir) == before
+
+
+def test_fresh_fit_into_a_used_run_directory_is_refused(tmp_path, run_cli, capsys):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"precious")
+    fails_with(capsys, ["fit", f"--trainer.default_root_dir={run_dir}"], "already holds a run", "--ckpt_path=last")
+    assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == b"precious"
+
+
+def test_corrupt_or_missing_checkpoint(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    corrupt = run_dir / "checkpoints" / "last.ckpt"
+    corrupt.write_bytes(b"PK\x03\x04 truncated")
+    fails_with(
+        capsys, ["fit", f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last"], "not a readable checkpoint"
+    )
+    fails_with(capsys, ["test", f"--ckpt_path={corrupt}"], "not a readable checkpoint")
+    fails_with(capsys, ["validate", f"--ckpt_path={tmp_path / 'nope.ckpt'}"], "does not exist")
+    assert corrupt.read_bytes() == b"PK\x03\x04 truncated"
