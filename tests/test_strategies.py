@@ -59,8 +59,8 @@ def test_strategy_trains_the_same_model_as_one_process(strategy, reference, run_
     state, rows = fit(run_cli, tmp_path / "run", *FP64, *strategy)
     ref_state, ref_rows = reference
     assert relative_difference(ref_state, state) < 1e-10
-    for key in ("val/loss", "val/acc"):
-        assert abs(last_value(rows, key) - last_value(ref_rows, key)) < 1e-9
+    for key in ("val/loss", "val/acc"):  # torchmetrics accumulates in fp32
+        assert last_value(rows, key) == pytest.approx(last_value(ref_rows, key), rel=1e-6)
     assert last_value(rows, "step") == STEPS - 1
 
 
@@ -94,7 +94,8 @@ def test_language_model_trains_the_same_under_ddp(run_cli, tmp_path):
     single, rows = fit(run_cli, tmp_path / "single", *FP64, *SINGLE, every, workload=TINY_GPT)
     ddp, ddp_rows = fit(run_cli, tmp_path / "ddp", *FP64, *DDP, every, workload=TINY_GPT)
     assert relative_difference(single, ddp) < 1e-10
-    assert abs(last_value(rows, "val/perplexity") - last_value(ddp_rows, "val/perplexity")) < 1e-8
+    # torchmetrics accumulates in fp32 whatever the model's precision: compare at fp32 resolution
+    assert last_value(ddp_rows, "val/perplexity") == pytest.approx(last_value(rows, "val/perplexity"), rel=1e-6)
 
 
 @pytest.mark.slow

@@ -12,6 +12,11 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 TRUE_PRECISION_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
 
 
+def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """Upcast fp16/bf16 logits before a softmax or loss; leave fp32 and fp64 alone."""
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
 class TemplateModule(L.LightningModule):
     """Base class for this template's models: injects the optimizer and LR scheduler.
 

@@ -15,7 +15,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
-from src.models.base import TemplateModule
+from src.models.base import TemplateModule, at_least_fp32
 
 
 class CausalSelfAttention(nn.Module):
@@ -148,7 +148,7 @@ class CausalLanguageModel(TemplateModule):
         """Mean next-token cross-entropy of a batch ``(inputs, targets)``."""
         inputs, targets = batch
         logits = self(inputs)
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return F.cross_entropy(at_least_fp32(logits).flatten(0, 1), targets.flatten())
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """One micro-batch of training; returns the loss Lightning backpropagates."""

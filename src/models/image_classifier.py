@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from src.models.base import TemplateModule
+from src.models.base import TemplateModule, at_least_fp32
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -111,7 +111,7 @@ class ImageClassifier(TemplateModule):
         """Return (mean loss, predicted classes, labels) for a batch ``(images, labels)``."""
         images, labels = batch
         logits = self(images)
-        return F.cross_entropy(logits.float(), labels), logits.argmax(dim=1), labels
+        return F.cross_entropy(at_least_fp32(logits), labels), logits.argmax(dim=1), labels
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """One micro-batch of training; returns the loss Lightning backpropagates."""
@@ -162,4 +162,4 @@ class ImageClassifier(TemplateModule):
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Class probabilities ``(N, num_classes)``."""
         images, _ = batch
-        return self(images).float().softmax(dim=1)
+        return at_least_fp32(self(images)).softmax(dim=1)
