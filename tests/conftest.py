@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
@@ -108,3 +109,16 @@ def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     diff = sum(((a[k].double() - b[k].double()) ** 2).sum() for k in keys).sqrt()
     norm = sum((a[k].double() ** 2).sum() for k in keys).sqrt()
     return (diff / norm).item()
+
+
+def write_cifar10(root: Path, per_file: int = 20) -> Path:
+    """Write CIFAR-10's python format (pickled dicts of bytes keys) with ``per_file`` random images per batch."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    for offset, name in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
+        data = torch.randint(0, 256, (per_file, 3072), generator=g, dtype=torch.uint8).numpy()
+        labels = [(offset * per_file + i) % 10 for i in range(per_file)]
+        with open(folder / name, "wb") as handle:
+            pickle.dump({b"data": data, b"labels": labels, b"batch_label": name.encode()}, handle)
+    return folder

@@ -1,9 +1,7 @@
 """Data modules: CIFAR-10 files, the synthetic set, augmentation, text, and resumable loaders."""
 
 import hashlib
-import pickle
 import tarfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,19 +16,7 @@ from src.data.images import (
 )
 from src.data.text import TokenWindows, decode, encode
 from src.errors import ConfigurationError
-
-
-def write_cifar10(root: Path, per_file: int = 20) -> Path:
-    """Write CIFAR-10's python format (pickled dicts of bytes keys) with ``per_file`` random images per batch."""
-    folder = root / CIFAR10_FOLDER
-    folder.mkdir(parents=True)
-    g = torch.Generator().manual_seed(0)
-    for offset, name in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
-        data = torch.randint(0, 256, (per_file, 3072), generator=g, dtype=torch.uint8).numpy()
-        labels = [(offset * per_file + i) % 10 for i in range(per_file)]
-        with open(folder / name, "wb") as handle:
-            pickle.dump({b"data": data, b"labels": labels, b"batch_label": name.encode()}, handle)
-    return folder
+from tests.conftest import write_cifar10
 
 
 def test_synthetic_images_are_deterministic_balanced_cifar_shaped():
