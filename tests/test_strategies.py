@@ -172,6 +172,23 @@ def test_16_mixed_on_cpu_falls_back_to_bf16_and_says_so_once(run_cli, tmp_path):
     assert output.count("Using `precision='bf16-mixed'` instead") == 1
 
 
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16-true", torch.bfloat16), ("64-true", torch.float64)])
+def test_true_precisions_keep_the_weights_in_that_dtype(precision, dtype, tmp_path):
+    main(
+        [
+            "fit",
+            *TINY_IMAGE,
+            f"--trainer.precision={precision}",
+            "--trainer.max_steps=2",
+            "--trainer.limit_val_batches=1",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--progress_bar=none",
+        ]
+    )
+    state = load_state(tmp_path / "checkpoints" / "last.ckpt")
+    assert state["net.stem.0.weight"].dtype == dtype
+
+
 def test_bf16_mixed_runs_under_autocast_on_cpu(tmp_path, capsys):
     main(
         [
