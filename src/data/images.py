@@ -1,0 +1,264 @@
+"""Image classification data: CIFAR-10 from its python-pickle batches, or an embedded synthetic set of the same shape.
+
+The synthetic set needs no download and is learnable: each of the 10 classes is a grating with its own
+orientation and frequency, drawn with random phase, colours, contrast, noise and an occluding patch, so a
+classifier has to learn shape rather than colour. Untrained weights score about 10%.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import pickle
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from src.data.base import GlobalBatchDataModule, seeded_generator
+from src.data.sampling import global_seed
+from src.errors import ConfigurationError
+
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
+CIFAR10_FOLDER = "cifar-10-batches-py"
+CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR10_TEST_FILES = ("test_batch",)
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+
+class IndexedImages(Dataset):
+    """uint8 images ``(N, 3, H, W)`` and labels; items are ``(image, label, index)``.
+
+    The index travels with the sample so that augmentation can be a function of (seed, epoch, index) alone,
+    the same whichever process or worker loads the sample.
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor) -> None:
+        if images.dtype != torch.uint8 or images.ndim != 4 or len(images) != len(labels):
+            raise ValueError(f"expected uint8 images (N, C, H, W) and N labels, got {tuple(images.shape)} and {len(labels)}")
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor, int]:
+        return self.images[index], self.labels[index], index
+
+
+# -- the embedded synthetic set -------------------------------------------------------------------------------
+
+
+def synthetic_images(num_samples: int, seed: int, num_classes: int = 10, size: int = 32) -> IndexedImages:
+    """Generate ``num_samples`` learnable 3x``size``x``size`` images, balanced over ``num_classes`` classes."""
+    g = seeded_generator(seed)
+    labels = torch.arange(num_samples) % num_classes
+    labels = labels[torch.randperm(num_samples, generator=g)]
+
+    def uniform(*shape: int, low: float = 0.0, high: float = 1.0) -> Tensor:
+        return low + (high - low) * torch.rand(*shape, generator=g)
+
+    # class -> orientation (5 angles) and spatial frequency (2 values), jittered per sample
+    angle = (labels % 5).float() * (math.pi / 5) + uniform(num_samples, low=-0.12, high=0.12)
+    freq = 2.0 + 2.5 * (labels // 5).float() + uniform(num_samples, low=-0.4, high=0.4)
+    phase = uniform(num_samples, high=2 * math.pi)
+
+    coords = torch.linspace(-0.5, 0.5, size)
+    yy, xx = torch.meshgrid(coords, coords, indexing="ij")
+    proj = xx[None] * torch.cos(angle)[:, None, None] + yy[None] * torch.sin(angle)[:, None, None]
+    wave = 0.5 + 0.5 * torch.sin(2 * math.pi * freq[:, None, None] * proj + phase[:, None, None])
+
+    foreground = uniform(num_samples, 3, 1, 1, low=0.2, high=1.0)
+    background = uniform(num_samples, 3, 1, 1, low=0.0, high=0.6)
+    contrast = uniform(num_samples, 1, 1, 1, low=0.5, high=1.0)
+    images = background + contrast * (foreground - background) * wave[:, None]
+
+    # an occluding square of random colour, position and size hides part of the pattern
+    side = (uniform(num_samples) * size * 0.35 + 4).long()
+    top = (uniform(num_samples) * (size - side)).long()
+    left = (uniform(num_samples) * (size - side)).long()
+    index = torch.arange(size)
+    rows = (index[None] >= top[:, None]) & (index[None] < (top + side)[:, None])
+    cols = (index[None] >= left[:, None]) & (index[None] < (left + side)[:, None])
+    patch = (rows[:, :, None] & cols[:, None, :])[:, None]
+    images = torch.where(patch, uniform(num_samples, 3, 1, 1), images)
+
+    images = images + 0.08 * torch.randn(images.shape, generator=g)
+    images = (images.clamp(0, 1) * 255).round().to(torch.uint8)
+    return IndexedImages(images, labels)
+
+
+# -- CIFAR-10 in its python-pickle format ---------------------------------------------------------------------
+
+
+def find_cifar10_folder(data_dir: str | Path) -> Path | None:
+    """Return the folder holding the CIFAR-10 batch files under ``data_dir`` (or ``data_dir`` itself), if any."""
+    root = Path(data_dir)
+    for candidate in (root / CIFAR10_FOLDER, root):
+        if all((candidate / name).is_file() for name in CIFAR10_TRAIN_FILES + CIFAR10_TEST_FILES):
+            return candidate
+    return None
+
+
+def read_cifar10_batches(folder: Path, files: tuple[str, ...]) -> IndexedImages:
+    """Read CIFAR-10 batch files (pickled dicts with ``data`` (N, 3072) uint8 and ``labels``).
+
+    The files are Python pickles, so only read copies you trust (the official archive is checked by MD5).
+    """
+    images, labels = [], []
+    for name in files:
+        with open(folder / name, "rb") as handle:
+            batch = pickle.load(handle, encoding="bytes")
+        data = batch[b"data"] if b"data" in batch else batch["data"]
+        targets = batch[b"labels"] if b"labels" in batch else batch["labels"]
+        images.append(torch.as_tensor(data, dtype=torch.uint8).reshape(-1, 3, 32, 32))
+        labels.append(torch.as_tensor(targets, dtype=torch.long))
+    return IndexedImages(torch.cat(images), torch.cat(labels))
+
+
+def download_cifar10(data_dir: str | Path, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5) -> Path:
+    """Download and unpack the official CIFAR-10 python archive into ``data_dir``; return the batch folder."""
+    target = Path(data_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=target, suffix=".tar.gz") as archive:
+        urllib.request.urlretrieve(url, archive.name)
+        digest = hashlib.md5(Path(archive.name).read_bytes()).hexdigest()
+        if digest != md5:
+            raise RuntimeError(f"downloaded {url} has MD5 {digest}, expected {md5}; the download is corrupt")
+        with tarfile.open(archive.name) as tar:
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12: refuse links and paths outside target
+                tar.extractall(target, filter="data")
+            else:
+                tar.extractall(target)
+    folder = find_cifar10_folder(target)
+    if folder is None:
+        raise RuntimeError(f"the archive from {url} did not contain the CIFAR-10 batch files")
+    return folder
+
+
+# -- augmentation that depends on (seed, epoch, sample) only --------------------------------------------------
+
+_PRIME = 2_147_483_647  # 2**31 - 1: products of two values below it fit in int64
+
+
+def _hash(values: Tensor, salt: int) -> Tensor:
+    """A cheap integer hash of ``values`` (int64, below 2**31) into [0, 2**31)."""
+    h = (values * 1_103_515_245 + salt * 12_345 + 1) % _PRIME
+    h = (h * 48_271 + 11) % _PRIME
+    return (h * 69_621 + 7) % _PRIME
+
+
+def random_crop_flip(images: Tensor, indices: Tensor, seed: int, epoch: int, padding: int = 4) -> Tensor:
+    """Pad-and-crop plus horizontal flip, decided per sample by a hash of (seed, epoch, index).
+
+    Drawing the crop from a random generator instead would make the augmentation depend on which process
+    and which worker loaded the sample, so changing the device count would change the training data.
+    """
+    n, _, height, width = images.shape
+    h = _hash(indices.long() % _PRIME, salt=(seed * 1_000_003 + epoch) % _PRIME)
+    span = 2 * padding + 1
+    dy, dx, flip = h % span, (h // span) % span, (h // (span * span)) % 2 == 1
+    padded = torch.nn.functional.pad(images, (padding,) * 4)
+    rows = dy[:, None] + torch.arange(height, device=images.device)[None]
+    cols = dx[:, None] + torch.arange(width, device=images.device)[None]
+    cols = torch.where(flip[:, None], cols.flip(1), cols)
+    batch_index = torch.arange(n, device=images.device)[:, None, None]
+    cropped = padded.permute(0, 2, 3, 1)[batch_index, rows[:, :, None], cols[:, None, :]]
+    return cropped.permute(0, 3, 1, 2)
+
+
+class CIFAR10DataModule(GlobalBatchDataModule):
+    """CIFAR-10 (or the embedded synthetic set when ``data_dir`` is not given), 32x32 RGB, 10 classes.
+
+    ``prepare_data`` (one process per node) downloads when ``download=True``; ``setup`` (every process) reads
+    the batches and splits a validation set off the training batches with a fixed seed.
+
+    Args:
+        data_dir: Folder with ``cifar-10-batches-py/`` (or the batch files themselves). Unset: synthetic data.
+        download: Download the official archive into ``data_dir`` if the batches are not there.
+        val_size: Training images held out for validation (CIFAR-10 only).
+        synthetic_train_size: Training images of the synthetic set.
+        synthetic_val_size: Validation (and test) images of the synthetic set.
+        augment: Random crop and horizontal flip of training images.
+        batch_size: Global batch size of one optimizer step (see ``GlobalBatchDataModule``).
+        num_workers: Loader worker processes per training process.
+        pin_memory: Pin host memory when training on a GPU.
+    """
+
+    num_classes = 10
+
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        download: bool = False,
+        val_size: int = 5000,
+        synthetic_train_size: int = 8192,
+        synthetic_val_size: int = 1024,
+        augment: bool = True,
+        batch_size: int = 128,
+        num_workers: int = 0,
+        pin_memory: bool = True,
+    ) -> None:
+        super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
+        self.save_hyperparameters()
+        self.data_dir = data_dir
+        self.download = download
+        self.val_size = val_size
+        self.synthetic_train_size = synthetic_train_size
+        self.synthetic_val_size = synthetic_val_size
+        self.augment = augment
+        self.mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+        self.std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
+
+    def prepare_data(self) -> None:
+        if self.data_dir is None or find_cifar10_folder(self.data_dir) is not None:
+            return
+        if self.download:
+            download_cifar10(self.data_dir)
+            return
+        raise ConfigurationError(
+            f"--data.init_args.data_dir={self.data_dir} holds no CIFAR-10 batches (expected {CIFAR10_FOLDER}/"
+            "data_batch_1..5 and test_batch). Fix: point data_dir at the folder that contains them, add"
+            " --data.init_args.download=true where a network is available, or leave data_dir unset to train on"
+            " the embedded synthetic set."
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        if self.data_dir is None:
+            self.train_set = synthetic_images(self.synthetic_train_size, seed=0, num_classes=self.num_classes)
+            self.val_set = synthetic_images(self.synthetic_val_size, seed=1, num_classes=self.num_classes)
+            self.test_set = synthetic_images(self.synthetic_val_size, seed=2, num_classes=self.num_classes)
+            return
+        folder = find_cifar10_folder(self.data_dir)
+        if folder is None:  # prepare_data ran on another node, or not at all
+            self.prepare_data()
+            folder = find_cifar10_folder(self.data_dir)
+            assert folder is not None
+        full = read_cifar10_batches(folder, CIFAR10_TRAIN_FILES)
+        if not 0 < self.val_size < len(full):
+            raise ValueError(
+                f"--data.init_args.val_size={self.val_size} must be between 1 and {len(full) - 1}"
+                f" (the training batches hold {len(full)} images)."
+            )
+        order = torch.randperm(len(full), generator=seeded_generator(0))
+        val_idx, train_idx = order[: self.val_size], order[self.val_size :]
+        self.train_set = IndexedImages(full.images[train_idx], full.labels[train_idx])
+        self.val_set = IndexedImages(full.images[val_idx], full.labels[val_idx])
+        self.test_set = read_cifar10_batches(folder, CIFAR10_TEST_FILES)
+
+    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        """Augment (training only) and normalise on the device, where it is cheap; returns ``(images, labels)``."""
+        images, labels, indices = batch
+        trainer = self.trainer
+        if self.augment and trainer is not None and trainer.training:
+            images = random_crop_flip(images, indices, seed=global_seed(), epoch=trainer.current_epoch)
+        mean, std = self.mean.to(images.device), self.std.to(images.device)
+        return (images.float() / 255 - mean) / std, labels

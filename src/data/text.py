@@ -1,0 +1,101 @@
+"""Causal language-model data: byte-level tokens from a text file, or from the embedded generated corpus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from src.data.base import GlobalBatchDataModule
+from src.data.corpus import embedded_corpus
+from src.errors import ConfigurationError
+
+VOCAB_SIZE = 256  # byte-level: every UTF-8 text is covered, and there is no tokenizer file to ship
+
+
+def encode(text: str) -> Tensor:
+    """UTF-8 bytes of ``text`` as a uint8 tensor of token ids."""
+    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).clone()
+
+
+def decode(tokens: Tensor) -> str:
+    """Inverse of ``encode``; invalid UTF-8 (a cut multi-byte character) is replaced, not raised."""
+    return bytes(tokens.to(torch.uint8).tolist()).decode("utf-8", errors="replace")
+
+
+class TokenWindows(Dataset):
+    """Non-overlapping windows of ``block_size + 1`` tokens; items are ``(input, target)`` shifted by one."""
+
+    def __init__(self, tokens: Tensor, block_size: int) -> None:
+        if len(tokens) < block_size + 1:
+            raise ValueError(f"{len(tokens)} tokens cannot fill one window of block_size={block_size} (+1 target)")
+        self.tokens = tokens
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.block_size
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        start = index * self.block_size
+        window = self.tokens[start : start + self.block_size + 1].long()
+        return window[:-1], window[1:]
+
+
+class TextDataModule(GlobalBatchDataModule):
+    """Byte-level text for next-token prediction: the end of the text is held out for validation and test.
+
+    Args:
+        path: UTF-8 text file. Unset: the embedded generated corpus (no download).
+        block_size: Tokens per training sequence; must not exceed the model's ``block_size``.
+        val_fraction: Share of the text (from its end) held out; half for validation, half for test.
+        corpus_chars: Size of the embedded corpus when ``path`` is unset.
+        batch_size: Global batch size in sequences per optimizer step (see ``GlobalBatchDataModule``).
+        num_workers: Loader worker processes per training process.
+        pin_memory: Pin host memory when training on a GPU.
+    """
+
+    vocab_size = VOCAB_SIZE
+
+    def __init__(
+        self,
+        path: str | None = None,
+        block_size: int = 128,
+        val_fraction: float = 0.1,
+        corpus_chars: int = 300_000,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        pin_memory: bool = True,
+    ) -> None:
+        super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
+        self.save_hyperparameters()
+        self.path = path
+        self.block_size = block_size
+        self.val_fraction = val_fraction
+        self.corpus_chars = corpus_chars
+
+    def prepare_data(self) -> None:
+        if self.path is not None and not Path(self.path).is_file():
+            raise ConfigurationError(
+                f"--data.init_args.path={self.path} is not a file. Fix: give the path of a UTF-8 text file, or"
+                " leave path unset to train on the embedded corpus."
+            )
+
+    def _read_text(self) -> str:
+        if self.path is None:
+            return embedded_corpus(self.corpus_chars)
+        self.prepare_data()
+        return Path(self.path).read_text(encoding="utf-8")
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"--data.init_args.val_fraction={self.val_fraction} must be between 0 and 1.")
+        tokens = encode(self._read_text())
+        held_out = int(len(tokens) * self.val_fraction)
+        split, test_split = len(tokens) - held_out, len(tokens) - held_out // 2
+        self.train_set = TokenWindows(tokens[:split], self.block_size)
+        self.val_set = TokenWindows(tokens[split:test_split], self.block_size)
+        self.test_set = TokenWindows(tokens[test_split:], self.block_size)
