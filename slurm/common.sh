@@ -1,9 +1,11 @@
 # Shared by the slurm/*.sbatch scripts (sourced, never run or submitted by itself).
-# Reads every setting from the environment, with a default, so that nothing needs editing:
-#   sbatch --export=ALL,CONFIG=configs/experiment/image.yaml,RUN_DIR=runs/exp1 slurm/gpu.sbatch
+# Reads every setting from the environment, with a default, so that nothing needs editing (sbatch passes the
+# submitting shell's environment to the job; `sbatch --export=ALL,A=1` works too, but splits values at commas):
+#   CONFIG=configs/experiment/gpt.yaml RUN_DIR=runs/exp1 sbatch slurm/gpu.sbatch
 #
 #   REPO        the project (default: the directory sbatch was called from)
-#   CONFIG      config file(s) for --config, space-separated, read after configs/default.yaml (default: none)
+#   CONFIG      config file(s) for --config, space-separated, read after configs/default.yaml (default: set by
+#               each script; empty: none)
 #   RUN_DIR     the run directory: checkpoints, logs, wandb id (default: runs/<job name>-<job id>, which stays
 #               the same when the job is requeued, so a requeued job finds its own checkpoint)
 #   EXTRA_ARGS  more CLI options, e.g. "--trainer.max_steps=1000 --data.init_args.batch_size=512"

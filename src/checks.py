@@ -21,20 +21,38 @@ GPU_ACCELERATORS = ("gpu", "cuda")
 MULTIPROCESS_PREFIXES = ("ddp", "fsdp", "deepspeed")
 
 
+#: Lightning ignores SLURM in a job with one of these names (``salloc`` names its job ``interactive``)
+INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+#: SLURM_STEP_ID of steps that srun did not start; the batch script itself has no SLURM_STEP_ID at all (22.05)
+NON_SRUN_STEP_IDS = ("batch", "extern", "interactive", "4294967294", "4294967291", "4294967290")
+
+
+def started_by_srun() -> bool:
+    """True in a task that ``srun`` started: SLURM sets ``SLURM_STEP_ID`` there, never in a batch script or an
+    ``salloc`` shell (checked on SLURM 22.05: the batch script has ``SLURM_JOB_ID``, ``SLURM_NTASKS`` and even
+    ``SLURM_PROCID=0``, but no ``SLURM_STEP_ID``)."""
+    step = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID"))
+    return "SLURM_JOB_ID" in os.environ and step is not None and step not in NON_SRUN_STEP_IDS
+
+
+def interactive_job() -> bool:
+    """True in a job named ``bash`` or ``interactive``, where Lightning does not take ranks from SLURM."""
+    return os.environ.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process that ``torchrun`` started; Lightning then takes the ranks from torchrun, even in SLURM."""
+    return torch.distributed.is_available() and torch.distributed.is_torchelastic_launched()
+
+
 def in_slurm_step() -> bool:
-    """True inside a task that ``srun`` started (not the batch script itself, not an interactive shell)."""
-    if "SLURM_NTASKS" not in os.environ or os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
-        return False
-    return os.environ.get("SLURM_STEP_ID", "batch") not in ("batch", "extern", "4294967294", "4294967291")
+    """True inside a task that ``srun`` started, in a job where Lightning takes the ranks from SLURM."""
+    return "SLURM_NTASKS" in os.environ and started_by_srun() and not interactive_job()
 
 
 def in_slurm_batch_script() -> bool:
     """True in a SLURM job's batch script, where processes were not started by ``srun``."""
-    return (
-        "SLURM_JOB_ID" in os.environ
-        and not in_slurm_step()
-        and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
-    )
+    return "SLURM_JOB_ID" in os.environ and not started_by_srun() and not interactive_job()
 
 
 def resolve_accelerator(accelerator: Any) -> str:
@@ -127,10 +145,20 @@ def check_devices(accelerator: str, devices: int | None, strategy: str | None, n
 
 
 def check_slurm(strategy: str | None, devices: int | None, num_nodes: int, processes: int) -> None:
-    if in_slurm_batch_script() and processes > 1 and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+    if launched_by_torchrun():
+        return  # e.g. `srun --ntasks-per-node=1 torchrun --nproc_per_node=4 ...`: SLURM's task count is not the ranks
+    tasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    if in_slurm_batch_script() and processes > 1 and tasks > 1:
         raise ConfigurationError(
             "this runs in a SLURM batch script with several tasks but was not started by srun, so the other ranks"
             " never start and training would hang. Fix: launch it as `srun python -m src.cli ...` (see slurm/)."
+        )
+    if started_by_srun() and interactive_job() and tasks > 1:
+        raise ConfigurationError(
+            f"srun started {tasks} tasks in a job named '{os.environ['SLURM_JOB_NAME']}' (salloc's default), and"
+            " Lightning ignores SLURM's ranks in such a job: each task would start a run of its own. Fix: name the"
+            " job (`salloc -J train ...` or `srun -J train python -m src.cli ...`), or run `python -m src.cli` in the"
+            " salloc shell without srun (one node)."
         )
     if not in_slurm_step():
         return
@@ -140,23 +168,29 @@ def check_slurm(strategy: str | None, devices: int | None, num_nodes: int, proce
             " each would spawn its own workers with ranks SLURM did not assign. Fix: use --trainer.strategy=ddp"
             " (one process per task, ranks from SLURM)."
         )
-    tasks = int(os.environ["SLURM_NTASKS"])
+    # inside a step SLURM_NNODES is the step's node count; SLURM_JOB_NUM_NODES is the allocation's
     nodes = int(os.environ.get("SLURM_NNODES", os.environ.get("SLURM_JOB_NUM_NODES", "1")))
-    if devices is None or (processes == tasks and num_nodes == nodes):
-        return
-    per_node = tasks // nodes if tasks % nodes == 0 else None
-    if per_node is None:
-        fix = "an allocation with the same number of tasks on every node"
-    else:
-        fix = f"--trainer.devices={per_node} --trainer.num_nodes={nodes}"
-        if world_size(strategy, 2, 1) == 1:  # a one-process strategy cannot use several tasks
-            fix += " --trainer.strategy=ddp"
-    raise ConfigurationError(
-        f"SLURM started {tasks} task(s) on {nodes} node(s), but --trainer.strategy={strategy or 'auto'}"
-        f" --trainer.devices={devices} --trainer.num_nodes={num_nodes} makes {processes} process(es) on"
-        f" {num_nodes} node(s), so the process group would never complete. Fix: pass {fix}, or change the job's"
-        " --nodes / --ntasks-per-node (and --gres) to match."
-    )
+    if devices is not None and (processes != tasks or num_nodes != nodes):
+        per_node = tasks // nodes if tasks % nodes == 0 else None
+        if per_node is None:
+            fix = "an allocation with the same number of tasks on every node"
+        else:
+            fix = f"--trainer.devices={per_node} --trainer.num_nodes={nodes}"
+            if world_size(strategy, 2, 1) == 1:  # a one-process strategy cannot use several tasks
+                fix += " --trainer.strategy=ddp"
+        raise ConfigurationError(
+            f"SLURM started {tasks} task(s) on {nodes} node(s), but --trainer.strategy={strategy or 'auto'}"
+            f" --trainer.devices={devices} --trainer.num_nodes={num_nodes} makes {processes} process(es) on"
+            f" {num_nodes} node(s), so the process group would never complete. Fix: pass {fix}, or change the job's"
+            " --nodes / --ntasks-per-node (and --gres) to match."
+        )
+    if tasks > 1 and "SLURM_NTASKS_PER_NODE" not in os.environ:
+        # Lightning reads the per-node count from this variable and stops with a traceback without it
+        raise ConfigurationError(
+            f"the SLURM job asked for --ntasks={tasks} without --ntasks-per-node, which Lightning needs to place"
+            f" the ranks. Fix: submit with --nodes={nodes} --ntasks-per-node={max(tasks // nodes, 1)} instead of"
+            " --ntasks."
+        )
 
 
 def check_batch_size(batch_size: Any, processes: int, accumulate: int) -> None:

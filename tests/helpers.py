@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -39,3 +41,20 @@ class RecordParameters(Callback):
             total = sum(p.detach().double().sum().item() for p in pl_module.parameters())
             with open(self.path, "a") as handle:
                 handle.write(f"{trainer.global_step} {batch_idx} {total!r}\n")
+
+
+class Pace(Callback):
+    """Test-only: sleep after each optimizer step and append the step to ``progress_file`` (rank 0), so that a
+    test can signal a job in the middle of training. Sleeping changes no number."""
+
+    def __init__(self, seconds: float = 0.1, progress_file: str = "") -> None:
+        self.seconds = seconds
+        self.progress_file = progress_file
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        time.sleep(self.seconds)
+        if self.progress_file and trainer.is_global_zero:
+            with open(self.progress_file, "a") as handle:
+                handle.write(f"{trainer.global_step}\n")

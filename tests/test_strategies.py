@@ -242,6 +242,7 @@ def test_dp_across_nodes_is_refused(capsys):
 
 SRUN_STEP = {
     "SLURM_NTASKS": "2",
+    "SLURM_NTASKS_PER_NODE": "2",
     "SLURM_NNODES": "1",
     "SLURM_STEP_ID": "0",
     "SLURM_JOB_ID": "7",

@@ -4,8 +4,11 @@ SLURM sends ``SIGUSR1`` some time before it kills a job (``#SBATCH --signal=SIGU
 handler saves a checkpoint *inside the signal handler*, wherever training happens to be: possibly in the middle
 of an optimizer step, and under DDP while the other ranks sit in a collective, which can deadlock. Here the
 handler only sets a flag. At the end of the next optimizer step all ranks agree on it (one tiny all-reduce),
-save ``last.ckpt`` together, and stop; rank 0 then runs ``scontrol requeue``. The requeued job passes
-``--ckpt_path=last`` and continues from exactly that step: same data order, same weights.
+save ``last.ckpt`` together (after the validation that step triggers, if any, so that no validation is
+skipped on resume), and stop; rank 0 then runs ``scontrol requeue`` (unless ``requeue=False``: the
+scripts in ``slurm/`` requeue from the batch script once every rank has exited, so that nothing is cut short).
+The requeued job passes ``--ckpt_path=last`` and continues from exactly that step: same data order, same
+weights.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ class PreemptionCheckpoint(Callback):
         self.received = False
         self._previous_handler: Any = None
         self._last_step_seen = -1
+        self._pending = False  # agreed to stop, waiting for the validation this step triggers
+        self._saved = False
+        self._saved_path: Path | None = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = True  # act later, at a step boundary, never inside the handler
@@ -82,23 +88,75 @@ class PreemptionCheckpoint(Callback):
         if trainer.global_step == self._last_step_seen:
             return  # mid-accumulation: no optimizer step has finished since the last check
         self._last_step_seen = trainer.global_step
+        if self._pending:  # the validation expected after the previous step did not come: stop now
+            self._save(trainer)
+            self._stop(trainer)
         received = self.received
         if trainer.world_size > 1:
             received = trainer.strategy.reduce_boolean_decision(received, all=False)  # any rank was signalled
         if not received:
             return
-        path = self.checkpoint_path(trainer)
-        trainer.save_checkpoint(path)  # every rank calls it; rank 0 writes
+        if validation_follows(trainer, batch_idx):
+            # Saving now would resume after that validation and never run it: save once it has run.
+            self._pending = True
+            return
+        self._save(trainer)
+        self._stop(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._pending and not self._saved and not trainer.sanity_checking:
+            # ModelCheckpoint saves after this hook, from the same state; stop at the next training hook
+            self._save(trainer)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._saved:
+            self._stop(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._pending:
+            if not self._saved:
+                self._save(trainer)
+            self._stop(trainer)
+
+    def _save(self, trainer: L.Trainer) -> None:
+        self._saved_path = self.checkpoint_path(trainer)
+        trainer.save_checkpoint(self._saved_path)  # every rank calls it; rank 0 writes
+        trainer.strategy.barrier("preemption")  # every rank is done before a requeue can end the job step
+        self._saved = True
+
+    def _stop(self, trainer: L.Trainer) -> None:
         job_id = slurm_job_id()
         requeued = False
         if self.requeue and job_id and trainer.is_global_zero:
+            # `scontrol requeue` ends the running job at once (SIGTERM to every task): write the logs first.
+            # The slurm/ scripts pass --preemption.requeue=false and requeue after all ranks have exited instead.
+            for logger in trainer.loggers:
+                logger.save()
             result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
             requeued = result.returncode == 0
             if not requeued:
                 log.warning("scontrol requeue %s failed: %s", job_id, result.stderr.strip())
-        trainer.strategy.barrier("preemption")
         raise Preempted(
-            f"saved {path} at step {trainer.global_step}"
+            f"saved {self._saved_path} at step {trainer.global_step}"
             + (f" and requeued SLURM job {job_id}" if requeued else "")
             + "; resume with --ckpt_path=last (same --trainer.default_root_dir)."
         )
+
+
+def validation_follows(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether Lightning validates (or ends the epoch) right after this training batch."""
+    if trainer.is_last_batch:
+        return True
+    every = trainer.val_check_batch
+    return (
+        trainer.enable_validation
+        and isinstance(every, int)
+        and every > 0
+        and (batch_idx + 1) % every == 0
+        and (
+            trainer.check_val_every_n_epoch is None
+            or (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch == 0
+        )
+    )

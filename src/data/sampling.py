@@ -26,10 +26,11 @@ def per_process_batch_size(global_batch_size: int, world_size: int, accumulate_g
     """
     shards = world_size * accumulate_grad_batches
     if global_batch_size < 1 or global_batch_size % shards:
+        example = shards * max(1, global_batch_size // shards)
         raise ValueError(
             f"--data.batch_size={global_batch_size} is the global batch of one optimizer step and must divide evenly"
             f" among {world_size} process(es) x {accumulate_grad_batches} accumulated micro-batch(es) = {shards}."
-            f" Fix: set --data.batch_size to a multiple of {shards} (for example {shards * max(1, global_batch_size // shards)}),"
+            f" Fix: set --data.batch_size to a multiple of {shards} (for example {example}),"
             " or change --trainer.devices / --trainer.num_nodes / --trainer.accumulate_grad_batches."
         )
     return global_batch_size // shards
