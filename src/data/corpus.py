@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+# fmt: off
 _NOUNS = [
     "fox", "river", "teacher", "garden", "engine", "sailor", "window", "forest", "baker", "letter",
     "mountain", "student", "lantern", "village", "doctor", "bridge", "painter", "harbor", "kitten", "castle",
@@ -20,6 +21,7 @@ _NUMBER_WORDS = [
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
     "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty",
 ]
+# fmt: on
 
 
 def _noun_phrase(rng: random.Random) -> str:

@@ -41,7 +41,9 @@ class IndexedImages(Dataset):
 
     def __init__(self, images: Tensor, labels: Tensor) -> None:
         if images.dtype != torch.uint8 or images.ndim != 4 or len(images) != len(labels):
-            raise ValueError(f"expected uint8 images (N, C, H, W) and N labels, got {tuple(images.shape)} and {len(labels)}")
+            raise ValueError(
+                f"expected uint8 images (N, C, H, W) and N labels, got {tuple(images.shape)} and {len(labels)}"
+            )
         self.images = images
         self.labels = labels
 
@@ -254,7 +256,9 @@ class CIFAR10DataModule(GlobalBatchDataModule):
         self.val_set = IndexedImages(full.images[val_idx], full.labels[val_idx])
         self.test_set = read_cifar10_batches(folder, CIFAR10_TEST_FILES)
 
-    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+    def on_after_batch_transfer(
+        self, batch: tuple[Tensor, Tensor, Tensor], dataloader_idx: int
+    ) -> tuple[Tensor, Tensor]:
         """Augment (training only) and normalise on the device, where it is cheap; returns ``(images, labels)``."""
         images, labels, indices = batch
         trainer = self.trainer
