@@ -122,7 +122,8 @@ class TemplateCLI(LightningCLI):
             datamodule_class=L.LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
-            parser_kwargs={"default_env": True, "prog": "python -m src.cli"}
+            # run=False (in a notebook or script) builds one parser without subcommands: it reads the defaults too
+            parser_kwargs={"prog": "python -m src.cli", **(per_subcommand if not run else {"default_env": True})}
             | {name: dict(per_subcommand) for name in SUBCOMMANDS},
             parser_class=TemplateArgumentParser,
             auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)
@@ -199,7 +200,7 @@ class TemplateCLI(LightningCLI):
     # -- run directory: loggers and wandb ----------------------------------------------------------------------
 
     def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand]
+        config = self.config[self.subcommand] if self.subcommand else self.config
         run_dir = config.trainer.get("default_root_dir") or os.getcwd()
         for logger in _loggers(config.trainer):
             if logger.get("init_args") is None:

@@ -257,3 +257,13 @@ def test_corrupt_or_missing_checkpoint(tmp_path, capsys):
     fails_with(capsys, ["test", f"--ckpt_path={corrupt}"], "not a readable checkpoint")
     fails_with(capsys, ["validate", f"--ckpt_path={tmp_path / 'nope.ckpt'}"], "does not exist")
     assert corrupt.read_bytes() == b"PK\x03\x04 truncated"
+
+
+def test_cli_builds_the_objects_without_running_for_notebooks_and_scripts():
+    from src.cli import TemplateCLI
+    from src.data import CIFAR10DataModule
+    from src.models import ImageClassifier
+
+    cli = TemplateCLI(args=["--trainer.max_steps=3", "--data.init_args.batch_size=64"], run=False)
+    assert isinstance(cli.model, ImageClassifier) and isinstance(cli.datamodule, CIFAR10DataModule)
+    assert cli.trainer.max_steps == 3 and cli.datamodule.batch_size == 64

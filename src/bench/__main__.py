@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -48,19 +49,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     parser.add_argument("--quick", action="store_true", help="small models, few steps, one repeat: about a minute")
-    parser.add_argument("--workload", type=_names, help=f"comma-separated: {', '.join(WORKLOADS)} (default: all)")
+    parser.add_argument(
+        "--workload", type=_names, help=f"comma-separated: {', '.join(WORKLOADS)} (default: all; quick: image)"
+    )
     parser.add_argument(
         "--strategies",
         type=_names,
         help=f"comma-separated from {', '.join(STRATEGY_LABELS)} (default: all); the 1-device rows that"
         " efficiencies are measured against (single, plain-loop) are always added",
     )
-    parser.add_argument("--devices", type=_ints, help="device counts, e.g. 1,2 (default: 1 and 2, 4, ... up to all)")
+    parser.add_argument(
+        "--devices", type=_ints, help="device counts, e.g. 1,2 (default: 1, 2, 4, ... up to all; quick: 2)"
+    )
     parser.add_argument("--precisions", type=_names, help="32, 16-mixed, bf16-mixed (default: 32; on GPU all three)")
     parser.add_argument("--batch-sizes", type=_ints, help="global batch sizes (default: the workload's own)")
     parser.add_argument("--repeats", type=int, help="runs per row; the median is reported (default 3, quick 1)")
-    parser.add_argument("--steps", type=int, help="timed optimizer steps per run (default 20, quick 8)")
-    parser.add_argument("--warmup", type=int, help="optimizer steps before the timed ones (default 5, quick 2)")
+    parser.add_argument("--steps", type=int, help="timed optimizer steps per run (default 20, on GPU 100, quick 8)")
+    parser.add_argument("--warmup", type=int, help="steps before the timed ones (default 5, on GPU 10, quick 2)")
     parser.add_argument("--threads", type=int, help="torch threads per process (default: 1 on CPU)")
     parser.add_argument("--accelerator", choices=["auto", "cpu", "gpu"], default="auto")
     parser.add_argument("--timeout", type=int, default=900, help="seconds before one run is stopped")
@@ -90,15 +95,18 @@ def plan(args: argparse.Namespace, accelerator: str) -> tuple[list[Row], list[st
     strategies = args.strategies or list(STRATEGY_LABELS)
     unknown = [s for s in [*workloads, *strategies] if s not in WORKLOADS and s not in STRATEGY_LABELS]
     if unknown:
-        raise SystemExit(f"error: unknown workload or strategy {unknown}; workloads {list(WORKLOADS)}, strategies {list(STRATEGY_LABELS)}")
+        raise SystemExit(
+            f"error: unknown workload or strategy {unknown}; workloads: {', '.join(WORKLOADS)};"
+            f" strategies: {', '.join(STRATEGY_LABELS)}"
+        )
     if any(s in TEMPLATE_STRATEGIES for s in strategies) and "single" not in strategies:
         strategies.insert(0, "single")
     if any(s in PLAIN_STRATEGIES for s in strategies) and "plain-loop" not in strategies:
         strategies.append("plain-loop")
-    devices = args.devices or ([2] if args.quick else default_devices(accelerator))
+    available = torch.cuda.device_count() if accelerator == "gpu" else len(os.sched_getaffinity(0))
+    devices = args.devices or ([min(2, available)] if args.quick else default_devices(accelerator))
     default_precisions = ["32", "bf16-mixed", "16-mixed"] if accelerator == "gpu" and not args.quick else ["32"]
     precisions = [PRECISION_ALIASES.get(p, p) for p in (args.precisions or default_precisions)]
-    available = torch.cuda.device_count() if accelerator == "gpu" else len(os.sched_getaffinity(0))
     skipped = [f"{n} devices: this machine has {available}" for n in devices if n > available]
     devices = [n for n in devices if n <= available]
     rows: list[Row] = []
@@ -121,6 +129,10 @@ def plan(args: argparse.Namespace, accelerator: str) -> tuple[list[Row], list[st
     return rows, skipped
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -133,19 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         raise SystemExit("error: nothing to run: " + "; ".join(skipped))
     largest = max(row.processes for row in rows)
+    gpu = accelerator == "gpu"
     threads = args.threads or (1 if accelerator == "cpu" else max(1, (os.cpu_count() or 1) // largest))
     settings = Settings(
         accelerator=accelerator,
         quick=args.quick,
-        warmup=max(1, args.warmup if args.warmup is not None else (2 if args.quick else 5)),
-        steps=args.steps or (8 if args.quick else 20),
+        # GPU steps take milliseconds: more of them, for the same few seconds of timed window
+        warmup=max(1, args.warmup if args.warmup is not None else (2 if args.quick else 10 if gpu else 5)),
+        steps=args.steps or (8 if args.quick else 100 if gpu else 20),
         threads=threads,
         timeout_s=args.timeout,
         out=args.out.resolve(),
     )
     repeats = args.repeats or (1 if args.quick else 3)
     environment = machine_info(argv)
-    print(f"{len(rows)} rows x {repeats} repeat(s) on {accelerator}, {threads} thread(s) per process; output {settings.out}")
+    print(f"{len(rows)} rows x {repeats} repeat(s) on {accelerator}, {threads} thread(s) per process -> {settings.out}")
     for reason in skipped:
         print(f"skipped: {reason}")
 
@@ -164,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         peaks[precision], peak_sources[precision] = peak_flops(device, precision)
 
     started = time.time()
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout` sends SIGTERM: still write what was measured
     results = run_all(rows, repeats, settings)
     environment["load_average_end"] = load_average()
     environment["bench_wall_s"] = round(time.time() - started, 1)

@@ -2,9 +2,10 @@
 
 A step's time is the interval between the ends of two consecutive optimizer steps, so everything the loop does
 per step counts (loading, transfer, augmentation, forward, backward, optimizer, logging, progress output,
-callbacks), wherever in the loop it happens. On a GPU the step ends are CUDA events read after training, so
-no host synchronisation is added inside the timed window. Each process writes its own file (``rank_path``);
-the launcher reads them all.
+callbacks), wherever in the loop it happens. The main thread's CPU time per step is kept beside it: on a
+machine shared with other jobs it shows the work a step costs, where the wall time also holds the waiting. On a
+GPU the step ends are CUDA events read after training, so no host synchronisation is added inside the timed
+window. Each process writes its own file (``rank_path``); the launcher reads them all.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class StepClock:
         self.cuda = device.type == "cuda"
         self.t0 = launch_time()
         self.host_ends: list[float] = []
+        self.cpu_ends: list[float] = []
         self.events: list[Any] = []
         self.new_epoch: list[bool] = []
         self.first_step_s: float | None = None
@@ -55,6 +57,7 @@ class StepClock:
                 torch.cuda.synchronize(self.device)  # once, outside the timed window: the step really finished
             self.first_step_s = time.time() - self.t0
         self.host_ends.append(time.perf_counter())
+        self.cpu_ends.append(time.thread_time())
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -76,6 +79,10 @@ class StepClock:
             return [start.elapsed_time(end) / 1000 for start, end in zip(self.events, self.events[1:], strict=False)]
         return [end - start for start, end in zip(self.host_ends, self.host_ends[1:], strict=False)]
 
+    def cpu_times(self) -> list[float]:
+        """CPU seconds the calling thread spent per step: unlike wall time, not inflated by other jobs on the cores."""
+        return [end - start for start, end in zip(self.cpu_ends, self.cpu_ends[1:], strict=False)]
+
     def peak_memory(self) -> tuple[int, str]:
         """(bytes, what they are): the CUDA allocator's peak on a GPU, the process's peak resident set on a CPU."""
         if self.cuda:
@@ -86,6 +93,7 @@ class StepClock:
         memory, memory_kind = self.peak_memory()
         return {
             "step_times_s": self.step_times(),
+            "cpu_times_s": self.cpu_times(),
             "new_epoch": self.new_epoch[1:],
             "steps": self.steps,
             "first_step_s": self.first_step_s,

@@ -19,14 +19,15 @@ from src.bench.stats import aggregate, overhead, scaling_efficiency
 DDP_TARGET = 0.97
 #: the template's loop may cost this much per step over a plain loop (the issue's targets)
 OVERHEAD_TARGET_MS, OVERHEAD_TARGET_PERCENT = 1.0, 3.0
+DASH = "\u2013"  # an en dash: "no value" in the table
 
 CSV_FIELDS = [
     "key", "workload", "implementation", "strategy", "devices", "processes", "precision", "batch_size",
     "per_process_batch", "threads_per_process", "samples_per_s", "samples_per_s_min", "samples_per_s_max",
-    "tokens_per_s", "step_ms_median", "step_ms_p25", "step_ms_p75", "step_ms_mean", "scaling_efficiency",
-    "throughput_vs_plain", "overhead_ms_per_step", "overhead_percent", "startup_s", "peak_memory_mb",
-    "memory_kind", "tflops", "mfu", "peak_tflops_per_device", "repeats_ok", "repeats", "loss_first",
-    "loss_last", "note", "error",
+    "tokens_per_s", "step_ms_median", "step_ms_p25", "step_ms_p75", "step_ms_mean", "cpu_ms_mean", "cpu_share",
+    "scaling_efficiency", "throughput_vs_plain", "overhead_ms_per_step", "overhead_percent",
+    "overhead_cpu_ms_per_step", "startup_s", "peak_memory_mb", "memory_kind", "tflops", "mfu",
+    "peak_tflops_per_device", "repeats_ok", "repeats", "loss_first", "loss_last", "note", "error",
 ]  # fmt: skip
 
 
@@ -81,6 +82,7 @@ def build_table(
         entry["overhead_ms_per_step"] = cost["ms_per_step"] if cost else None
         entry["overhead_percent"] = cost["percent"] if cost else None
         entry["overhead_median_ms_per_step"] = cost["median_ms_per_step"] if cost else None
+        entry["overhead_cpu_ms_per_step"] = cost["cpu_ms_per_step"] if cost else None
         if counterpart and figures[counterpart].get("loss_last") is not None and entry.get("loss_last") is not None:
             a, b = entry["loss_last"], figures[counterpart]["loss_last"]
             entry["same_loss_as_plain"] = math.isclose(a, b, rel_tol=1e-3) and math.isclose(
@@ -101,14 +103,16 @@ def build_table(
 
 def _cell(value: Any, digits: int = 1) -> str:
     if value is None or value == "":
-        return "–"
+        return DASH
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
     return str(value)
 
 
 def _percent(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.0f}%"
+    if value is None:
+        return DASH
+    return f"{100 * value:.0f}%" if value >= 0.1 else f"{100 * value:.2f}%"  # small MFUs keep two decimals
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -122,7 +126,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"- machine: {env['cpu']}, {env['cpu_cores']} cores ({env['cpu_cores_usable']} usable),"
         f" {env['memory_gib']} GiB; GPUs: {', '.join(env['gpus']) or 'none'}",
         f"- software: Python {env['python']}, torch {env['torch']}, lightning {env['lightning']},"
-        f" torchmetrics {env['torchmetrics']}; git {env['git_commit']}{' (modified)' if env['git_dirty'] else ''}",
+        f" torchmetrics {env['torchmetrics']}; git {env['git_commit'] or 'n/a'}"
+        + (" (with uncommitted changes)" if env["git_commit"] and env["git_dirty"] else ""),
         f"- load average (1, 5, 15 min) at start {env['load_average_start']}, at end {env.get('load_average_end')}",
         f"- settings: accelerator {settings['accelerator']}, {settings['threads']} thread(s) per process"
         f" (OMP_NUM_THREADS), {settings['warmup']} warm-up + {settings['steps']} timed steps per run,"
@@ -143,24 +148,30 @@ def markdown(results: dict[str, Any]) -> str:
         if row.get("samples_per_s") is None:
             lines.append(
                 f"| {row['workload']} | {row['label']} | {row['devices']} ({row['processes']}) | {row['precision']}"
-                f" | {row['batch_size']} | FAILED: {row.get('error')} |" + " |" * 9
+                f" | {row['batch_size']} | {'FAILED: ' if row.get('error') != 'not run' else ''}{row.get('error')} |"
+                + " |"
+                * 9
             )
             continue
         label = row["label"] + (" ¹" if row["note"] else "")
-        iqr = f"{row['step_ms_median']:.2f} [{row['step_ms_p25']:.2f}–{row['step_ms_p75']:.2f}]"
+        iqr = f"{row['step_ms_median']:.2f} [{row['step_ms_p25']:.2f}{DASH}{row['step_ms_p75']:.2f}]"
         lines.append(
             f"| {row['workload']} | {label} | {row['devices']} ({row['processes']}) | {row['precision']}"
             f" | {row['batch_size']} ({row['per_process_batch']}) | {_cell(row['samples_per_s'])}"
             f" | {_cell(row['tokens_per_s'], 0)} | {iqr} | {_percent(row['scaling_efficiency'])}"
             f" | {_percent(row['throughput_vs_plain'])} | {_cell(row['overhead_ms_per_step'], 2)}"
             f" | {_cell(row['startup_s'])} | {_cell(row['peak_memory_mb'], 0)} | {_cell(row['tflops'], 2)}"
-            f" | {_percent(row['mfu']) if row['mfu'] is not None else '–'} |"
+            f" | {_percent(row['mfu']) if row['mfu'] is not None else DASH} |"
         )
     notes = sorted({row["note"] for row in table if row.get("note")})
     if notes:
         lines += ["", *[f"¹ {text}" for text in notes]]
-    memory_kinds = sorted({row.get("memory_kind") for row in table if row.get("memory_kind")})
-    lines += ["", f"Peak memory: {', '.join(memory_kinds)} (max_rss: the process's peak resident set, whole process)."]
+    kinds = {row.get("memory_kind") for row in table}
+    memory = {
+        "max_rss": "the peak resident set of each process (all of it: Python, libraries, data)",
+        "cuda_max_allocated": "the peak of PyTorch's CUDA allocator on each GPU (torch.cuda.max_memory_allocated)",
+    }
+    lines += ["", "Peak memory per device: " + "; ".join(text for kind, text in memory.items() if kind in kinds) + "."]
     lines += ["", *targets(table)]
     return "\n".join(lines) + "\n"
 
@@ -174,8 +185,9 @@ def targets(table: list[dict[str, Any]]) -> list[str]:
             ok = ms <= OVERHEAD_TARGET_MS and pct <= OVERHEAD_TARGET_PERCENT
             lines.append(
                 f"- {row['workload']} {row['precision']} b{row['batch_size']}: template loop over plain loop"
-                f" {ms:+.2f} ms/step ({pct:+.1f}%; median {row['overhead_median_ms_per_step']:+.2f} ms):"
-                f" {'within' if ok else 'over'} the target of {OVERHEAD_TARGET_MS:g} ms and {OVERHEAD_TARGET_PERCENT:g}%"
+                f" {ms:+.2f} ms/step ({pct:+.1f}%; median step {row['overhead_median_ms_per_step']:+.2f} ms;"
+                f" main-thread CPU time {_cell(row.get('overhead_cpu_ms_per_step'), 2)} ms):"
+                f" {'within' if ok else 'over'} the targets ({OVERHEAD_TARGET_MS:g} ms, {OVERHEAD_TARGET_PERCENT:g}%)"
                 + (", same losses as plain" if row.get("same_loss_as_plain") else "")
             )
     for row in table:
@@ -223,12 +235,23 @@ def plot_scaling(table: list[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
     for ax, (workload, precision, batch) in zip(axes[0], groups, strict=True):
         rows = [r for r in table if (r["workload"], r["precision"], r["batch_size"]) == (workload, precision, batch)]
+        one_device = {
+            r["strategy"]: r["samples_per_s"]
+            for r in rows
+            if r["strategy"] in ("single", "plain-loop") and r.get("samples_per_s")
+        }
         for strategy, label in STRATEGY_LABELS.items():
-            points = sorted((r["devices"], r["samples_per_s"]) for r in rows if r["strategy"] == strategy and r.get("samples_per_s"))
+            points = sorted(
+                (r["devices"], r["samples_per_s"]) for r in rows if r["strategy"] == strategy and r.get("samples_per_s")
+            )
             if not points:
                 continue
+            reference = one_device.get("plain-loop" if strategy.startswith("plain") else "single")
+            if strategy not in one_device and points[0][0] > 1 and reference:
+                points.insert(0, (1, reference))  # each line starts from its implementation's 1-device row
             style = "--" if strategy.startswith("plain") else "-"
-            ax.plot(*zip(*points, strict=True), style, marker="o", label=label)
+            marker = "s" if strategy in one_device else "o"
+            ax.plot(*zip(*points, strict=True), style, marker=marker, label=label)
         counts = sorted({r["devices"] for r in rows})
         for strategy, color in (("plain-loop", "grey"), ("single", "black")):
             one = next((r["samples_per_s"] for r in rows if r["strategy"] == strategy and r.get("samples_per_s")), None)
@@ -239,7 +262,8 @@ def plot_scaling(table: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("samples/s")
         ax.set_title(f"{workload}, {precision}, global batch {batch}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -256,7 +280,8 @@ def plot_vs_plain(table: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(rows), 2) + 1.5))
     labels = [f"{r['workload']} {r['precision']} b{r['batch_size']}: {r['label']} x{r['devices']}" for r in rows]
     values = [100 * r["throughput_vs_plain"] for r in rows]
-    bars = ax.barh(range(len(rows)), values, color=["tab:blue" if v >= 100 * DDP_TARGET else "tab:orange" for v in values])
+    colors = ["tab:blue" if v >= 100 * DDP_TARGET else "tab:orange" for v in values]
+    bars = ax.barh(range(len(rows)), values, color=colors)
     for bar, row in zip(bars, rows, strict=True):
         text = f" {100 * row['throughput_vs_plain']:.1f}%  ({row['overhead_ms_per_step']:+.2f} ms/step)"
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=7)
@@ -264,9 +289,9 @@ def plot_vs_plain(table: list[dict[str, Any]], path: Path) -> None:
     ax.axvline(100 * DDP_TARGET, color="tab:red", linestyle="--", linewidth=1, label=f"{100 * DDP_TARGET:.0f}% target")
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlim(min([80.0, *values]) - 5, max([105.0, *values]) + 12)
+    ax.set_xlim(min([80.0, *values]) - 5, max([105.0, *values]) + 30)  # room for the labels
     ax.set_xlabel("throughput relative to plain PyTorch (%)")
-    ax.set_title("Lightning template against plain PyTorch (same model, data, batch, threads)")
+    ax.set_title("Template vs plain PyTorch: same model, data, batch and threads", fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from src.bench.stats import summarise_run
 from src.bench.clock import T0_ENV, rank_path
+from src.bench.environment import load_average
+from src.bench.stats import summarise_run
 from src.bench.workloads import REPO, WORKLOADS, cli_flags
 
 #: what each strategy of a row means; "plain-*" are the hand-written baselines
@@ -78,6 +79,8 @@ def note(row: Row, accelerator: str) -> str:
     """What the reader must know about a row."""
     if row.strategy == "dp" and accelerator == "cpu":
         return "pass-through on CPU: one process, one device (DataParallel splits across GPUs only)"
+    if row.strategy == "dp" and row.devices == 1:
+        return "dp on one GPU is a single device"
     if row.precision == "16-mixed" and accelerator == "cpu":
         return "Lightning runs 16-mixed as bf16-mixed on a CPU"
     return ""
@@ -155,16 +158,20 @@ def run_once(row: Row, repeat: int, settings: Settings) -> dict[str, Any]:
     started = time.perf_counter()
     with open(run_dir / "output.log", "w") as log:
         # a session of its own, so that a run past its timeout is ended with all the processes it started
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             returncode = process.wait(timeout=settings.timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
             returncode = None
+        finally:
+            if process.poll() is None:  # timed out, or the benchmark itself was interrupted
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
     wall_s = time.perf_counter() - started
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # not results, and written after the timed window
-    result: dict[str, Any] = {"repeat": repeat, "wall_s": wall_s, "run_dir": str(run_dir)}
+    result: dict[str, Any] = {"repeat": repeat, "wall_s": wall_s, "run_dir": str(run_dir), "load_after": load_average()}
     paths = [rank_path(json_path, rank) for rank in range(row.processes)]
     if returncode != 0 or not all(path.is_file() for path in paths):
         tail = (run_dir / "output.log").read_text(errors="replace")[-2000:]
@@ -181,13 +188,20 @@ def run_once(row: Row, repeat: int, settings: Settings) -> dict[str, Any]:
 def run_all(
     rows: list[Row], repeats: int, settings: Settings, progress: Callable[[str], None] = print
 ) -> dict[Row, list[dict[str, Any]]]:
-    """All repeats of all rows, round robin: repeat 1 of every row, then repeat 2, ..."""
+    """All repeats of all rows, round robin: repeat 1 of every row, then repeat 2, ...
+
+    Interrupted (Ctrl-C, or SIGTERM from ``timeout``), it stops and returns the runs finished so far.
+    """
     results: dict[Row, list[dict[str, Any]]] = {row: [] for row in rows}
     total, done = len(rows) * repeats, 0
     for repeat in range(1, repeats + 1):
         for row in rows:
             done += 1
-            run = run_once(row, repeat, settings)
+            try:
+                run = run_once(row, repeat, settings)
+            except KeyboardInterrupt:
+                progress(f"interrupted at run {done}/{total}: reporting the runs finished so far")
+                return results
             results[row].append(run)
             if "error" in run:
                 progress(f"[{done}/{total}] {row.key} repeat {repeat}: FAILED ({run['error']})")

@@ -26,6 +26,7 @@ def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -
     times = rank0["step_times_s"][max(0, warmup - 1) :]
     new_epoch = rank0["new_epoch"][max(0, warmup - 1) :]
     steady = [t for t, boundary in zip(times, new_epoch, strict=True) if not boundary]
+    cpu = [t for t, boundary in zip(rank0["cpu_times_s"][max(0, warmup - 1) :], new_epoch, strict=True) if not boundary]
     if not steady:
         raise ValueError(f"no timed steps after {warmup} warm-up steps ({rank0['steps']} steps recorded)")
     mean = statistics.fmean(steady)
@@ -38,6 +39,9 @@ def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -
         "step_ms_p75": 1000 * quantile(steady, 0.75),
         "step_ms_mean": 1000 * mean,
         "samples_per_s": global_batch / mean,
+        "cpu_ms_mean": 1000 * statistics.fmean(cpu),
+        # below ~0.9 on a CPU the process waited: for other processes on its core, or for its peers' gradients
+        "cpu_share": statistics.fmean(cpu) / mean,
         "startup_s": max(startups) if startups else None,
         "peak_memory_mb": max(r["peak_memory_bytes"] for r in ranks) / 2**20,
         "memory_kind": rank0["memory_kind"],
@@ -52,7 +56,16 @@ def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -
 
 
 #: figures that are combined over repeats by their median
-MEDIAN_FIELDS = ("step_ms_median", "step_ms_p25", "step_ms_p75", "step_ms_mean", "samples_per_s", "startup_s")
+MEDIAN_FIELDS = (
+    "step_ms_median",
+    "step_ms_p25",
+    "step_ms_p75",
+    "step_ms_mean",
+    "cpu_ms_mean",
+    "cpu_share",
+    "samples_per_s",
+    "startup_s",
+)
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -96,4 +109,6 @@ def overhead(template: dict[str, Any], plain: dict[str, Any]) -> dict[str, float
         "median_ms_per_step": median,
         "median_percent": 100 * median / plain["step_ms_median"],
         "throughput_ratio": template["samples_per_s"] / plain["samples_per_s"],
+        # main-thread CPU time: the robust estimate of the extra work where other jobs share the cores
+        "cpu_ms_per_step": template["cpu_ms_mean"] - plain["cpu_ms_mean"],
     }

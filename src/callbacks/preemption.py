@@ -3,12 +3,12 @@
 SLURM sends ``SIGUSR1`` some time before it kills a job (``#SBATCH --signal=SIGUSR1@90``). Lightning's own
 handler saves a checkpoint *inside the signal handler*, wherever training happens to be: possibly in the middle
 of an optimizer step, and under DDP while the other ranks sit in a collective, which can deadlock. Here the
-handler only sets a flag. At the end of the next optimizer step all ranks agree on it (one tiny all-reduce),
-save ``last.ckpt`` together (after the validation that step triggers, if any, so that no validation is
-skipped on resume), and stop; rank 0 then runs ``scontrol requeue`` (unless ``requeue=False``: the
-scripts in ``slurm/`` requeue from the batch script once every rank has exited, so that nothing is cut short).
-The requeued job passes ``--ckpt_path=last`` and continues from exactly that step: same data order, same
-weights.
+handler only sets a flag. At an optimizer-step boundary all ranks agree on it (an asynchronous all-reduce, read
+one step later, so training never waits for it), save ``last.ckpt`` together (after the validation that step
+triggers, if any, so that no validation is skipped on resume), and stop; rank 0 then runs ``scontrol requeue``
+(unless ``requeue=False``: the scripts in ``slurm/`` requeue from the batch script once every rank has exited,
+so that nothing is cut short). The requeued job passes ``--ckpt_path=last`` and continues from exactly that
+step: same data order, same weights.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
+import torch
+import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
@@ -36,6 +38,43 @@ def slurm_job_id() -> str | None:
     if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:
         return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     return os.environ.get("SLURM_JOB_ID")
+
+
+class AnyRankVote:
+    """Whether any rank has raised a flag, agreed by every rank at the same step without stalling training.
+
+    A blocking all-reduce on every step costs milliseconds with gloo and, with NCCL, a host-device sync (that
+    is what ``strategy.reduce_boolean_decision`` does). Instead each step starts an asynchronous all-reduce on a
+    CPU (gloo) group and reads the one started at the previous step, long finished by then: every rank gets the
+    same answer at the same step, one step after the flag was raised.
+    """
+
+    def __init__(self) -> None:
+        self.group: Any = None
+        self.in_flight: tuple[torch.Tensor, Any] | None = None
+
+    def setup(self, world_size: int) -> None:
+        """Create the CPU group; call on every rank at the same point (a collective)."""
+        if world_size > 1 and dist.is_available() and dist.is_initialized():
+            self.group = dist.new_group(backend="gloo")
+
+    def poll(self, flag: bool) -> bool:
+        """Send this rank's flag; return whether any rank's flag was up at the previous poll."""
+        if self.group is None:
+            return flag
+        agreed = False
+        if self.in_flight is not None:
+            votes, work = self.in_flight
+            work.wait()
+            agreed = bool(votes.item())
+        votes = torch.tensor([int(flag)], dtype=torch.int32)
+        self.in_flight = (votes, dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True))
+        return agreed
+
+    def close(self) -> None:
+        if self.in_flight is not None:
+            self.in_flight[1].wait()
+            self.in_flight = None
 
 
 class PreemptionCheckpoint(Callback):
@@ -59,6 +98,7 @@ class PreemptionCheckpoint(Callback):
         self._pending = False  # agreed to stop, waiting for the validation this step triggers
         self._saved = False
         self._saved_path: Path | None = None
+        self._vote = AnyRankVote()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = True  # act later, at a step boundary, never inside the handler
@@ -70,6 +110,10 @@ class PreemptionCheckpoint(Callback):
         if isinstance(environment, SLURMEnvironment):
             environment.auto_requeue = False  # this callback replaces Lightning's in-handler save and requeue
         self._previous_handler = signal.signal(self.signal_number, self._handle)
+        self._vote.setup(trainer.world_size)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._vote.close()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._previous_handler is not None:
@@ -91,10 +135,7 @@ class PreemptionCheckpoint(Callback):
         if self._pending:  # the validation expected after the previous step did not come: stop now
             self._save(trainer)
             self._stop(trainer)
-        received = self.received
-        if trainer.world_size > 1:
-            received = trainer.strategy.reduce_boolean_decision(received, all=False)  # any rank was signalled
-        if not received:
+        if not self._vote.poll(self.received):  # any rank signalled (seen one step later under ddp)
             return
         if validation_follows(trainer, batch_idx):
             # Saving now would resume after that validation and never run it: save once it has run.

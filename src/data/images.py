@@ -215,8 +215,7 @@ class CIFAR10DataModule(GlobalBatchDataModule):
         self.synthetic_train_size = synthetic_train_size
         self.synthetic_val_size = synthetic_val_size
         self.augment = augment
-        self.mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
-        self.std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
+        self._normalization: dict[torch.device, tuple[Tensor, Tensor]] = {}  # mean and std, per device
 
     def prepare_data(self) -> None:
         if self.data_dir is None or find_cifar10_folder(self.data_dir) is not None:
@@ -264,5 +263,8 @@ class CIFAR10DataModule(GlobalBatchDataModule):
         trainer = self.trainer
         if self.augment and trainer is not None and trainer.training:
             images = random_crop_flip(images, indices, seed=global_seed(), epoch=trainer.current_epoch)
-        mean, std = self.mean.to(images.device), self.std.to(images.device)
+        if images.device not in self._normalization:  # copied to the device once, not on every batch
+            stats = (torch.tensor(CIFAR10_MEAN), torch.tensor(CIFAR10_STD))
+            self._normalization[images.device] = tuple(t.view(1, 3, 1, 1).to(images.device) for t in stats)
+        mean, std = self._normalization[images.device]
         return (images.float() / 255 - mean) / std, labels

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torchmetrics import MeanMetric
 
 #: parameter dtype of the "-true" precisions (the module itself is converted, not just autocast)
 TRUE_PRECISION_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
@@ -15,6 +16,20 @@ TRUE_PRECISION_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, 
 def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
     """Upcast fp16/bf16 logits before a softmax or loss; leave fp32 and fp64 alone."""
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def mean_metric() -> MeanMetric:
+    """A torchmetrics mean that never waits for the device.
+
+    The default NaN check calls ``.any()`` (a host-device sync on every update); disabled, a NaN loss shows as a
+    NaN mean. Pass weights as tensors on the value's device (``sample_weight``) so no host copy is needed either.
+    """
+    return MeanMetric(nan_strategy="disable")
+
+
+def sample_weight(value: torch.Tensor, count: int) -> torch.Tensor:
+    """``count`` as a tensor beside ``value`` (a fill on the device, not a copy from the host)."""
+    return torch.full_like(value, float(count))
 
 
 class TemplateModule(L.LightningModule):

@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
 
-from src.models.base import TemplateModule, at_least_fp32
+from src.models.base import TemplateModule, at_least_fp32, mean_metric, sample_weight
 
 
 class CausalSelfAttention(nn.Module):
@@ -127,7 +126,8 @@ class CausalLanguageModel(TemplateModule):
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval, lr_scheduler_monitor)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.net = GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
-        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        # one mean per stage; mean_metric() keeps the per-step update free of host-device syncs
+        self.train_loss, self.val_loss, self.test_loss = mean_metric(), mean_metric(), mean_metric()
 
     @property
     def num_parameters(self) -> int:
@@ -153,18 +153,19 @@ class CausalLanguageModel(TemplateModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """One micro-batch of training; returns the loss Lightning backpropagates."""
         loss = self.model_step(batch)
-        self.train_loss.update(loss.detach(), weight=batch[1].numel())
+        self.train_loss.update(loss.detach(), weight=sample_weight(loss, batch[1].numel()))
         if self.should_log_step():
             self.log("train/loss", loss.detach(), prog_bar=True, sync_dist=True)
         return loss
 
     def on_train_epoch_end(self) -> None:
-        self.log("train/loss_epoch", self.train_loss.compute())
+        self.log("train/loss_epoch", self.train_loss.compute())  # reduced over all processes
         self.train_loss.reset()
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Accumulate validation loss, weighted by the number of tokens."""
-        self.val_loss.update(self.model_step(batch), weight=batch[1].numel())
+        loss = self.model_step(batch)
+        self.val_loss.update(loss, weight=sample_weight(loss, batch[1].numel()))
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()  # reduced over all processes
@@ -173,7 +174,8 @@ class CausalLanguageModel(TemplateModule):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Accumulate test loss, weighted by the number of tokens."""
-        self.test_loss.update(self.model_step(batch), weight=batch[1].numel())
+        loss = self.model_step(batch)
+        self.test_loss.update(loss, weight=sample_weight(loss, batch[1].numel()))
 
     def on_test_epoch_end(self) -> None:
         loss = self.test_loss.compute()

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from src.models.base import TemplateModule, at_least_fp32
+from src.models.base import TemplateModule, at_least_fp32, mean_metric, sample_weight
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -96,11 +96,12 @@ class ImageClassifier(TemplateModule):
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval, lr_scheduler_monitor)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.net = CompactResNet(num_classes, tuple(widths), blocks_per_stage, dropout)
-        # one metric object per stage, so epoch reductions never mix; validate_args=False keeps them cheap
+        # one metric object per stage, so epoch reductions never mix; validate_args=False and mean_metric() keep
+        # the per-step update cheap and free of host-device syncs
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.test_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
-        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.train_loss, self.val_loss, self.test_loss = mean_metric(), mean_metric(), mean_metric()
         self.val_acc_best = MaxMetric()
 
     def forward(self, images: Tensor) -> Tensor:
@@ -116,7 +117,7 @@ class ImageClassifier(TemplateModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """One micro-batch of training; returns the loss Lightning backpropagates."""
         loss, preds, labels = self.model_step(batch)
-        self.train_loss.update(loss.detach(), weight=len(labels))
+        self.train_loss.update(loss.detach(), weight=sample_weight(loss, len(labels)))
         self.train_acc.update(preds, labels)
         if self.should_log_step():
             self.log("train/loss", loss.detach(), prog_bar=True, sync_dist=True)
@@ -135,7 +136,7 @@ class ImageClassifier(TemplateModule):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Accumulate validation loss (weighted by batch size) and accuracy."""
         loss, preds, labels = self.model_step(batch)
-        self.val_loss.update(loss, weight=len(labels))
+        self.val_loss.update(loss, weight=sample_weight(loss, len(labels)))
         self.val_acc.update(preds, labels)
 
     def on_validation_epoch_end(self) -> None:
@@ -151,7 +152,7 @@ class ImageClassifier(TemplateModule):
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Accumulate test loss and accuracy."""
         loss, preds, labels = self.model_step(batch)
-        self.test_loss.update(loss, weight=len(labels))
+        self.test_loss.update(loss, weight=sample_weight(loss, len(labels)))
         self.test_acc.update(preds, labels)
 
     def on_test_epoch_end(self) -> None:
