@@ -59,3 +59,13 @@ def test_checkpoint_reloads_with_its_hyperparameters(tmp_path):
     assert restored.hparams.widths == (8, 16)
     for (name, a), b in zip(model.state_dict().items(), restored.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_weighted_mean_weights_its_updates_and_never_checks_on_the_host():
+    from src.models.base import WeightedMean, sample_weight
+
+    mean = WeightedMean()
+    for value, count in ((2.0, 3), (4.0, 1)):
+        value = torch.tensor(value, dtype=torch.float64)
+        mean.update(value, weight=sample_weight(value, count))
+    assert mean.compute().item() == pytest.approx(2.5)

@@ -18,13 +18,21 @@ def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
 
 
-def mean_metric() -> MeanMetric:
-    """A torchmetrics mean that never waits for the device.
+class WeightedMean(MeanMetric):
+    """``torchmetrics.MeanMetric`` (states, DDP reduction, ``compute``) with an update that never waits for the device.
 
-    The default NaN check calls ``.any()`` (a host-device sync on every update); disabled, a NaN loss shows as a
-    NaN mean. Pass weights as tensors on the value's device (``sample_weight``) so no host copy is needed either.
+    MeanMetric's own update either checks its inputs for NaN with ``.any()``, a host-device sync on every
+    training step, or, with ``nan_strategy="disable"``, silently ignores the weights (torchmetrics 1.9). This
+    update is its arithmetic without either: a NaN loss shows as a NaN mean. Pass weights as tensors on the
+    value's device (``sample_weight``) so that no host copy is needed either.
     """
-    return MeanMetric(nan_strategy="disable")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(nan_strategy="disable", **kwargs)
+
+    def update(self, value: torch.Tensor, weight: torch.Tensor) -> None:  # type: ignore[override]
+        self.mean_value += (value * weight).sum()
+        self.weight += weight.sum()
 
 
 def sample_weight(value: torch.Tensor, count: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from src.models.base import TemplateModule, at_least_fp32, mean_metric, sample_weight
+from src.models.base import TemplateModule, WeightedMean, at_least_fp32, sample_weight
 
 
 class CausalSelfAttention(nn.Module):
@@ -126,8 +126,8 @@ class CausalLanguageModel(TemplateModule):
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval, lr_scheduler_monitor)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.net = GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
-        # one mean per stage; mean_metric() keeps the per-step update free of host-device syncs
-        self.train_loss, self.val_loss, self.test_loss = mean_metric(), mean_metric(), mean_metric()
+        # one mean per stage; WeightedMean keeps the per-step update free of host-device syncs
+        self.train_loss, self.val_loss, self.test_loss = WeightedMean(), WeightedMean(), WeightedMean()
 
     @property
     def num_parameters(self) -> int:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from src.models.base import TemplateModule, at_least_fp32, mean_metric, sample_weight
+from src.models.base import TemplateModule, WeightedMean, at_least_fp32, sample_weight
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -96,12 +96,12 @@ class ImageClassifier(TemplateModule):
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval, lr_scheduler_monitor)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.net = CompactResNet(num_classes, tuple(widths), blocks_per_stage, dropout)
-        # one metric object per stage, so epoch reductions never mix; validate_args=False and mean_metric() keep
+        # one metric object per stage, so epoch reductions never mix; validate_args=False and WeightedMean keep
         # the per-step update cheap and free of host-device syncs
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.test_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
-        self.train_loss, self.val_loss, self.test_loss = mean_metric(), mean_metric(), mean_metric()
+        self.train_loss, self.val_loss, self.test_loss = WeightedMean(), WeightedMean(), WeightedMean()
         self.val_acc_best = MaxMetric()
 
     def forward(self, images: Tensor) -> Tensor:
