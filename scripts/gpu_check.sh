@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# GPU check, for a machine with at least one CUDA GPU (about 6 minutes on one GPU):
+# GPU check, for a machine with at least one CUDA GPU (about 8 minutes on one GPU):
 #   1. the GPU tests (tests/test_gpu.py): dp with real replicas (two on one GPU when there is only one),
 #      the autocast dtype inside the replicas for 16-mixed and bf16-mixed, manual optimization under dp,
-#      and every GPU preset (gpu, dp, ddp, ddp_spawn) in 32 / 16-mixed / bf16-mixed;
-#   2. a throughput line per strategy and precision (python -m src.bench on the GPU).
+#      and every GPU preset (gpu, dp, ddp, ddp_spawn) and precision preset;
+#   2. a throughput line per strategy and precision: the image workload under single, dp, ddp, ddp_spawn and a
+#      plain PyTorch loop, in 32, bf16-mixed and 16-mixed (python -m src.bench; BENCH_ARGS replaces the selection).
 # Usage: bash scripts/gpu_check.sh [OUTPUT_DIR]      (default: gpu_check/)
 # Each part runs even if an earlier one fails; the exit status is non-zero if any failed.
 set -uo pipefail
@@ -19,11 +20,13 @@ status=0
 } 2>&1 | tee "$out/machine.txt"
 
 echo "== GPU tests"
-timeout "${TEST_TIMEOUT:-300}" python -m pytest -m gpu -v -p no:cacheprovider -s tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log"
+timeout "${TEST_TIMEOUT:-240}" python -m pytest -m gpu -v -p no:cacheprovider -s tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== throughput per strategy and precision"
-timeout "${BENCH_TIMEOUT:-300}" python -m src.bench --accelerator gpu ${BENCH_ARGS:-} --out "$out/bench" 2>&1 | tee "$out/bench.log"
+bench_args=${BENCH_ARGS:---workload image --strategies single,dp,ddp,ddp_spawn --precisions 32,bf16-mixed,16-mixed --repeats 1 --steps 50 --warmup 10}
+# shellcheck disable=SC2086  # bench_args is a word list
+timeout "${BENCH_TIMEOUT:-360}" python -m src.bench --accelerator gpu $bench_args --out "$out/bench" 2>&1 | tee "$out/bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 exit $status
