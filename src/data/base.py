@@ -29,12 +29,7 @@ class ResumableDataLoader(DataLoader):
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         if state_dict and isinstance(self.sampler, GlobalBatchSampler):
-            done = state_dict["batches_done"]
-            if done >= state_dict.get("epoch_length", self.sampler.batches_per_epoch):
-                # the checkpoint closed its epoch (possibly a shortened one): start the next
-                self.sampler.resume_from(state_dict["epoch"] + 1, 0)
-            else:
-                self.sampler.resume_from(state_dict["epoch"], done)
+            self.sampler.resume_from(state_dict["epoch"], state_dict["batches_done"], state_dict.get("epoch_length"))
 
 
 class GlobalBatchDataModule(L.LightningDataModule):

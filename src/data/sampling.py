@@ -89,9 +89,10 @@ class GlobalBatchSampler(DistributedSampler):
         """Micro-batches this process loads per epoch (the same on every rank)."""
         return self.num_global_batches * self.accumulate_grad_batches
 
-    def resume_from(self, epoch: int, batches_done: int) -> None:
-        """Start the next pass at micro-batch ``batches_done`` of ``epoch`` (the next epoch if it was complete)."""
-        if batches_done >= self.batches_per_epoch:
+    def resume_from(self, epoch: int, batches_done: int, epoch_length: int | None = None) -> None:
+        """Start the next pass at micro-batch ``batches_done`` of ``epoch``, or at the next epoch if that one was
+        complete (``epoch_length``: the batches the trainer runs per epoch, fewer with ``limit_train_batches``)."""
+        if batches_done >= (epoch_length or self.batches_per_epoch):
             epoch, batches_done = epoch + 1, 0
         self.set_epoch(epoch)
         self._resume = (epoch, batches_done)
