@@ -227,7 +227,7 @@ class TemplateCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point; exits with status 2 on a configuration error and 75 when preempted."""
+    """Entry point; exits with status 2 on a configuration error and with ``Preempted.exit_code`` after a stop."""
     try:
         TemplateCLI(args=args)
     except ConfigurationError as error:
@@ -235,7 +235,7 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(2)
     except Preempted as stop:
         print(f"preempted: {stop}", file=sys.stderr)
-        sys.exit(Preempted.exit_code)
+        sys.exit(stop.exit_code)
 
 
 if __name__ == "__main__":
