@@ -1,11 +1,10 @@
-"""Where the template's per-step DDP overhead goes: the benchmark's ddp row with collectives removed one at a time.
+"""Where the template's per-step DDP overhead goes: the benchmark's ddp rows, and the template without its vote.
 
     python scripts/ddp_overhead.py --batch-size 32 --rounds 4 --steps 40
 
 Runs, interleaved for ``--rounds`` rounds, the benchmark's template ``ddp`` command (2 CPU processes), the same
-with the template's preemption vote removed, with Lightning's per-step SIGTERM broadcast removed, with both
-removed (each removal is a monkeypatch applied by a small launcher module; for measurement only), and plain
-PyTorch DDP; prints the median over rounds of each variant's mean step time.
+with the template's preemption vote removed (a monkeypatch applied by a small launcher module; for measurement
+only), bare Lightning DDP and plain PyTorch DDP; prints the median over rounds of each variant's mean step time.
 """
 
 from __future__ import annotations
@@ -23,17 +22,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from src.bench.clock import T0_ENV, rank_path  # noqa: E402
-from src.bench.runner import Row, Settings, plain_command, run_env, template_command  # noqa: E402
+from src.bench.runner import Row, Settings, baseline_command, run_env, template_command  # noqa: E402
 from src.bench.stats import summarise_run  # noqa: E402
 
 NO_VOTE = (
     "from src.callbacks import preemption\npreemption.PreemptionCheckpoint.on_train_batch_end = lambda *a, **k: None\n"
 )
-NO_BROADCAST = (
-    "from lightning.pytorch.loops import training_epoch_loop\n"
-    "training_epoch_loop._TrainingEpochLoop._broadcast_sigterm_tensor = lambda self: None\n"
-)
-PATCHES = {"no preemption vote": NO_VOTE, "no SIGTERM broadcast": NO_BROADCAST, "neither": NO_VOTE + NO_BROADCAST}
+PATCHES = {"no preemption vote": NO_VOTE}
+#: the baselines, by the benchmark's strategy name
+BASELINES = {"bare Lightning DDP": "bare-lightning-ddp", "plain PyTorch DDP": "plain-ddp"}
 
 
 def main() -> None:
@@ -52,14 +49,16 @@ def main() -> None:
     settings = Settings(accelerator="cpu", quick=False, warmup=5, steps=args.steps, threads=1, timeout_s=600, out=work)
     times: dict[str, list[float]] = {}
     for round_index in range(args.rounds):
-        for variant in ("template", *PATCHES, "plain PyTorch DDP"):
-            plain = variant == "plain PyTorch DDP"
-            row = Row(args.workload, "plain-ddp" if plain else "ddp", 2, "32-true", args.batch_size)
+        for variant in ("template", *PATCHES, *BASELINES):
+            baseline = variant in BASELINES
+            row = Row(args.workload, BASELINES.get(variant, "ddp"), 2, "32-true", args.batch_size)
             run_dir = work / f"{len(times.get(variant, []))}-{variant.replace(' ', '_')}"
             run_dir.mkdir(parents=True, exist_ok=True)
             timings = run_dir / "timings.json"
             command = (
-                plain_command(row, settings, timings) if plain else template_command(row, settings, timings, run_dir)
+                baseline_command(row, settings, timings)
+                if baseline
+                else template_command(row, settings, timings, run_dir)
             )
             if variant in launchers:  # `python -m src.cli fit ...` -> `python launcher.py fit ...`
                 command = [sys.executable, str(launchers[variant]), *command[3:]]

@@ -93,6 +93,8 @@ train() {
         else
             log "preempted: last.ckpt saved; resume with: sbatch --export=ALL,RUN_DIR=$RUN_DIR <this script>"
         fi
+    elif [[ "$status" == 143 || "$status" == 130 ]]; then
+        log "stopped by SIGTERM or SIGINT (scancel, Ctrl-C): last.ckpt saved; resume with: RUN_DIR=$RUN_DIR sbatch <this script>"
     elif [[ "$status" != 0 ]]; then
         log "training failed with exit status $status (2: a configuration error, see the message above)"
     else

@@ -6,15 +6,19 @@ process group waiting forever for ranks that never come; these checks turn it in
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from lightning.pytorch.strategies import StrategyRegistry
 
 from src.data.sampling import per_process_batch_size
-from src.errors import ConfigurationError
+from src.errors import DEBUG_ENV, ConfigurationError, describe
 
 GPU_ACCELERATORS = ("gpu", "cuda")
 #: strategies that run one process per device (the world size is devices x num_nodes)
@@ -129,7 +133,10 @@ def check_devices(accelerator: str, devices: int | None, strategy: str | None, n
     if devices is not None:
         have = available_devices(accelerator)
         if devices < 1:
-            raise ConfigurationError(f"--trainer.devices must be at least 1 (or -1 / auto for all), got {devices}.")
+            raise ConfigurationError(
+                f"--trainer.devices must be at least 1 (or -1 / auto for all), got {devices}."
+                " Fix: e.g. --trainer.devices=1, or --trainer.devices=auto for every device of the machine."
+            )
         if accelerator in ("cuda", "cpu") and devices > have:
             kind = "GPUs" if accelerator == "cuda" else "CPU cores"
             raise ConfigurationError(
@@ -202,6 +209,25 @@ def check_batch_size(batch_size: Any, processes: int, accumulate: int) -> None:
         raise ConfigurationError(str(error)) from None
 
 
+def check_run_dir(run_dir: Any) -> None:
+    """The run directory must be a folder, or a path where one can be made."""
+    if not isinstance(run_dir, (str, os.PathLike)) or str(run_dir) in ("", "."):
+        return
+    path = Path(run_dir)
+    blocking = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise ConfigurationError(
+            f"--trainer.default_root_dir={run_dir}: {blocking} is a file, not a folder, so the run has nowhere to"
+            " write its checkpoints and logs. Fix: pass the path of a folder (new or existing), e.g."
+            f" --trainer.default_root_dir={path.with_name(path.name + '_run')}; the file is left as it is."
+        )
+    if blocking is not None and not os.access(blocking, os.W_OK | os.X_OK):
+        raise ConfigurationError(
+            f"--trainer.default_root_dir={run_dir}: {blocking} is not writable by this user, so the run cannot"
+            " save checkpoints or logs. Fix: pass a folder you can write to."
+        )
+
+
 def check_launch(trainer: Mapping[str, Any], batch_size: Any = None) -> None:
     """Check a trainer config (the ``trainer`` section of the CLI config) before anything starts.
 
@@ -216,3 +242,162 @@ def check_launch(trainer: Mapping[str, Any], batch_size: Any = None) -> None:
     processes = world_size(strategy, devices or 1, num_nodes)
     check_slurm(strategy, devices, num_nodes, processes)
     check_batch_size(batch_size, processes, int(trainer.get("accumulate_grad_batches") or 1))
+    check_run_dir(trainer.get("default_root_dir"))
+
+
+# -- checks of the built objects, before any process starts ---------------------------------------------------
+
+
+def check_optimizer(model: Any) -> None:
+    """Build the model's optimizer and scheduler on a stand-in parameter, so a bad option fails now.
+
+    Lightning builds them in ``configure_optimizers``, after the processes have started and the run directory
+    is written; a negative learning rate would otherwise surface there as a traceback from every rank. Applies
+    to models that take their optimizer as a callable (``TemplateModule``'s ``optimizer_factory``).
+    """
+    optimizer_factory = getattr(model, "optimizer_factory", None)
+    if not callable(optimizer_factory):
+        return
+    stand_in = torch.nn.Parameter(torch.zeros(1))
+    try:
+        optimizer = optimizer_factory([stand_in])
+    except Exception as error:
+        raise ConfigurationError(
+            f"--model.init_args.optimizer cannot build the optimizer: {describe(error)}. Fix: correct its"
+            " init_args (e.g. --model.init_args.optimizer.init_args.lr=3e-4); `python -m src.cli fit --model.help"
+            f" CLASS` lists the options; set {DEBUG_ENV}=true to see the traceback."
+        ) from error
+    scheduler_factory = getattr(model, "lr_scheduler_factory", None)
+    if not callable(scheduler_factory):
+        return
+    try:
+        scheduler_factory(optimizer)
+    except Exception as error:
+        raise ConfigurationError(
+            f"--model.init_args.lr_scheduler cannot build the LR scheduler: {describe(error)}. Fix: correct its"
+            " init_args (e.g. --model.init_args.lr_scheduler.init_args.T_max=1000) or leave it unset for a"
+            f" constant learning rate; set {DEBUG_ENV}=true to see the traceback."
+        ) from error
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint as the run will: ``weights_only``, as LightningCLI reads its hyperparameters; memory-mapped."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:
+        if "weights_only" in str(error) or "Weights only" in str(error):
+            unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+            what = f" ({unsupported.group(1)})" if unsupported else ""
+            raise ConfigurationError(
+                f"--ckpt_path={path} holds Python objects besides tensors{what}, which safe loading"
+                " (torch.load weights_only=True) refuses: unpickling them could run any code. Fix: if you trust"
+                " where the file came from, allow those classes with torch.serialization.add_safe_globals([...]) in"
+                " your model's module, or re-save the checkpoint without them (docs/troubleshooting.md, Checkpoints)."
+            ) from error
+        raise ConfigurationError(
+            f"--ckpt_path={path} cannot be read as a checkpoint ({describe(error)}). Fix: pass a .ckpt file this"
+            " template (or Lightning) saved."
+        ) from error
+
+
+def _same_class(a: str, b: str) -> bool:
+    """Whether two class paths name one class (``pkg.Model`` re-exported from ``pkg.module.Model``)."""
+    if a == b:
+        return True
+    try:
+        classes = [getattr(importlib.import_module(p.rpartition(".")[0]), p.rpartition(".")[2]) for p in (a, b)]
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return classes[0] is classes[1]
+
+
+def check_checkpoint_model(path: Path, model_class_path: Any) -> None:
+    """The checkpoint must be readable safely and hold the configured model class.
+
+    LightningCLI rebuilds the model from a checkpoint's hyperparameters, class included: a checkpoint of another
+    model would silently replace ``--model`` and then fail deep inside training on the configured data.
+    """
+    hparams = load_checkpoint(path).get("hyper_parameters") or {}
+    trained = hparams.get("_class_path") if isinstance(hparams, Mapping) else None
+    if trained is None or not isinstance(model_class_path, str) or _same_class(trained, model_class_path):
+        return
+    raise ConfigurationError(
+        f"--ckpt_path={path} holds a {trained}, but the config builds a {model_class_path} (--model)."
+        f" Fix: pass the config the checkpoint was trained with (its run directory keeps it in"
+        f" logs/version_*/config.yaml: --config that file), or --model={trained}, or a checkpoint of"
+        f" {model_class_path}."
+    )
+
+
+def check_checkpoint_fits(model: Any, path: Path) -> None:
+    """The checkpoint's weights must have the model's names and shapes (a checkpoint of another model does not).
+
+    Lightning would otherwise fail in ``load_state_dict`` with one line per missing or unexpected tensor.
+    """
+    if not getattr(model, "strict_loading", True):
+        return  # the model itself allows a partial match
+    checkpoint = load_checkpoint(path)
+    saved = checkpoint.get("state_dict")
+    if not isinstance(saved, Mapping):
+        return
+    expected = model.state_dict()
+    missing = [name for name in expected if name not in saved]
+    unexpected = [name for name in saved if name not in expected]
+    reshaped = [
+        f"{name} is {tuple(saved[name].shape)} there, {tuple(expected[name].shape)} here"
+        for name in expected
+        if name in saved and hasattr(saved[name], "shape") and tuple(saved[name].shape) != tuple(expected[name].shape)
+    ]
+    if not (missing or unexpected or reshaped):
+        return
+    examples = [f"{len(missing)} tensors missing (e.g. {missing[0]})"] if missing else []
+    examples += [f"{len(unexpected)} unexpected (e.g. {unexpected[0]})"] if unexpected else []
+    examples += [f"{len(reshaped)} of another shape (e.g. {reshaped[0]})"] if reshaped else []
+    hparams = checkpoint.get("hyper_parameters") or {}
+    trained = hparams.get("_class_path") if isinstance(hparams, Mapping) else None
+    raise ConfigurationError(
+        f"--ckpt_path={path} holds the weights of another model than the one configured"
+        f" ({type(model).__name__}{f', the checkpoint is a {trained}' if trained else ''}): "
+        + "; ".join(examples)
+        + ". Fix: pass the --model options it was trained with (its run directory keeps them in"
+        " logs/version_*/config.yaml, usable as --config), or a checkpoint of this model."
+    )
+
+
+def yaml_problem(args: Any) -> str | None:
+    """The first ``--config`` file among the arguments that is not valid YAML, as a one-paragraph error."""
+    if not isinstance(args, (list, tuple)):
+        return None
+    args = [str(a) for a in args]
+    files = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
+    files += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            continue  # jsonargparse reports a missing file (or a YAML string given in place of a path)
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            return (
+                f"--config {name} is not valid YAML{where}: {problem}. Fix: correct that line (a list is [a, b],"
+                " a mapping is 'key: value' with consistent indentation); nothing was run."
+            )
+    return None
+
+
+def check_sequence_length(model: Any, datamodule: Any) -> None:
+    """A data module's sequences must fit the model's context (``block_size`` on both, as the GPT workload has).
+
+    The model would otherwise raise in its first ``training_step``, after the processes started.
+    """
+    hparams = getattr(model, "hparams", {})
+    model_block, data_block = hparams.get("block_size"), getattr(datamodule, "block_size", None)
+    if isinstance(model_block, int) and isinstance(data_block, int) and data_block > model_block:
+        raise ConfigurationError(
+            f"--data.init_args.block_size={data_block} is longer than the model's --model.init_args.block_size="
+            f"{model_block}: its position table has no entry past {model_block} tokens. Fix: set both to the same"
+            f" value (e.g. --data.init_args.block_size={model_block}), or raise the model's."
+        )

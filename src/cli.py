@@ -14,24 +14,50 @@ in ``<run dir>/checkpoints``; preemption handling; and the ``dp`` strategy.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import random
 import sys
 import uuid
+import warnings
 import zipfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import lightning as L
+import torch
+import yaml
 from jsonargparse import Namespace
 from jsonargparse._common import debug_mode_active
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins import DoublePrecision, HalfPrecision
+from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from torch.multiprocessing import ProcessExitedException
 
-from src.callbacks import PreemptionCheckpoint, RunCheckpoint, progress_bar
-from src.checks import check_launch
+from src.callbacks import NonFiniteLossGuard, PreemptionCheckpoint, RunCheckpoint, RunPlan, SpeedMonitor, progress_bar
+from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
+from src.checkpoint_io import AtomicCheckpointIO, is_intact, newest_intact_checkpoint
+from src.checks import (
+    check_checkpoint_fits,
+    check_checkpoint_model,
+    check_launch,
+    check_optimizer,
+    check_sequence_length,
+    yaml_problem,
+)
 from src.data.base import GlobalBatchDataModule
-from src.errors import ConfigurationError, Preempted
+from src.errors import (
+    MAIN_PID_ENV,
+    ConfigurationError,
+    StopOtherRanksOnError,
+    TrainingStopped,
+    building_error,
+    report,
+)
 from src.strategies import register_dp_strategy
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -40,6 +66,9 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 UNSET_SAVE_DIRS = (None, "", ".")
 WANDB_ID_FILE = "wandb_run_id"
+#: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough
+#: that a dead rank does not hold the others for Lightning's default of 30 minutes
+COLLECTIVE_TIMEOUT_S = 900.0
 
 
 def checkpoint_dir(run_dir: str | None) -> str:
@@ -73,6 +102,12 @@ def _stable_wandb_id(run_dir: str) -> str:
     return run_id
 
 
+@rank_zero_only
+def _notice(message: str) -> None:
+    """A line for the person running the command (stderr, rank 0): not a Python warning with its source line."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
 def _check_checkpoint_file(path: Path, option: str) -> None:
     if not path.is_file():
         raise ConfigurationError(
@@ -86,6 +121,69 @@ def _check_checkpoint_file(path: Path, option: str) -> None:
         )
 
 
+def shared_random_seed() -> int:
+    """The seed ``seed_everything: true`` draws, the same on every process of one launch.
+
+    Each process of a SLURM or torchrun job runs the command itself, so a seed drawn per process would give
+    every rank its own data order. Processes started by Lightning (``ddp``, ``ddp_spawn``) inherit the seed
+    of the first one (``PL_GLOBAL_SEED``); processes of one job derive it from the job's id, which is also kept
+    by a requeued job. Anything else draws a fresh one.
+    """
+    if "PL_GLOBAL_SEED" in os.environ:
+        return int(os.environ["PL_GLOBAL_SEED"])
+    job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if job_id != "none":
+        return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "little")
+    return random.SystemRandom().randrange(2**32)
+
+
+def _resolved_checkpoint(config: Namespace) -> Path | None:
+    """The file ``--ckpt_path`` names (``last`` resolved in the run directory), or None."""
+    ckpt_path = config.get("ckpt_path")
+    if ckpt_path is None or "://" in str(ckpt_path) or ckpt_path in ("best", "hpc", "registry"):
+        return None
+    if ckpt_path == "last":
+        folder = Path(checkpoint_dir(config.trainer.get("default_root_dir")))
+        candidates = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+        return candidates[-1] if candidates else None
+    return Path(ckpt_path)
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def _check_model_flags_match_checkpoint(args: Any, config: Namespace) -> None:
+    """Refuse a ``--model.*`` flag that differs from the hyperparameters saved in the ``--ckpt_path`` checkpoint.
+
+    LightningCLI rebuilds the model from the checkpoint's hyperparameters, so such a flag would be dropped
+    without a word (a run trained with ``n_embd=128`` would continue at 128 under ``--model.init_args.n_embd=64``).
+    """
+    path = _resolved_checkpoint(config)
+    if not isinstance(args, (list, tuple)) or path is None or not path.is_file():
+        return
+    flags = [str(a).split("=", 1)[0] for a in args if str(a).startswith("--model.")]
+    if not flags:
+        return
+    model = config.get("model")
+    init_args = model.get("init_args") if isinstance(model, Namespace) else None
+    if not isinstance(init_args, Namespace):
+        return
+    hparams = torch.load(path, map_location="cpu", weights_only=True).get("hyper_parameters") or {}
+    for flag in flags:
+        name = flag.removeprefix("--model.").removeprefix("init_args.").split(".")[0]
+        if name not in hparams or name not in init_args:
+            continue
+        given, saved = _plain(init_args[name]), _plain(hparams[name])
+        if given != saved:
+            raise ConfigurationError(
+                f"{flag}={given} differs from the checkpoint it resumes, {path}, which was trained with"
+                f" {name}={saved}; the model is rebuilt from the checkpoint's hyperparameters, so the flag would be"
+                f" ignored. Fix: drop {flag} to continue the checkpoint's model, or train a new model at {given}"
+                " without --ckpt_path in another --trainer.default_root_dir. Nothing was changed."
+            )
+
+
 class TemplateArgumentParser(LightningArgumentParser):
     """LightningCLI's parser with short errors: the message and where to look, not the 150-line usage."""
 
@@ -93,14 +191,23 @@ class TemplateArgumentParser(LightningArgumentParser):
         kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` must not silently mean max_epochs
         super().__init__(*args, **kwargs)
 
+    def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
+        # jsonargparse reports a YAML syntax error without the file's name; name it, with the line
+        problem = yaml_problem(sys.argv[1:] if args is None else args)
+        if problem is not None and self.exit_on_error and not debug_mode_active():
+            sys.stderr.write(f"error: {problem}\n")
+            self.exit(2)
+        return super().parse_args(args, *rest, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or debug_mode_active():
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         # keep the lines that say what is wrong; drop jsonargparse's internals (the None alternative, NestedArg)
         noise = ("Subtypes:", "Expected a <class 'NoneType'>", "Given value type:", "Given value: NestedArg")
+        noise += ("Does not validate against any of the Union subtypes", "Errors:")
         lines = message.strip().splitlines()
-        message = "\n".join(line for line in lines if not line.strip().lstrip("- ").startswith(noise))
+        message = " ".join(line.strip() for line in lines if not line.strip().lstrip("- ").startswith(noise))
         command = parser.prog.replace(" [options]", "")
         sys.stderr.write(
             f"error: {message}\n"
@@ -146,23 +253,82 @@ class TemplateCLI(LightningCLI):
         )
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir)
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
+        parser.add_lightning_class_args(SpeedMonitor, "throughput")
+        parser.add_lightning_class_args(RunPlan, "run_plan")
+        parser.add_lightning_class_args(NonFiniteLossGuard, "nan_guard")
         parser.add_argument(
             "--progress_bar",
             type=Literal["auto", "rich", "plain", "none"],
             default="auto",
             help="Progress output: auto (Rich on a terminal, plain lines otherwise), rich, plain or none.",
         )
+        parser.add_argument(
+            "--collective_timeout",
+            type=float,
+            default=COLLECTIVE_TIMEOUT_S,
+            help="Seconds a ddp / ddp_spawn collective waits for the other ranks before the job fails, so that a"
+            " stuck or dead rank cannot hang the job. Raise it if rank 0 alone does long work (a download).",
+        )
 
     # -- checks before anything is instantiated --------------------------------------------------------------
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        super().parse_arguments(parser, args)
+        self._parse_with_the_chosen_classes_defaults(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand is None:
             return
         config = self.config[subcommand]
         check_launch(config.trainer.as_dict(), batch_size=self._global_batch_size(config))
         self._check_ckpt_path(subcommand, config)
+        checkpoint = _resolved_checkpoint(config)
+        if checkpoint is not None and checkpoint.is_file():  # before LightningCLI reads its hyperparameters
+            check_checkpoint_model(checkpoint, config.model.get("class_path") if "model" in config else None)
+        _check_model_flags_match_checkpoint(sys.argv[1:] if args is None else args, config)
+        if config.get("seed_everything") is True:
+            config["seed_everything"] = shared_random_seed()
+        if config.trainer.get("enable_checkpointing") is False:
+            # the Trainer refuses a ModelCheckpoint when checkpointing is off: leave `--checkpoint` out
+            self._parser(subcommand).callback_keys.remove("checkpoint")
+
+    def _parse_with_the_chosen_classes_defaults(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse so that ``--model=X`` / ``--data=Y`` start from X's and Y's own defaults.
+
+        jsonargparse keeps the init_args of the previous class that the new one shares by name, so the default
+        config's image workload would leak into any model or data module chosen on top of it (its
+        ``batch_size: 128``, CIFAR's ``val_size: 5000``, ``num_classes: 10``). When the chosen class differs from
+        the default config's, the arguments are parsed again on the default config without that section.
+        """
+        argv = list(sys.argv[1:] if args is None else args) if isinstance(args, (list, tuple, type(None))) else None
+        if argv is None:
+            super().parse_arguments(parser, args)
+            return
+        printing = [a for a in argv if str(a).startswith("--print_config")]
+        with warnings.catch_warnings():
+            # the arguments are sys.argv's, passed on explicitly to be parsed twice
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            super().parse_arguments(parser, [a for a in argv if a not in printing])
+            rebased = self._rebased_arguments(argv)
+            if rebased is not None or printing:
+                super().parse_arguments(parser, rebased if rebased is not None else argv)
+
+    def _rebased_arguments(self, argv: list[str]) -> list[str] | None:
+        subcommand = self.config.get("subcommand")
+        if subcommand is None or subcommand not in argv:
+            return None
+        defaults = yaml.safe_load(DEFAULT_CONFIG.read_text()) or {}
+        chosen = {key: self.config[subcommand][key].get("class_path") for key in ("model", "data")}
+        changed = [
+            key
+            for key, class_path in chosen.items()
+            if isinstance(defaults.get(key), dict)
+            and _import(str(class_path)) is not _import(defaults[key]["class_path"])
+        ]
+        if not changed:
+            return None
+        self._parser(subcommand).default_config_files = []  # replaced by the same file without those sections
+        base = yaml.safe_dump({key: value for key, value in defaults.items() if key not in changed})
+        at = argv.index(subcommand) + 1
+        return [*argv[:at], "--config", base, *(f"--{key}={chosen[key]}" for key in changed), *argv[at:]]
 
     @staticmethod
     def _global_batch_size(config: Namespace) -> int | None:
@@ -190,8 +356,20 @@ class TemplateCLI(LightningCLI):
             return
         if ckpt_path == "last":
             candidates = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
-            if candidates:
-                _check_checkpoint_file(candidates[-1], "--ckpt_path=last resolved to")
+            if candidates and not is_intact(candidates[-1]):
+                # a requeued job must not stop on a damaged file: continue from the newest intact checkpoint
+                fallback = newest_intact_checkpoint(folder, skip=candidates[-1])
+                if fallback is None:
+                    _check_checkpoint_file(candidates[-1], "--ckpt_path=last resolved to")
+                    raise ConfigurationError(
+                        f"--ckpt_path=last: {candidates[-1]} is damaged and {folder} holds no intact checkpoint."
+                        " Fix: start a new run without --ckpt_path in another --trainer.default_root_dir."
+                    )
+                _notice(
+                    f"--ckpt_path=last: {candidates[-1]} is damaged (truncated or corrupt); resuming from the newest"
+                    f" intact checkpoint, {fallback}, instead. The damaged file is left as it is."
+                )
+                config["ckpt_path"] = str(fallback)
             return
         if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path):
             return
@@ -211,6 +389,35 @@ class TemplateCLI(LightningCLI):
             if logger.class_path.endswith("WandbLogger") and init_args.get("id") is None:
                 init_args["id"] = _stable_wandb_id(run_dir)
 
+    def instantiate_classes(self) -> None:
+        # an exception while building the objects is a bad value in the config: report it as one (src/errors.py)
+        try:
+            super().instantiate_classes()
+        except Exception as error:
+            raise building_error(error) from error
+        self.trainer.callbacks.append(StopOtherRanksOnError())
+        if self.subcommand is None:
+            return
+        check_optimizer(self.model)
+        check_sequence_length(self.model, self.datamodule)
+        checkpoint = _resolved_checkpoint(self.config[self.subcommand])
+        if checkpoint is not None and checkpoint.is_file():
+            check_checkpoint_fits(self.model, checkpoint)
+
+    def before_fit(self) -> None:
+        # Manual optimization backpropagates one network at a time (a GAN's discriminator, then its generator),
+        # so DDP must expect parameters without a gradient in each backward, or it stops at the second one.
+        # `_ddp_kwargs` (private) is where DDPStrategy keeps them until it wraps the model; the zoo's GAN under
+        # ddp (tests/test_zoo.py) fails if Lightning changes that.
+        strategy = self.trainer.strategy
+        if not self.model.automatic_optimization and isinstance(strategy, DDPStrategy):
+            strategy._ddp_kwargs.setdefault("find_unused_parameters", True)
+
+    def fit(self, **kwargs: Any) -> None:
+        """``trainer.fit``; under ``ddp_spawn`` the launching process passes stop signals on to its workers."""
+        with forward_stop_signals_to_workers(self._get(self.config, "trainer", default=Namespace()).get("strategy")):
+            self.trainer.fit(**kwargs)
+
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         trainer_config = self._get(self.config_init, "trainer", default={})
         callbacks = trainer_config.get("callbacks") or []
@@ -223,19 +430,56 @@ class TemplateCLI(LightningCLI):
                 kwargs["enable_progress_bar"] = False
             else:
                 callbacks.append(bar)
-        return super().instantiate_trainer(callbacks=callbacks, **kwargs)
+        kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"))
+        timeout = self._get(self.config, "collective_timeout", default=None)
+        kwargs.update(_strategy_with_timeout(trainer_config.get("strategy"), timeout))
+        trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
+        if isinstance(trainer.precision_plugin, (DoublePrecision, HalfPrecision)):
+            # Lightning loads a checkpoint's weights before it converts the module to a "-true" precision, so
+            # float64 weights would be rounded through float32 on resume: convert first (the later one is a no-op)
+            trainer.precision_plugin.convert_module(self.model)
+        return trainer
+
+
+def _strategy_with_timeout(strategy: Any, seconds: float | None) -> dict[str, Any]:
+    """``{"strategy": DDPStrategy(timeout=...)}`` for a ddp-family strategy given by name; else nothing."""
+    if not isinstance(strategy, str) or seconds is None or strategy not in StrategyRegistry:
+        return {}
+    entry = StrategyRegistry[strategy]
+    if not issubclass(entry["strategy"], DDPStrategy):
+        return {}
+    return {"strategy": entry["strategy"](**entry["init_params"], timeout=timedelta(seconds=seconds))}
+
+
+def _with_atomic_checkpoints(plugins: Any) -> list[Any]:
+    """The user's ``--trainer.plugins``, plus atomic checkpoint saving unless they chose a ``CheckpointIO``."""
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point; exits with status 2 on a configuration error and with ``Preempted.exit_code`` after a stop."""
+    """Entry point; exits with status 2 on a configuration error and with ``TrainingStopped.exit_code`` after a
+    stop (75, 130 or 143 after a signal, 65 on a non-finite loss)."""
+    if "LOCAL_RANK" not in os.environ or os.environ.get(MAIN_PID_ENV) != str(os.getppid()):
+        # the first process of this launch (torchrun and srun start every rank): the ranks that Lightning's
+        # ddp launcher starts from it inherit its pid, so that they let it report an error they share
+        os.environ[MAIN_PID_ENV] = str(os.getpid())
+    # NCCL: a failed or timed-out collective aborts the process instead of leaving the other ranks waiting
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     try:
         TemplateCLI(args=args)
-    except ConfigurationError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    except Preempted as stop:
-        print(f"preempted: {stop}", file=sys.stderr)
+    except TrainingStopped as stop:  # a signal (saved, resumable) or a non-finite loss
+        rank = rank_zero_only.rank
+        print(f"{stop.label}: {f'(rank {rank}) ' if rank else ''}{stop}", file=sys.stderr)  # each rank's own stop
         sys.exit(stop.exit_code)
+    except ProcessExitedException as worker:
+        if worker.exit_code not in STOP_EXIT_CODES:
+            sys.exit(report(worker))  # a worker died: one line, not torch.multiprocessing's traceback
+        sys.exit(worker.exit_code)  # ddp_spawn workers saved and stopped on a signal; rank 0 printed why
+    except Exception as error:
+        sys.exit(report(error))  # one paragraph for a configuration error; other errors keep their traceback
 
 
 if __name__ == "__main__":

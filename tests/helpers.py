@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 
 
@@ -58,3 +59,52 @@ class Pace(Callback):
         if self.progress_file and trainer.is_global_zero:
             with open(self.progress_file, "a") as handle:
                 handle.write(f"{trainer.global_step}\n")
+
+
+class SignalAtBatch(Callback):
+    """Sends ``signal_name`` to this process after training batch ``batch_idx`` of epoch ``epoch`` (rank 0):
+    with ``accumulate_grad_batches > 1`` that can be between the micro-batches of one optimizer step."""
+
+    def __init__(self, batch_idx: int, epoch: int = 0, signal_name: str = "SIGTERM") -> None:
+        self.batch_idx = batch_idx
+        self.epoch = epoch
+        self.signal_number = signal.Signals[signal_name]
+        self.sent = False
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        due = batch_idx == self.batch_idx and trainer.current_epoch == self.epoch and trainer.is_global_zero
+        if not self.sent and due:
+            self.sent = True
+            os.kill(os.getpid(), self.signal_number)
+
+
+class SignalDuringValidation(Callback):
+    """Sends ``signal_name`` to this process in the middle of the first validation after optimizer step ``step``."""
+
+    def __init__(self, step: int, signal_name: str = "SIGTERM") -> None:
+        self.step = step
+        self.signal_number = signal.Signals[signal_name]
+        self.sent = False
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if not self.sent and not trainer.sanity_checking and trainer.global_step >= self.step:
+            self.sent = True
+            os.kill(os.getpid(), self.signal_number)
+
+
+class Ballast(Callback):
+    """Adds ``megabytes`` of random data to every checkpoint (so that writing one takes a while) and appends a line
+    to ``progress_file`` just before each save is written, so that a test can kill the process mid-write."""
+
+    def __init__(self, megabytes: int = 256, progress_file: str = "") -> None:
+        self.progress_file = progress_file
+        # random bytes: a file system that compresses or deduplicates cannot make the write instant
+        self.ballast = torch.randint(0, 255, (megabytes * 2**20,), dtype=torch.uint8)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.progress_file:
+            with open(self.progress_file, "a") as handle:
+                handle.write("save\n")
+        return {"ballast": self.ballast}

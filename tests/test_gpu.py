@@ -3,24 +3,27 @@
 Run on a GPU machine with ``python -m pytest -m gpu -v`` (or ``bash scripts/gpu_check.sh`` for these plus a
 throughput line per strategy and precision). On a machine without a CUDA GPU every test here is skipped.
 
-With a single GPU, dp is exercised with two replicas on the same device (``parallel_devices=[cuda:0, cuda:0]``):
-the scatter, the replicas running in two threads, the gather and the gradient reduction all run as they do
-across GPUs; only the copies between devices are trivial.
+dp is exercised with two replicas: on GPUs 0 and 1, or on a single GPU with two replicas on the same device
+(``parallel_devices=[cuda:0, cuda:0]``): the scatter, the replicas running in two threads, the gather and the
+gradient reduction all run as they do across GPUs; only the copies between devices are trivial. The dp checks
+are those of ``tests/test_dp.py`` (which runs them on the CPU), called here on CUDA devices.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
 from torch import nn
 
-import src.strategies.dp as dp_module
 from src.data import CIFAR10DataModule
 from src.models import ImageClassifier
 from src.strategies import DataParallelStrategy, register_dp_strategy
+from tests import test_dp
 from tests.conftest import TINY_IMAGE, relative_difference
 
 pytestmark = [
@@ -30,31 +33,57 @@ pytestmark = [
 CUDA0 = torch.device("cuda", 0)
 
 
-def replicate_supports_one_device_twice() -> bool:
-    try:
-        torch.nn.parallel.replicate(nn.Linear(2, 2).to(CUDA0), [0, 0])
-        return True
-    except Exception:  # any failure means: use the same-device stand-in below
-        return False
+@pytest.fixture
+def dp_devices(monkeypatch) -> list[torch.device]:
+    """Two dp devices: GPUs 0 and 1, or GPU 0 twice on a one-GPU machine.
 
-
-def same_device_replicate(module: nn.Module, devices: list[int], detach: bool = False) -> list[nn.Module]:
-    """Replicas that share the module's parameters, as torch's replicate does for the source device."""
-    return [module._replicate_for_data_parallel() for _ in devices]
+    On GPU 0 twice, torch's broadcast (made for distinct GPUs) is replaced by tests/test_dp.py's, so that the
+    second replica still gets real copies of the parameters, on GPU 0; everything else is torch's CUDA code.
+    """
+    if torch.cuda.device_count() > 1:
+        return [CUDA0, torch.device("cuda", 1)]
+    monkeypatch.setattr(torch.nn.parallel._functions, "Broadcast", test_dp.CpuBroadcast)
+    replicate_module = sys.modules["torch.nn.parallel.replicate"]
+    monkeypatch.setattr(replicate_module, "comm", SimpleNamespace(broadcast_coalesced=test_dp.cpu_broadcast_coalesced))
+    return [CUDA0, CUDA0]
 
 
 @pytest.fixture
-def two_replicas_on_one_gpu(monkeypatch) -> DataParallelStrategy:
-    """A dp strategy with two replicas; on one GPU torch's broadcast may refuse duplicate devices."""
-    if torch.cuda.device_count() < 2 and not replicate_supports_one_device_twice():
-        monkeypatch.setattr(dp_module, "replicate", same_device_replicate)
-        print("dp check: torch.nn.parallel.replicate refuses [0, 0]; replicas share the parameters instead")
-    devices = (
-        [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-        if torch.cuda.device_count() > 1
-        else [CUDA0, CUDA0]
-    )
-    return DataParallelStrategy(parallel_devices=devices)
+def dp_strategy(dp_devices) -> DataParallelStrategy:
+    return DataParallelStrategy(parallel_devices=dp_devices)
+
+
+# -- the checks of tests/test_dp.py, with torch's CUDA scatter / replicate / parallel_apply / gather ---------------
+
+
+@pytest.mark.parametrize(("batch", "chunks"), [(batch, chunks) for batch, n, chunks in test_dp.BATCHES if n == 2])
+def test_dp_any_batch_size_gives_the_single_device_outputs_and_gradients(dp_devices, batch, chunks):
+    test_dp.check_outputs_and_gradients(dp_devices, batch, chunks)
+
+
+@pytest.mark.parametrize("mode", test_dp.MODES)
+def test_dp_replicas_run_in_the_callers_grad_inference_and_autocast_modes(dp_devices, mode):
+    test_dp.check_modes(dp_devices, mode)
+
+
+def test_dp_containers_and_keywords_are_split_and_other_values_shared(dp_devices):
+    test_dp.check_containers(dp_devices)
+
+
+@pytest.mark.parametrize(("dp_modules", "use", "error"), test_dp.REFUSALS)
+def test_dp_what_replicas_must_not_use_is_refused_with_a_fix(dp_devices, dp_modules, use, error):
+    test_dp.check_refusal(dp_devices, dp_modules, use, error)
+
+
+def test_dp_batchnorm_running_statistics_come_from_replica_zero(dp_devices):
+    test_dp.check_batchnorm(dp_devices)
+
+
+def test_dp_supports_manual_optimization_and_inference_mode_validation(dp_strategy):
+    test_dp.check_manual_optimization(dp_strategy, "gpu")
+
+
+# -- in Lightning's loop, with the template's model ----------------------------------------------------------------
 
 
 class Recorder:
@@ -85,9 +114,9 @@ def train(strategy, precision: str = "32-true", steps: int = 6, hook: Recorder |
     return model
 
 
-def test_dp_replicas_run_in_parallel_and_train_like_one_device(two_replicas_on_one_gpu):
+def test_dp_replicas_run_in_parallel_and_train_like_one_device(dp_strategy):
     recorder = Recorder()
-    dp_model = train(two_replicas_on_one_gpu, hook=recorder)
+    dp_model = train(dp_strategy, hook=recorder)
     single = train("auto")
     threads = {call[0] for call in recorder.calls}
     assert len(threads) >= 2  # the replicas ran in their own threads
@@ -99,36 +128,13 @@ def test_dp_replicas_run_in_parallel_and_train_like_one_device(two_replicas_on_o
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("16-mixed", torch.float16), ("bf16-mixed", torch.bfloat16)])
-def test_autocast_dtype_inside_dp_replicas(precision, dtype, two_replicas_on_one_gpu):
+def test_autocast_dtype_inside_dp_replicas(precision, dtype, dp_strategy):
     recorder = Recorder()
-    train(two_replicas_on_one_gpu, precision=precision, steps=3, hook=recorder)
+    train(dp_strategy, precision=precision, steps=3, hook=recorder)
     replica_calls = [call for call in recorder.calls if call[0] != threading.main_thread().ident]
     assert replica_calls
     for _, _, enabled, autocast_dtype, output_dtype in replica_calls:
         assert enabled and autocast_dtype == dtype and output_dtype == dtype
-
-
-def test_dp_supports_manual_optimization(two_replicas_on_one_gpu):
-    class Manual(ImageClassifier):
-        def __init__(self) -> None:
-            super().__init__(widths=(8, 16))
-            self.automatic_optimization = False
-
-        def training_step(self, batch, batch_idx):
-            optimizer = self.optimizers()
-            loss, _, _ = self.model_step(batch)
-            optimizer.zero_grad()
-            self.manual_backward(loss)
-            optimizer.step()
-            return loss
-
-    model = Manual()
-    before = [p.detach().clone() for p in model.parameters()]
-    data = CIFAR10DataModule(synthetic_train_size=128, synthetic_val_size=32, batch_size=32)
-    trainer = L.Trainer(accelerator="gpu", devices=1, strategy=two_replicas_on_one_gpu, max_steps=2, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=1)  # fmt: skip
-    trainer.fit(model, data)
-    assert any(not torch.equal(a, b.cpu()) for a, b in zip(before, model.parameters(), strict=True))
 
 
 def test_dp_name_resolves_on_gpu():

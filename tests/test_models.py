@@ -69,3 +69,38 @@ def test_weighted_mean_weights_its_updates_and_never_checks_on_the_host():
         value = torch.tensor(value, dtype=torch.float64)
         mean.update(value, weight=sample_weight(value, count))
     assert mean.compute().item() == pytest.approx(2.5)
+
+
+def test_best_validation_accuracy_continues_from_the_checkpoint(tmp_path):
+    from src.cli import main
+    from tests.conftest import TINY_IMAGE, read_metrics
+
+    common = [*TINY_IMAGE, f"--trainer.default_root_dir={tmp_path}", "--progress_bar=none",
+              "--trainer.limit_val_batches=2", "--trainer.val_check_interval=3"]  # fmt: skip
+    main(["fit", *common, "--trainer.max_steps=6"])
+    first = [float(r["val/acc"]) for r in read_metrics(tmp_path, 0) if r.get("val/acc")]
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert state["val_acc_best.max_value"].item() == pytest.approx(max(first))  # saved with the weights
+    main(["fit", *common, "--trainer.max_steps=9", "--ckpt_path=last"])
+    resumed = [r for r in read_metrics(tmp_path, 1) if r.get("val/acc")]
+    assert len(resumed) == 1
+    # the best so far covers the first run's validations too, not only the resumed one
+    assert float(resumed[0]["val/acc_best"]) == pytest.approx(max([*first, float(resumed[0]["val/acc"])]))
+
+
+def test_plateau_scheduler_steps_per_epoch_on_a_metric_validation_logs(tmp_path):
+    from src.cli import main
+
+    model = ImageClassifier(
+        widths=(8, 16),
+        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max"),
+    )
+    config = model.configure_optimizers()["lr_scheduler"]
+    assert config["interval"] == "epoch" and config["monitor"] == "val/acc"
+    # through the command line, with a monitor no model logs: training goes on (Lightning warns per epoch)
+    from tests.conftest import TINY_IMAGE
+
+    plateau = ["--model.lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau", "--model.lr_scheduler_monitor=val/x"]
+    main(["fit", *TINY_IMAGE, f"--trainer.default_root_dir={tmp_path}", "--progress_bar=none", *plateau,
+          "--trainer.max_epochs=2", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"])  # fmt: skip
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4

@@ -45,25 +45,3 @@ def test_stopped_and_resumed_run_ends_with_the_same_weights(precision, tmp_path)
     resumed = load_state(stopped / "checkpoints" / "last.ckpt")
     for key in straight:  # tolerance: none, the same operations on the same data in the same order
         assert torch.equal(straight[key], resumed[key]), key
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("step", [16, 8], ids=["last-batch-of-epoch", "mid-epoch-validation"])
-def test_preemption_before_a_validation_saves_after_it(step, tmp_path):
-    """A signal at a step that triggers validation: the run validates, then saves; no validation is lost."""
-    common = [*TINY_IMAGE, "--trainer.max_steps=24", "--progress_bar=none", "--trainer.val_check_interval=8"]
-    main(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'straight'}"])
-    stopped = tmp_path / "stopped"
-    with pytest.raises(SystemExit) as exit_info:
-        main(["fit", *common, f"--trainer.default_root_dir={stopped}",
-              "--trainer.callbacks+=tests.helpers.SignalAtStep", f"--trainer.callbacks.step={step}"])  # fmt: skip
-    assert exit_info.value.code == 75
-    main(["fit", *common, f"--trainer.default_root_dir={stopped}", "--ckpt_path=last"])
-
-    def validations(run_dir, versions) -> list[tuple[str, str]]:
-        return [(r["step"], r["val/loss"]) for v in versions for r in read_metrics(run_dir, v) if r.get("val/loss")]
-
-    assert validations(stopped, [0, 1]) == validations(tmp_path / "straight", [0])  # every one, same values
-    straight = load_state(tmp_path / "straight" / "checkpoints" / "last.ckpt")
-    resumed = load_state(stopped / "checkpoints" / "last.ckpt")
-    assert all(torch.equal(straight[k], resumed[k]) for k in straight)

@@ -1,7 +1,8 @@
-"""The strategy benchmark: one device, ``dp``, ``ddp`` and ``ddp_spawn`` against plain PyTorch, measured.
+"""The strategy benchmark: one device, ``dp``, ``ddp`` and ``ddp_spawn`` against bare Lightning and plain PyTorch.
 
-``python -m src.bench --quick`` runs the whole comparison in about a minute; ``docs/benchmarks.md`` has the
+``python -m src.bench --quick`` runs the whole comparison in about two minutes; ``docs/benchmarks.md`` has the
 commands and results. The template rows launch the real ``python -m src.cli fit`` with a timing callback
-(``src/bench/timing.py``); the baselines are a plain PyTorch loop and plain DDP started with
-``torch.multiprocessing.spawn`` on the same network, data and optimizer (``src/bench/plain.py``).
+(``src/bench/timing.py``); the baselines (``src/bench/plain.py``, ``src/bench/bare.py``) are built by the same CLI
+from the same flags (``src/bench/workloads.py``): a plain PyTorch loop, plain DDP started with
+``torch.multiprocessing.spawn``, and bare Lightning (a minimal LightningModule and a plain ``L.Trainer``).
 """

@@ -1,14 +1,15 @@
-"""``python -m src.bench``: the template's strategies against plain PyTorch, on this machine, in one command.
+"""``python -m src.bench``: the template's strategies against bare Lightning and plain PyTorch, in one command.
 
 Examples::
 
-    python -m src.bench --quick                      # about a minute on a 2-core CPU
+    python -m src.bench --quick                      # about two minutes on a 2-core CPU
     python -m src.bench                              # both workloads, every strategy, 1..N devices, 3 repeats
     python -m src.bench --workload image --strategies ddp,plain-ddp --devices 1,2 --batch-sizes 16,64,256
 
-Rows: ``single`` (one device), ``dp``, ``ddp``, ``ddp_spawn`` (the template through ``python -m src.cli fit``)
-and ``plain-loop``, ``plain-ddp`` (hand-written PyTorch). On a CPU, devices are processes with a fixed number
-of threads each, DDP uses gloo, and ``dp`` is a pass-through (one process). Results go to ``--out``:
+Rows: ``single`` (one device), ``dp``, ``ddp``, ``ddp_spawn`` (the template through ``python -m src.cli fit``),
+``bare-lightning``, ``bare-lightning-ddp`` (a minimal LightningModule and a plain ``L.Trainer``) and
+``plain-loop``, ``plain-ddp`` (hand-written PyTorch). On a CPU, devices are processes with a fixed number of
+threads each, DDP uses gloo, and ``dp`` is a pass-through (one process). Results go to ``--out``:
 ``results.json``, ``results.csv``, ``results.md`` and two PNG plots.
 """
 
@@ -27,8 +28,18 @@ import torch
 from src.bench.environment import load_average, machine_info
 from src.bench.flops import flops_per_sample, peak_flops
 from src.bench.report import build_table, write_all
-from src.bench.runner import PLAIN_STRATEGIES, STRATEGY_LABELS, TEMPLATE_STRATEGIES, Row, Settings, run_all
-from src.bench.workloads import WORKLOADS, global_batch_size, resolve, tokens_per_sample
+from src.bench.runner import (
+    MULTIPROCESS,
+    MULTIPROCESS_BASELINES,
+    ONE_DEVICE_ROWS,
+    STRATEGY_LABELS,
+    Row,
+    Settings,
+    run_all,
+    run_env,
+)
+from src.bench.startup import measure_startup
+from src.bench.workloads import WORKLOADS, build_cli, global_batch_size, tokens_per_sample
 
 PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 
@@ -44,19 +55,20 @@ def _names(text: str) -> list[str]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m src.bench",
-        description="Training throughput of the template's strategies against plain PyTorch.",
+        description="Training throughput of the template's strategies against bare Lightning and plain PyTorch.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
     )
-    parser.add_argument("--quick", action="store_true", help="small models, few steps, one repeat: about a minute")
+    parser.add_argument("--quick", action="store_true", help="small models, few steps, one repeat: about two minutes")
     parser.add_argument(
         "--workload", type=_names, help=f"comma-separated: {', '.join(WORKLOADS)} (default: all; quick: image)"
     )
     parser.add_argument(
         "--strategies",
         type=_names,
-        help=f"comma-separated from {', '.join(STRATEGY_LABELS)} (default: all); the 1-device rows that"
-        " efficiencies are measured against (single, plain-loop) are always added",
+        help=f"comma-separated from {', '.join(STRATEGY_LABELS)} (default: all); the 1-device rows"
+        f" ({', '.join(ONE_DEVICE_ROWS)}) are always added, and with any multi-process row"
+        f" {' and '.join(MULTIPROCESS_BASELINES)}",
     )
     parser.add_argument(
         "--devices", type=_ints, help="device counts, e.g. 1,2 (default: 1, 2, 4, ... up to all; quick: 2)"
@@ -69,6 +81,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="torch threads per process (default: 1 on CPU)")
     parser.add_argument("--accelerator", choices=["auto", "cpu", "gpu"], default="auto")
     parser.add_argument("--timeout", type=int, default=900, help="seconds before one run is stopped")
+    parser.add_argument(
+        "--startup-repeats",
+        type=int,
+        help="runs of `python -m src.cli fit --help` and of `import lightning.pytorch` (default 5, quick 3; 0: skip)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench_results"), help="output folder")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     return parser.parse_args(argv)
@@ -89,20 +106,34 @@ def supported(precision: str, accelerator: str) -> str | None:
     return None
 
 
-def plan(args: argparse.Namespace, accelerator: str) -> tuple[list[Row], list[str]]:
-    """The rows to run, and what was skipped and why."""
+def chosen_workloads(args: argparse.Namespace) -> list[str]:
     workloads = args.workload or (["image"] if args.quick else list(WORKLOADS))
-    strategies = args.strategies or list(STRATEGY_LABELS)
-    unknown = [s for s in [*workloads, *strategies] if s not in WORKLOADS and s not in STRATEGY_LABELS]
+    unknown = [name for name in workloads if name not in WORKLOADS]
     if unknown:
         raise SystemExit(
-            f"error: unknown workload or strategy {unknown}; workloads: {', '.join(WORKLOADS)};"
-            f" strategies: {', '.join(STRATEGY_LABELS)}"
+            f"error: --workload {','.join(unknown)} is not a workload. Fix: choose from {', '.join(WORKLOADS)}."
         )
-    if any(s in TEMPLATE_STRATEGIES for s in strategies) and "single" not in strategies:
-        strategies.insert(0, "single")
-    if any(s in PLAIN_STRATEGIES for s in strategies) and "plain-loop" not in strategies:
-        strategies.append("plain-loop")
+    return workloads
+
+
+def chosen_strategies(args: argparse.Namespace) -> list[str]:
+    """The strategies asked for, plus the baselines every table shows beside them, in the table's order."""
+    wanted = set(args.strategies or STRATEGY_LABELS)
+    unknown = sorted(wanted - set(STRATEGY_LABELS))
+    if unknown:
+        raise SystemExit(
+            f"error: --strategies {','.join(unknown)} is not a strategy. Fix: choose from {', '.join(STRATEGY_LABELS)}."
+        )
+    wanted |= set(ONE_DEVICE_ROWS)
+    if wanted & set(MULTIPROCESS):
+        wanted |= set(MULTIPROCESS_BASELINES)
+    return [strategy for strategy in STRATEGY_LABELS if strategy in wanted]
+
+
+def plan(args: argparse.Namespace, accelerator: str, default_batch: dict[str, int]) -> tuple[list[Row], list[str]]:
+    """The rows to run, and what was skipped and why; ``default_batch``: each workload's own global batch."""
+    workloads = chosen_workloads(args)
+    strategies = chosen_strategies(args)
     available = torch.cuda.device_count() if accelerator == "gpu" else len(os.sched_getaffinity(0))
     devices = args.devices or ([min(2, available)] if args.quick else default_devices(accelerator))
     default_precisions = ["32", "bf16-mixed", "16-mixed"] if accelerator == "gpu" and not args.quick else ["32"]
@@ -111,7 +142,7 @@ def plan(args: argparse.Namespace, accelerator: str) -> tuple[list[Row], list[st
     devices = [n for n in devices if n <= available]
     rows: list[Row] = []
     for workload in workloads:
-        sizes = args.batch_sizes or [global_batch_size(resolve(WORKLOADS[workload], args.quick))]
+        sizes = args.batch_sizes or [default_batch[workload]]
         for precision in precisions:
             reason = supported(precision, accelerator)
             if reason:
@@ -119,9 +150,9 @@ def plan(args: argparse.Namespace, accelerator: str) -> tuple[list[Row], list[st
                 continue
             for batch in sizes:
                 for strategy in strategies:
-                    counts = [1] if strategy in ("single", "plain-loop") else devices
+                    counts = [1] if strategy in ONE_DEVICE_ROWS else devices
                     for n in counts:
-                        processes = n if strategy in ("ddp", "ddp_spawn", "plain-ddp") else 1
+                        processes = n if strategy in MULTIPROCESS else 1
                         if batch % processes:
                             skipped.append(f"{workload} {strategy} x{n} b{batch}: batch not divisible by {processes}")
                             continue
@@ -141,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         accelerator = "gpu" if torch.cuda.is_available() else "cpu"
     if accelerator == "gpu" and not torch.cuda.is_available():
         raise SystemExit("error: --accelerator=gpu, but PyTorch sees no CUDA GPU")
-    rows, skipped = plan(args, accelerator)
+    # each workload built once, as `python -m src.cli fit` builds it: its batch size, tokens and FLOPs
+    clis = {name: build_cli(WORKLOADS[name], args.quick) for name in chosen_workloads(args)}
+    rows, skipped = plan(args, accelerator, {name: global_batch_size(cli) for name, cli in clis.items()})
     if not rows:
         raise SystemExit("error: nothing to run: " + "; ".join(skipped))
     largest = max(row.processes for row in rows)
@@ -165,11 +198,11 @@ def main(argv: list[str] | None = None) -> int:
 
     workload_info: dict[str, dict[str, Any]] = {}
     for name in {row.workload for row in rows}:
-        config = resolve(WORKLOADS[name], args.quick)
+        tokens = tokens_per_sample(clis[name])
         workload_info[name] = {
             "description": WORKLOADS[name].description,
-            "tokens_per_sample": tokens_per_sample(config),
-            "flops_per_sample": flops_per_sample(config),
+            "tokens_per_sample": tokens,
+            "flops_per_sample": flops_per_sample(clis[name].model, tokens),
         }
     device = torch.device("cuda", 0) if accelerator == "gpu" else torch.device("cpu")
     peaks: dict[str, float | None] = {}
@@ -180,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` sends SIGTERM: still write what was measured
     results = run_all(rows, repeats, settings)
+    startup_repeats = args.startup_repeats if args.startup_repeats is not None else (3 if args.quick else 5)
+    startup = measure_startup(startup_repeats, run_env(threads)) if startup_repeats > 0 else None
     environment["load_average_end"] = load_average()
     environment["bench_wall_s"] = round(time.time() - started, 1)
     table = build_table(results, accelerator, workload_info, peaks)
@@ -197,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "workloads": workload_info,
         "rows": table,
+        "startup": startup,
         "runs": {row.key: runs for row, runs in results.items()},
     }
     written = write_all(settings.out, output, plots=not args.no_plots)

@@ -1,12 +1,13 @@
-"""The baselines: a plain PyTorch training loop, and plain PyTorch DDP started with ``torch.multiprocessing.spawn``.
+"""The baselines: a plain PyTorch loop, plain PyTorch DDP (``torch.multiprocessing.spawn``) and bare Lightning.
 
-``python -m src.bench.plain --workload image --devices 2 --out run.json`` trains the workload's network
-(``model.net`` of the same ``src.models`` class, built with the same seed) on the same data: the same global
-batch order (``GlobalBatchSampler``), per-process batch, augmentation and normalisation, and the same
-optimizer, LR scheduler, gradient clipping and precision. What it leaves out is the template: Lightning's loop,
-metrics, logging, progress output and callbacks. ``--mode loop`` runs one process without DDP; ``--mode ddp``
-spawns ``--devices`` processes that wrap the network in ``DistributedDataParallel`` (gloo on CPU, NCCL on GPU),
-as in the article this template grew from.
+``python -m src.bench.plain --workload image --mode ddp --devices 2 --batch-size 32 --steps 20 --out run.json``
+builds the workload through the template's CLI (``TemplateCLI(run=False)``: the same model class, seed, data
+module, optimizer, LR scheduler and gradient clipping as ``python -m src.cli fit``) and trains its ``model.net``
+on the same data: the same global batch order (``GlobalBatchSampler``), per-process batch, augmentation,
+normalisation and precision. ``--mode loop`` runs one process without DDP; ``--mode ddp`` spawns ``--devices``
+processes that wrap the network in ``DistributedDataParallel`` (gloo on CPU, NCCL on GPU), as in the article this
+template grew from. What both leave out is Lightning and the template. ``--mode lightning`` is the third
+baseline, bare Lightning (``src/bench/bare.py``): Lightning's loop without the template.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from src.bench.clock import StepClock
-from src.bench.workloads import WORKLOADS, build_datamodule, build_model, build_optimizer, resolve
+from src.bench.workloads import WORKLOADS, build_cli, optimizer_and_scheduler
 
-# src.data and src.models import Lightning (their base classes): only the training processes import them, so the
-# launcher of plain DDP starts as fast as a plain PyTorch script does.
+# the CLI, src.data and src.models import Lightning: only the training processes import them, so the launcher of
+# plain DDP starts as fast as a plain PyTorch script does.
 
 #: autocast dtype of each mixed precision; on a CPU Lightning runs 16-mixed as bf16-mixed, and so does this
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -88,16 +89,14 @@ def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> No
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
 
-    config = resolve(WORKLOADS[args.workload], args.quick, {"data.init_args.batch_size": args.batch_size})
-    seed = int(config.get("seed_everything") or 0)
-    torch.manual_seed(seed)  # the same initial weights as the CLI, which seeds before building the model
-    module = build_model(config)
-    net: nn.Module = module.net.to(device)
+    cli = build_cli(WORKLOADS[args.workload], args.quick, args.batch_size)
+    seed = int(cli.config.get("seed_everything") or 0)
+    net: nn.Module = cli.model.net.to(device)
     model: nn.Module = DistributedDataParallel(net, device_ids=[rank] if use_cuda else None) if distributed else net
-    optimizer, scheduler = build_optimizer(config, net.parameters())
-    clip = config.get("trainer", {}).get("gradient_clip_val")
+    optimizer, scheduler = optimizer_and_scheduler(cli.model)  # over the model's parameters: those of its .net
+    clip = cli.trainer.gradient_clip_val
 
-    datamodule = build_datamodule(config)
+    datamodule = cli.datamodule
     datamodule.setup("fit")
     dataset = datamodule.train_set
     sampler = GlobalBatchSampler(dataset, args.batch_size, num_replicas=world_size, rank=rank, seed=seed)
@@ -154,8 +153,13 @@ def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> No
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m src.bench.plain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="image")
-    parser.add_argument("--mode", choices=["loop", "ddp"], default="loop", help="one process, or DDP processes")
-    parser.add_argument("--devices", type=int, default=1, help="processes for --mode=ddp (one per GPU)")
+    parser.add_argument(
+        "--mode",
+        choices=["loop", "ddp", "lightning"],
+        default="loop",
+        help="one process, DDP processes, or bare Lightning (ddp when --devices > 1)",
+    )
+    parser.add_argument("--devices", type=int, default=1, help="processes for --mode=ddp or lightning (one per GPU)")
     parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
     parser.add_argument("--batch-size", type=int, required=True, help="global batch per optimizer step")
@@ -171,7 +175,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.mode == "loop":
+    if args.mode == "lightning":
+        from src.bench.bare import train_bare_lightning
+
+        train_bare_lightning(args)
+    elif args.mode == "loop":
         train(0, 1, args, port=0)
     else:
         mp.spawn(train, args=(args.devices, args, free_port()), nprocs=args.devices, join=True)

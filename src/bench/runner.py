@@ -1,9 +1,10 @@
 """Runs the rows of the benchmark, each in fresh processes, and collects what their timers wrote.
 
 Each run is one subprocess tree: ``python -m src.cli fit`` with the ``StepTimer`` callback for the template rows,
-``python -m src.bench.plain`` for the baselines. Every process gets the same, fixed thread count through
-``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` (Lightning leaves the count alone when it is set). Repeats go round
-robin over the rows, so slow drift of a shared machine spreads over all rows instead of landing on one.
+``python -m src.bench.plain`` for the baselines (plain PyTorch and bare Lightning). Every process gets the same,
+fixed thread count through ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` (Lightning leaves the count alone when it is
+set). Repeats go round robin over the rows, so slow drift of a shared machine spreads over all rows instead of
+landing on one.
 """
 
 from __future__ import annotations
@@ -25,18 +26,28 @@ from src.bench.environment import load_average
 from src.bench.stats import summarise_run
 from src.bench.workloads import REPO, WORKLOADS, cli_flags
 
-#: what each strategy of a row means; "plain-*" are the hand-written baselines
+#: what each strategy of a row means; "bare-*" and "plain-*" are the baselines
 STRATEGY_LABELS = {
     "single": "template, 1 device",
     "dp": "template, dp",
     "ddp": "template, ddp",
     "ddp_spawn": "template, ddp_spawn",
+    "bare-lightning": "bare Lightning",
+    "bare-lightning-ddp": "bare Lightning, ddp",
     "plain-loop": "plain PyTorch loop",
     "plain-ddp": "plain PyTorch DDP (mp.spawn)",
 }
-TEMPLATE_STRATEGIES = ("single", "dp", "ddp", "ddp_spawn")
-PLAIN_STRATEGIES = ("plain-loop", "plain-ddp")
-MULTIPROCESS = ("ddp", "ddp_spawn", "plain-ddp")
+#: the 1-device rows every table shows side by side, and their multi-process counterparts
+ONE_DEVICE_ROWS = ("single", "bare-lightning", "plain-loop")
+MULTIPROCESS_BASELINES = ("bare-lightning-ddp", "plain-ddp")
+MULTIPROCESS = ("ddp", "ddp_spawn", *MULTIPROCESS_BASELINES)
+#: how ``python -m src.bench.plain`` runs each baseline (``--mode``)
+BASELINE_MODES = {
+    "plain-loop": "loop",
+    "plain-ddp": "ddp",
+    "bare-lightning": "lightning",
+    "bare-lightning-ddp": "lightning",
+}
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,8 @@ class Row:
 
     @property
     def implementation(self) -> str:
-        return "plain" if self.strategy.startswith("plain") else "template"
+        """``template``, ``bare`` (bare Lightning) or ``plain`` (plain PyTorch)."""
+        return self.strategy.split("-")[0] if self.strategy in BASELINE_MODES else "template"
 
     @property
     def processes(self) -> int:
@@ -111,14 +123,14 @@ def template_command(row: Row, settings: Settings, json_path: Path, run_dir: Pat
     ]
 
 
-def plain_command(row: Row, settings: Settings, json_path: Path) -> list[str]:
+def baseline_command(row: Row, settings: Settings, json_path: Path) -> list[str]:
     command = [
         sys.executable,
         "-m",
         "src.bench.plain",
         f"--workload={row.workload}",
-        f"--mode={'ddp' if row.strategy == 'plain-ddp' else 'loop'}",
-        f"--devices={row.devices}",
+        f"--mode={BASELINE_MODES[row.strategy]}",
+        f"--devices={row.processes}",
         f"--accelerator={settings.accelerator}",
         f"--precision={row.precision}",
         f"--batch-size={row.batch_size}",
@@ -151,7 +163,7 @@ def run_once(row: Row, repeat: int, settings: Settings) -> dict[str, Any]:
     if row.implementation == "template":
         command = template_command(row, settings, json_path, run_dir)
     else:
-        command = plain_command(row, settings, json_path)
+        command = baseline_command(row, settings, json_path)
     (run_dir / "command.txt").write_text(" ".join(command) + "\n")
     env = run_env(settings.threads)
     env[T0_ENV] = repr(time.time())

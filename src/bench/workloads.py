@@ -1,23 +1,19 @@
-"""The benchmark's workloads: one definition read by both the template's CLI and the plain PyTorch baselines.
+"""The benchmark's workloads: named sets of ``python -m src.cli fit`` flags, read by every row through the CLI.
 
-A workload is the template's own YAML configs plus a few overrides. The template rows pass the same files and
-overrides to ``python -m src.cli fit``; the baselines merge the same YAML here, so both train the same network,
-with the same initialisation, optimizer, scheduler, gradient clipping and data.
+The template rows pass ``cli_flags`` to ``python -m src.cli fit``; the baselines (``src/bench/plain.py``,
+``src/bench/bare.py``) pass the same flags to ``TemplateCLI(run=False)`` and take its model, data module,
+optimizer and trainer options. One config system builds all rows, so they train the same network, with the same
+initialisation, optimizer, scheduler, gradient clipping and data.
 """
 
 from __future__ import annotations
 
-import copy
-import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 
 
 @dataclass(frozen=True)
@@ -71,65 +67,33 @@ def cli_flags(workload: Workload, quick: bool, extra: dict[str, Any] | None = No
     return flags
 
 
-def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in update.items():
-        old = merged.get(key)
-        if isinstance(old, dict) and isinstance(value, dict):
-            # another class replaces the old arguments (as for the model and data of configs/experiment/gpt.yaml)
-            replaced = "class_path" in value and value["class_path"] != old.get("class_path")
-            merged[key] = copy.deepcopy(value) if replaced else _merge(old, value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
+def build_cli(workload: Workload, quick: bool, batch_size: int | None = None) -> Any:
+    """The workload as ``python -m src.cli fit`` configures it: ``cli.model``, ``cli.datamodule``, ``cli.trainer``.
+
+    The CLI seeds (``seed_everything``) before it builds the model, so every row starts from the same weights.
+    Its Trainer is a one-process CPU trainer without a logger: the baselines only read its options.
+    """
+    from src.cli import TemplateCLI  # Lightning and the template: only where a workload is built
+
+    extra: dict[str, Any] = {"data.init_args.batch_size": batch_size} if batch_size else {}
+    flags = cli_flags(workload, quick, extra)
+    trainer = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.logger=false"]
+    return TemplateCLI(args=[*flags, *trainer], run=False)
 
 
-def resolve(workload: Workload, quick: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The merged configuration (YAML files, then overrides) as the baselines read it."""
-    config: dict[str, Any] = {}
-    for path in (DEFAULT_CONFIG, *(REPO / name for name in workload.configs)):
-        config = _merge(config, yaml.safe_load(path.read_text()) or {})
-    for key, value in {**workload.settings(quick), **(extra or {})}.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = copy.deepcopy(value)
-    return config
+def optimizer_and_scheduler(model: Any) -> tuple[Any, Any]:
+    """(optimizer, LR scheduler or None) from the model's own ``configure_optimizers``."""
+    configured = model.configure_optimizers()
+    if not isinstance(configured, dict):
+        return configured, None
+    return configured["optimizer"], configured["lr_scheduler"]["scheduler"]
 
 
-def import_class(class_path: str) -> Any:
-    module_name, _, name = class_path.rpartition(".")
-    return getattr(importlib.import_module(module_name), name)
+def global_batch_size(cli: Any) -> int:
+    return int(cli.datamodule.batch_size)
 
 
-def build_model(config: dict[str, Any]) -> Any:
-    """The workload's LightningModule, built as the CLI builds it (without the optimizer factories)."""
-    section = config["model"]
-    init_args = {k: v for k, v in section.get("init_args", {}).items() if k not in ("optimizer", "lr_scheduler")}
-    return import_class(section["class_path"])(**init_args)
-
-
-def build_datamodule(config: dict[str, Any]) -> Any:
-    section = config["data"]
-    return import_class(section["class_path"])(**section.get("init_args", {}))
-
-
-def build_optimizer(config: dict[str, Any], parameters: Any) -> tuple[Any, Any]:
-    """(optimizer, scheduler or None) from ``model.init_args.optimizer`` / ``lr_scheduler``."""
-    init_args = config["model"].get("init_args", {})
-    spec = init_args.get("optimizer") or {"class_path": "torch.optim.AdamW"}
-    optimizer = import_class(spec["class_path"])(parameters, **spec.get("init_args", {}))
-    spec = init_args.get("lr_scheduler")
-    scheduler = import_class(spec["class_path"])(optimizer, **spec.get("init_args", {})) if spec else None
-    return optimizer, scheduler
-
-
-def global_batch_size(config: dict[str, Any]) -> int:
-    return int(config["data"]["init_args"]["batch_size"])
-
-
-def tokens_per_sample(config: dict[str, Any]) -> int | None:
+def tokens_per_sample(cli: Any) -> int | None:
     """Tokens per sequence for the language model; None for other workloads."""
-    block_size = config["data"].get("init_args", {}).get("block_size")
-    return int(block_size) if "TextDataModule" in config["data"]["class_path"] and block_size else None
+    block_size = getattr(cli.datamodule, "block_size", None)
+    return int(block_size) if block_size else None

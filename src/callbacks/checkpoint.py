@@ -1,18 +1,43 @@
-"""``ModelCheckpoint`` whose ``last.ckpt`` always holds the final step of a fit."""
+"""``ModelCheckpoint`` that works with any model: ``last.ckpt`` always holds the final step of a fit, and a
+monitored metric the model does not log is reported once instead of stopping the run."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor
+
+
+def missing_monitor_message(monitor: str, logged: list[str], from_validation: list[str]) -> str:
+    """The one-paragraph warning for a ``--checkpoint.monitor`` that the model never logs."""
+    shown = ", ".join(logged) if logged else "none"
+    example = (from_validation or logged or ["<your metric>"])[0]
+    return (
+        f"--checkpoint.monitor={monitor} is not logged by this model (logged metrics: {shown}), so no best-*.ckpt"
+        f" is kept; last.ckpt is still written at every validation and at the end of training."
+        f" Fix: pass --checkpoint.monitor={example} (and --checkpoint.mode=min or max), or log {monitor!r}"
+        " with self.log in your validation step."
+    )
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint``, plus: ``last.ckpt`` is rewritten when training ends.
+    """Lightning's ``ModelCheckpoint``, plus two things any user's model needs.
 
-    Stock ``ModelCheckpoint`` only writes ``last`` at the end of training if it never wrote it before, so a run
-    that stops on ``max_steps`` between two validations leaves a ``last.ckpt`` from an earlier step, and
-    ``--ckpt_path=last`` would silently retrain those steps.
+    - ``last.ckpt`` is rewritten when training ends. Stock ``ModelCheckpoint`` only writes ``last`` at the end
+      of training if it never wrote it before, so a run that stops on ``max_steps`` between two validations
+      leaves a ``last.ckpt`` from an earlier step, and ``--ckpt_path=last`` would silently retrain those steps.
+    - A ``monitor`` that the model does not log (the template's default ``val/loss`` with a model that logs
+      ``val/mse``) gives one warning at the first validation, naming the metrics that are logged, and the run
+      keeps training and writing ``last.ckpt``. Stock ``ModelCheckpoint`` raises after the first epoch.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._missing_monitor_reported = False
+        self._logged_before_validation: set[str] = set()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.fast_dev_run:
@@ -22,3 +47,23 @@ class RunCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         else:
             super().on_train_end(trainer, pl_module)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # what validation adds to these is what the warning suggests monitoring
+        self._logged_before_validation = set(trainer.callback_metrics)
+
+    def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
+        # ModelCheckpoint's one place that decides on the monitored metric (private; tests/test_zoo.py checks
+        # that a missing metric still reaches it): skip the best-k when the metric is absent, say so once
+        if self.monitor is not None and self.save_top_k != 0 and self.monitor not in monitor_candidates:
+            if not self._missing_monitor_reported:
+                self._missing_monitor_reported = True
+                logged = sorted(name for name in monitor_candidates if name not in ("epoch", "step"))
+                from_validation = [
+                    name
+                    for name in logged
+                    if name not in self._logged_before_validation and not name.startswith("perf/")  # throughput
+                ]
+                rank_zero_warn(missing_monitor_message(self.monitor, logged, from_validation))
+            return
+        super()._save_topk_checkpoint(trainer, monitor_candidates)

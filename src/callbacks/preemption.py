@@ -1,23 +1,37 @@
-"""Save and stop cleanly when the job is about to be preempted; requeue it on SLURM.
+"""Stop cleanly on a signal: save ``last.ckpt`` at a step boundary on every rank, exit non-zero, requeue on SLURM.
 
-SLURM sends ``SIGUSR1`` some time before it kills a job (``#SBATCH --signal=SIGUSR1@90``). Lightning's own
-handler saves a checkpoint *inside the signal handler*, wherever training happens to be: possibly in the middle
-of an optimizer step, and under DDP while the other ranks sit in a collective, which can deadlock. Here the
-handler only sets a flag. At an optimizer-step boundary all ranks agree on it (an asynchronous all-reduce, read
-one step later, so training never waits for it), save ``last.ckpt`` together (after the validation that step
-triggers, if any, so that no validation is skipped on resume), and stop; rank 0 then runs ``scontrol requeue``
-(unless ``requeue=False``: the scripts in ``slurm/`` requeue from the batch script once every rank has exited,
-so that nothing is cut short). The requeued job passes ``--ckpt_path=last`` and continues from exactly that
-step: same data order, same weights.
+Three kinds of stop take the same path:
+
+======================================  =========  ==========================================================
+signal                                  exit code  typical sender
+======================================  =========  ==========================================================
+``SIGUSR1`` (``--preemption.signal_name``)  75     SLURM before the time limit or a preemption
+                                                   (``#SBATCH --signal=SIGUSR1@90``); the ``slurm/`` scripts requeue
+``SIGTERM``                             143        ``kill``, ``scancel``, Kubernetes eviction, a spot instance
+``SIGINT``                              130        Ctrl-C; a second Ctrl-C stops at once, without saving
+======================================  =========  ==========================================================
+
+The handler only sets a flag: Lightning's own handlers save inside the signal handler (possibly in the middle of
+an optimizer step, and under DDP while the other ranks sit in a collective) or let the run end with status 0.
+At each optimizer-step boundary the ranks agree on the flags with an asynchronous all-reduce read one step later
+(``AnyRankVote``), so training never waits for it, and then save ``last.ckpt`` together: right away, or, when
+Lightning is about to validate after this step, once that validation and ``ModelCheckpoint`` are done, so that
+the resumed run neither skips nor repeats it. ``--ckpt_path=last`` then continues from exactly that step: same data
+order, same weights, same validation rows and best checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import os
 import signal
 import subprocess
+import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -32,6 +46,14 @@ from src.errors import Preempted
 
 log = logging.getLogger(__name__)
 
+#: stops asked for by a person or a scheduler, besides the preemption notice; their exit code is 128 + signal
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: exit codes of a run that saved and stopped on a signal
+STOP_EXIT_CODES = (Preempted.exit_code, *(128 + s for s in STOP_SIGNALS))
+#: a terminal sends Ctrl-C to every process of the job and ddp_spawn's launching process forwards it too: a second
+#: SIGINT this soon after the first is the same key press
+SAME_KEY_PRESS_S = 0.5
+
 
 def slurm_job_id() -> str | None:
     """The id ``scontrol requeue`` needs (``ARRAYJOB_TASK`` for array jobs)."""
@@ -41,12 +63,12 @@ def slurm_job_id() -> str | None:
 
 
 class AnyRankVote:
-    """Whether any rank has raised a flag, agreed by every rank at the same step without stalling training.
+    """The largest value any rank has raised, agreed by every rank at the same step without stalling training.
 
     A blocking all-reduce on every step costs milliseconds with gloo and, with NCCL, a host-device sync (that
     is what ``strategy.reduce_boolean_decision`` does). Instead each step starts an asynchronous all-reduce on a
     CPU (gloo) group and reads the one started at the previous step, long finished by then: every rank gets the
-    same answer at the same step, one step after the flag was raised.
+    same answer at the same step, one step after the value was raised.
     """
 
     def __init__(self) -> None:
@@ -55,19 +77,19 @@ class AnyRankVote:
 
     def setup(self, world_size: int) -> None:
         """Create the CPU group; call on every rank at the same point (a collective)."""
-        if world_size > 1 and dist.is_available() and dist.is_initialized():
+        if world_size > 1 and dist.is_available() and dist.is_initialized() and self.group is None:
             self.group = dist.new_group(backend="gloo")
 
-    def poll(self, flag: bool) -> bool:
-        """Send this rank's flag; return whether any rank's flag was up at the previous poll."""
+    def poll(self, value: int) -> int:
+        """Send this rank's value; return the largest value any rank sent at the previous poll."""
         if self.group is None:
-            return flag
-        agreed = False
+            return value
+        agreed = 0
         if self.in_flight is not None:
             votes, work = self.in_flight
             work.wait()
-            agreed = bool(votes.item())
-        votes = torch.tensor([int(flag)], dtype=torch.int32)
+            agreed = int(votes.item())
+        votes = torch.tensor([value], dtype=torch.int32)
         self.in_flight = (votes, dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True))
         return agreed
 
@@ -77,12 +99,84 @@ class AnyRankVote:
             self.in_flight = None
 
 
+@contextlib.contextmanager
+def forward_stop_signals_to_workers(strategy: str | None) -> Iterator[None]:
+    """While ``ddp_spawn`` trains, pass the stop signals that reach the launching process on to its workers.
+
+    The launching process of ``ddp_spawn`` only waits for the workers it spawned, and would otherwise die on
+    ``SIGTERM`` (leaving them running) or stop them without saving on Ctrl-C. Each worker's
+    ``PreemptionCheckpoint`` then saves and stops as in any other run.
+    """
+    if not (isinstance(strategy, str) and strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook"))):
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        for worker in multiprocessing.active_children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signum)  # type: ignore[arg-type]
+
+    signals = (signal.SIGUSR1, *STOP_SIGNALS)
+    previous = {signum: signal.signal(signum, forward) for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def skip_lightnings_per_step_sigterm_broadcast(trainer: L.Trainer) -> bool:
+    """Stop Lightning (2.5 to 2.6) from broadcasting its SIGTERM flag with a blocking collective every step.
+
+    ``_TrainingEpochLoop.advance`` calls ``_broadcast_sigterm_tensor`` on every training step under DDP: a
+    blocking broadcast and a ``.item()`` (2 to 3 ms with gloo, a host-device sync with NCCL). Its flag is only
+    ever set by Lightning's SIGTERM handler, which ``PreemptionCheckpoint`` replaces, so it would broadcast zeros
+    forever. This is the template's one patch of a private Lightning method; ``tests/test_preemption.py`` fails
+    when a Lightning release renames or stops calling it. Returns whether the method was found and replaced.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    if not callable(getattr(type(loop), "_broadcast_sigterm_tensor", None)):
+        return False
+    loop._broadcast_sigterm_tensor = _no_broadcast  # type: ignore[method-assign]
+    return True
+
+
+def _no_broadcast() -> None:
+    """Stands in for Lightning's per-step SIGTERM broadcast (see ``skip_lightnings_per_step_sigterm_broadcast``)."""
+
+
+def validation_follows(trainer: L.Trainer) -> bool:
+    """Whether Lightning validates right after the training batch that just ended.
+
+    Asked at ``on_train_batch_end``: the answer comes from Lightning's own decision (``_should_check_val_fx``,
+    private), so that integer, fractional and time-based ``val_check_interval``, ``check_val_every_n_epoch``,
+    the last batch of an epoch and iterable datasets are all decided as the loop will decide them a moment later.
+    ``tests/test_preemption.py`` checks this answer against the validations that really ran, for each schedule.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    if loop._skip_next_val:
+        return False
+    return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+
+
+def training_ends_now(trainer: L.Trainer) -> bool:
+    """Whether the optimizer step that just finished is the run's last (``max_steps`` or the last epoch's end)."""
+    if 0 < trainer.max_steps <= trainer.global_step:
+        return True
+    max_epochs = trainer.max_epochs
+    return bool(trainer.is_last_batch and max_epochs is not None and 0 < max_epochs <= trainer.current_epoch + 1)
+
+
 class PreemptionCheckpoint(Callback):
-    """On ``signal_name``, save ``<checkpoint dir>/last.ckpt`` at the next step boundary, stop, and requeue.
+    """On a stop signal, save ``<checkpoint dir>/last.ckpt`` at the next step boundary, stop, and requeue.
 
     Args:
-        signal_name: The signal announcing preemption (``SIGUSR1`` matches ``#SBATCH --signal=SIGUSR1@90``).
-        requeue: Under SLURM, requeue the job after saving (needs ``#SBATCH --requeue``).
+        signal_name: The preemption notice (exit code 75; ``SIGUSR1`` matches ``#SBATCH --signal=SIGUSR1@90``).
+            ``SIGTERM`` and ``SIGINT`` also save and stop, with exit codes 143 and 130.
+        requeue: Under SLURM, requeue the job after saving on the preemption notice (needs ``#SBATCH --requeue``).
         filename: Checkpoint file name; it must start with ``last`` for ``--ckpt_path=last`` to find it.
     """
 
@@ -92,33 +186,64 @@ class PreemptionCheckpoint(Callback):
         self.signal_number = signal.Signals[signal_name.upper()]
         self.requeue = requeue
         self.filename = filename
-        self.received = False
-        self._previous_handler: Any = None
+        self.received = 0  # the signal number this process received (0: none)
+        self._first_sigint = 0.0  # when the first Ctrl-C came
+        self._stop_signal = 0  # the signal all ranks agreed to stop on
+        self._previous_handlers: dict[int, Any] = {}
         self._last_step_seen = -1
-        self._pending = False  # agreed to stop, waiting for the validation this step triggers
-        self._saved = False
         self._saved_path: Path | None = None
         self._vote = AnyRankVote()
 
+    # -- signals ---------------------------------------------------------------------------------------------------
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received = True  # act later, at a step boundary, never inside the handler
+        if signum == signal.SIGINT and self._first_sigint and time.monotonic() - self._first_sigint > SAME_KEY_PRESS_S:
+            # a second Ctrl-C: the person does not want to wait for the step to end
+            raise Preempted(
+                "a second Ctrl-C stopped training at once, without saving; resume from the last saved checkpoint"
+                " with --ckpt_path=last (same --trainer.default_root_dir).",
+                exit_code=128 + signal.SIGINT,
+            )
+        if signum == signal.SIGINT and not self._first_sigint:
+            self._first_sigint = time.monotonic()
+        self.received = max(self.received, signum)  # act later, at a step boundary, never inside the handler
+
+    def _install_handlers(self) -> None:
+        """Take over the stop signals from Lightning, which registers its own just before training starts."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # ddp_spawn workers and notebooks' threads cannot handle signals
+        for signum in (self.signal_number, *STOP_SIGNALS):
+            previous = signal.signal(signum, self._handle)
+            self._previous_handlers.setdefault(signum, previous)
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous_handlers = {}
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+        if stage != "fit":
             return
         environment = trainer._accelerator_connector.cluster_environment
         if isinstance(environment, SLURMEnvironment):
             environment.auto_requeue = False  # this callback replaces Lightning's in-handler save and requeue
-        self._previous_handler = signal.signal(self.signal_number, self._handle)
         self._vote.setup(trainer.world_size)
+        if trainer.world_size > 1:
+            skip_lightnings_per_step_sigterm_broadcast(trainer)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install_handlers()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install_handlers()  # idempotent; here too for runs without a sanity check
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._vote.close()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self._previous_handler is not None:
-            signal.signal(self.signal_number, self._previous_handler)
-            self._previous_handler = None
+        self._restore_handlers()
+
+    # -- the stop ----------------------------------------------------------------------------------------------
 
     def checkpoint_path(self, trainer: L.Trainer) -> Path:
         checkpoint = trainer.checkpoint_callback
@@ -129,48 +254,48 @@ class PreemptionCheckpoint(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step == self._last_step_seen:
-            return  # mid-accumulation: no optimizer step has finished since the last check
+        if trainer.global_step == self._last_step_seen or self._stop_signal:
+            return  # mid-accumulation (no optimizer step since the last check), or already stopping
         self._last_step_seen = trainer.global_step
-        if self._pending:  # the validation expected after the previous step did not come: stop now
-            self._save(trainer)
-            self._stop(trainer)
-        if not self._vote.poll(self.received):  # any rank signalled (seen one step later under ddp)
-            return
-        if validation_follows(trainer, batch_idx):
-            # Saving now would resume after that validation and never run it: save once it has run.
-            self._pending = True
-            return
+        agreed = self._vote.poll(self.received)  # any rank's signal, seen one step later under ddp
+        if not agreed or training_ends_now(trainer):
+            return  # no signal, or the run ends at this step anyway: let it finish and save as usual
+        self._stop_signal = agreed
+        if validation_follows(trainer):
+            return  # save once that validation and ModelCheckpoint are done, or it would never run on resume
         self._save(trainer)
         self._stop(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._pending and not self._saved and not trainer.sanity_checking:
-            # ModelCheckpoint saves after this hook, from the same state; stop at the next training hook
-            self._save(trainer)
+        if not self._stop_signal or self._saved_path is not None or trainer.sanity_checking:
+            return
+        # ModelCheckpoint runs this hook after every other callback; run it first, so that the saved state holds
+        # its decision on this validation (best checkpoint and score). Its own call later sees the step saved and
+        # does nothing.
+        for checkpoint in trainer.checkpoint_callbacks:
+            checkpoint.on_validation_end(trainer, pl_module)
+        self._save(trainer)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._saved:
+        if self._saved_path is not None:
             self._stop(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._pending:
-            if not self._saved:
-                self._save(trainer)
+        if self._saved_path is not None:
             self._stop(trainer)
 
     def _save(self, trainer: L.Trainer) -> None:
         self._saved_path = self.checkpoint_path(trainer)
         trainer.save_checkpoint(self._saved_path)  # every rank calls it; rank 0 writes
         trainer.strategy.barrier("preemption")  # every rank is done before a requeue can end the job step
-        self._saved = True
 
     def _stop(self, trainer: L.Trainer) -> None:
+        preempted = self._stop_signal == self.signal_number
         job_id = slurm_job_id()
         requeued = False
-        if self.requeue and job_id and trainer.is_global_zero:
+        if preempted and self.requeue and job_id and trainer.is_global_zero:
             # `scontrol requeue` ends the running job at once (SIGTERM to every task): write the logs first.
             # The slurm/ scripts pass --preemption.requeue=false and requeue after all ranks have exited instead.
             for logger in trainer.loggers:
@@ -179,25 +304,17 @@ class PreemptionCheckpoint(Callback):
             requeued = result.returncode == 0
             if not requeued:
                 log.warning("scontrol requeue %s failed: %s", job_id, result.stderr.strip())
-        raise Preempted(
-            f"saved {self._saved_path} at step {trainer.global_step}"
+        name = signal.Signals(self._stop_signal).name
+        message = (
+            f"{name}: saved {self._saved_path} at step {trainer.global_step}"
             + (f" and requeued SLURM job {job_id}" if requeued else "")
             + "; resume with --ckpt_path=last (same --trainer.default_root_dir)."
         )
-
-
-def validation_follows(trainer: L.Trainer, batch_idx: int) -> bool:
-    """Whether Lightning validates (or ends the epoch) right after this training batch."""
-    if trainer.is_last_batch:
-        return True
-    every = trainer.val_check_batch
-    return (
-        trainer.enable_validation
-        and isinstance(every, int)
-        and every > 0
-        and (batch_idx + 1) % every == 0
-        and (
-            trainer.check_val_every_n_epoch is None
-            or (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch == 0
-        )
-    )
+        exit_code = Preempted.exit_code if preempted else 128 + self._stop_signal
+        if multiprocessing.parent_process() is not None:
+            # a ddp_spawn worker: an exception would reach the launching process as a traceback, an exit status
+            # reaches it as it is (`main` exits with it)
+            if trainer.is_global_zero:
+                print(f"preempted: {message}", file=sys.stderr, flush=True)
+            raise SystemExit(exit_code)
+        raise Preempted(message, exit_code=exit_code)

@@ -6,6 +6,7 @@ bar is written by hand because Lightning has no line-per-interval progress callb
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any
@@ -49,17 +50,22 @@ class PlainProgressBar(ProgressBar):
         elapsed = time.perf_counter() - self._start
         metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
         total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
-        position = f"epoch {trainer.current_epoch} step {trainer.global_step}/{total}"
+        # an iterable dataset without a length has no known total; manual optimization may step several times
+        # per batch, which Lightning's estimate does not count
+        known = isinstance(total, int) or (isinstance(total, float) and math.isfinite(total))
+        position = f"epoch {trainer.current_epoch} step {trainer.global_step}" + (f"/{int(total)}" if known else "")
         self.print(f"{prefix} {position} [{elapsed:.1f}s] {_format(metrics)}")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.perf_counter()
+        self._last_printed_step = trainer.global_step  # a resumed run prints at its next multiple, not at once
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if self._enabled and step % self.every_n_steps == 0 and step != self._last_printed_step:
+        # "crossed a multiple", not "is a multiple": with manual optimization one batch makes several steps
+        if self._enabled and step // self.every_n_steps > self._last_printed_step // self.every_n_steps:
             self._last_printed_step = step
             self._line(trainer, pl_module, "train")
 

@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from src.data.sampling import GlobalBatchSampler, ShardSampler, per_process_batch_size
+from src.data.sampling import BatchedDataset, EvenShardBatches, GlobalBatchSampler, per_process_batch_size
 
 
 class ResumableDataLoader(DataLoader):
@@ -40,6 +40,12 @@ class GlobalBatchDataModule(L.LightningDataModule):
     ``batch_size / (world_size * accumulate_grad_batches)`` samples per micro-batch, from a shuffled order shared
     by all world sizes (see ``src/data/sampling.py``), so ``--trainer.strategy``, ``--trainer.devices`` and
     ``--trainer.accumulate_grad_batches`` do not change which samples meet in an optimizer step.
+
+    Validation, test and predict sets are split into one contiguous shard per process, each sample counted once
+    (torchmetrics results are exact), with the same number of batches on every process so that per-step
+    collectives in a user's steps (``sync_dist=True``, ``all_gather``) cannot hang. The price: batch sizes may
+    differ by one sample between processes, and a set smaller than the number of processes repeats a sample on
+    the processes that would have none (see ``EvenShardBatches``).
 
     Args:
         batch_size: Global batch size of one optimizer step, across all processes and accumulated micro-batches.
@@ -108,12 +114,14 @@ class GlobalBatchDataModule(L.LightningDataModule):
     def _evaluation_loader(self, dataset: Dataset | None, name: str) -> DataLoader:
         dataset = self._require(dataset, name)
         world_size, rank, _ = self._world()
-        return DataLoader(
-            dataset,
-            batch_size=per_process_batch_size(self.batch_size, world_size),
-            sampler=ShardSampler(dataset, num_replicas=world_size, rank=rank),
-            **self._loader_kwargs(),
-        )
+        batch_size = per_process_batch_size(self.batch_size, world_size)
+        if self.trainer is not None and self.trainer.overfit_batches:
+            # overfit_batches swaps any sampler for a SequentialSampler over the dataset: give it a plain loader
+            return DataLoader(dataset, batch_size=batch_size, **self._loader_kwargs())
+        # every rank runs the same number of batches (per-step collectives in a user's validation_step would
+        # otherwise hang) and sees every sample once; see EvenShardBatches for the trade-off
+        batches = EvenShardBatches(dataset, batch_size, num_replicas=world_size, rank=rank)
+        return DataLoader(BatchedDataset(dataset), batch_size=None, sampler=batches, **self._loader_kwargs())
 
     def val_dataloader(self) -> DataLoader:
         return self._evaluation_loader(self.val_set, "val_set")

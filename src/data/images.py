@@ -218,6 +218,12 @@ class CIFAR10DataModule(GlobalBatchDataModule):
         self._normalization: dict[torch.device, tuple[Tensor, Tensor]] = {}  # mean and std, per device
 
     def prepare_data(self) -> None:
+        for option in ("synthetic_train_size", "synthetic_val_size"):
+            if self.data_dir is None and getattr(self, option) < 1:
+                raise ConfigurationError(
+                    f"--data.init_args.{option}={getattr(self, option)} leaves the synthetic set empty."
+                    f" Fix: use at least one batch of images, e.g. --data.init_args.{option}={self.batch_size}."
+                )
         if self.data_dir is None or find_cifar10_folder(self.data_dir) is not None:
             return
         if self.download:
@@ -234,6 +240,7 @@ class CIFAR10DataModule(GlobalBatchDataModule):
         if self.train_set is not None:
             return
         if self.data_dir is None:
+            self.prepare_data()  # the size checks, on every process
             self.train_set = synthetic_images(self.synthetic_train_size, seed=0, num_classes=self.num_classes)
             self.val_set = synthetic_images(self.synthetic_val_size, seed=1, num_classes=self.num_classes)
             self.test_set = synthetic_images(self.synthetic_val_size, seed=2, num_classes=self.num_classes)
@@ -245,9 +252,10 @@ class CIFAR10DataModule(GlobalBatchDataModule):
             assert folder is not None
         full = read_cifar10_batches(folder, CIFAR10_TRAIN_FILES)
         if not 0 < self.val_size < len(full):
-            raise ValueError(
+            raise ConfigurationError(
                 f"--data.init_args.val_size={self.val_size} must be between 1 and {len(full) - 1}"
-                f" (the training batches hold {len(full)} images)."
+                f" (the training batches in {folder} hold {len(full)} images). Fix: e.g. --data.init_args.val_size="
+                f"{max(1, len(full) // 10)}."
             )
         order = torch.randperm(len(full), generator=seeded_generator(0))
         val_idx, train_idx = order[: self.val_size], order[self.val_size :]

@@ -12,10 +12,11 @@ a dataloader alone, while it replaces any other sampler with its own under DDP.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
 
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler, default_collate
 
 
 def per_process_batch_size(global_batch_size: int, world_size: int, accumulate_grad_batches: int = 1) -> int:
@@ -143,3 +144,48 @@ class ShardSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+class EvenShardBatches(DistributedSampler):
+    """This rank's ``ShardSampler`` shard cut into batches, with the same number of batches on every rank.
+
+    Under ``ddp`` every rank must run the same number of evaluation steps: a ``validation_step`` that logs with
+    ``sync_dist=True`` on each step, or calls ``self.all_gather``, starts a collective per step, and a rank with
+    one batch more would wait for the others forever. Unequal shards (a set that does not divide by the number
+    of processes) would give unequal batch counts, so the batch count is fixed by the smallest shard and the
+    larger shards put their extra sample into one of their batches: batch sizes may differ by one sample
+    between ranks, but every sample is still counted exactly once and torchmetrics reductions stay exact.
+    Only a set smaller than the number of processes is padded (each empty rank evaluates one repeated sample,
+    counted twice), because a batch cannot be empty.
+
+    It yields lists of indices; use it with ``BatchedDataset`` and ``DataLoader(batch_size=None)``.
+    """
+
+    def __init__(self, dataset: Sized, batch_size: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+        total = len(dataset)
+        shard = torch.tensor(list(ShardSampler(dataset, num_replicas, rank)), dtype=torch.long)
+        if total and len(shard) == 0:
+            shard = torch.tensor([rank % total])  # a set smaller than the world: pad rather than starve a rank
+        num_batches = -(-max(total // num_replicas, 1) // batch_size) if total else 0
+        self.batches = [chunk.tolist() for chunk in torch.tensor_split(shard, num_batches)] if num_batches else []
+
+    def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class BatchedDataset(Dataset):
+    """Reads a whole batch per index list, so a sampler can choose each batch's size (see ``EvenShardBatches``)."""
+
+    def __init__(self, dataset: Dataset, collate_fn: Callable[[list[Any]], Any] = default_collate) -> None:
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+
+    def __getitem__(self, indices: list[int]) -> Any:
+        return self.collate_fn([self.dataset[i] for i in indices])
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]

@@ -76,26 +76,80 @@ class TextDataModule(GlobalBatchDataModule):
         self.corpus_chars = corpus_chars
 
     def prepare_data(self) -> None:
-        if self.path is not None and not Path(self.path).is_file():
+        # checked here too, on one process and before any logger writes, so a bad file fails at once
+        self._check_options()
+        if self.path is not None:
+            self._check_file(Path(self.path))
+
+    def _source(self) -> str:
+        if self.path is not None:
+            return f"--data.init_args.path={self.path}"
+        return f"--data.init_args.corpus_chars={self.corpus_chars}"
+
+    def _check_options(self) -> None:
+        if not 0 < self.val_fraction < 1:
+            raise ConfigurationError(
+                f"--data.init_args.val_fraction={self.val_fraction} must be between 0 and 1 (it is the share of the"
+                " text held out for validation and test). Fix: e.g. --data.init_args.val_fraction=0.1."
+            )
+        if self.block_size < 1:
+            raise ConfigurationError(
+                f"--data.init_args.block_size={self.block_size} must be at least 1. Fix: e.g. 128, and the same"
+                " --model.init_args.block_size or more."
+            )
+        if self.path is None and self.corpus_chars < 1:
+            raise ConfigurationError(
+                f"--data.init_args.corpus_chars={self.corpus_chars} leaves the embedded corpus empty. Fix: use the"
+                " default (300000) or at least a few thousand characters."
+            )
+
+    def _check_file(self, path: Path) -> None:
+        if not path.is_file():
             raise ConfigurationError(
                 f"--data.init_args.path={self.path} is not a file. Fix: give the path of a UTF-8 text file, or"
                 " leave path unset to train on the embedded corpus."
+            )
+        if path.stat().st_size == 0:
+            raise ConfigurationError(
+                f"--data.init_args.path={self.path} is empty. Fix: point it at a UTF-8 text file with the training"
+                " text, or leave path unset to train on the embedded corpus."
             )
 
     def _read_text(self) -> str:
         if self.path is None:
             return embedded_corpus(self.corpus_chars)
-        self.prepare_data()
-        return Path(self.path).read_text(encoding="utf-8")
+        self._check_file(Path(self.path))
+        try:
+            return Path(self.path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ConfigurationError(
+                f"--data.init_args.path={self.path} is not UTF-8 text (byte {error.start} cannot be decoded)."
+                " Fix: convert it, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`, and pass the converted file."
+            ) from None
+
+    def _windows(self, tokens: Tensor, part: str) -> TokenWindows:
+        if len(tokens) < self.block_size + 1:
+            raise ConfigurationError(
+                f"--data.init_args.block_size={self.block_size} is longer than the {part} text ({len(tokens)} tokens"
+                f" of {self._source()}, val_fraction={self.val_fraction}): not one sequence of block_size + 1"
+                f" tokens fits. Fix: use a longer text, a smaller --data.init_args.block_size (the model's"
+                f" --model.init_args.block_size must be at least as large), or a val_fraction that holds out at"
+                f" least {2 * (self.block_size + 1)} tokens."
+            )
+        return TokenWindows(tokens, self.block_size)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        if not 0 < self.val_fraction < 1:
-            raise ValueError(f"--data.init_args.val_fraction={self.val_fraction} must be between 0 and 1.")
+        self._check_options()
         tokens = encode(self._read_text())
+        if len(tokens) == 0:
+            raise ConfigurationError(
+                f"the text of {self._source()} is empty. Fix: give a UTF-8 text file with the training text, or"
+                " leave path unset to train on the embedded corpus."
+            )
         held_out = int(len(tokens) * self.val_fraction)
         split, test_split = len(tokens) - held_out, len(tokens) - held_out // 2
-        self.train_set = TokenWindows(tokens[:split], self.block_size)
-        self.val_set = TokenWindows(tokens[split:test_split], self.block_size)
-        self.test_set = TokenWindows(tokens[test_split:], self.block_size)
+        self.train_set = self._windows(tokens[:split], "training")
+        self.val_set = self._windows(tokens[split:test_split], "validation")
+        self.test_set = self._windows(tokens[test_split:], "test")

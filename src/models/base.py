@@ -9,9 +9,6 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import MeanMetric
 
-#: parameter dtype of the "-true" precisions (the module itself is converted, not just autocast)
-TRUE_PRECISION_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
-
 
 def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
     """Upcast fp16/bf16 logits before a softmax or loss; leave fp32 and fp64 alone."""
@@ -46,12 +43,15 @@ class TemplateModule(L.LightningModule):
     Both are callables that LightningCLI builds from ``--model.init_args.optimizer`` and
     ``--model.init_args.lr_scheduler`` (any class from ``torch.optim`` or your own), so every one of their
     options is on the command line, in YAML and in ``--model.help``. The scheduler steps every optimizer
-    step by default, which is what warm-up and cosine schedules expect.
+    step by default, which is what warm-up and cosine schedules expect; ``ReduceLROnPlateau`` steps once per
+    epoch on ``lr_scheduler_monitor``, and skips a step with a warning (instead of stopping the run) while that
+    metric has not been logged yet.
 
     Args:
         optimizer: Builds the optimizer from the parameters, e.g. ``torch.optim.AdamW`` with its options.
         lr_scheduler: Builds a scheduler from the optimizer; ``None`` keeps the learning rate constant.
-        lr_scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch``.
+        lr_scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch``; by default every
+            ``epoch`` for ``ReduceLROnPlateau`` (it watches a validation metric) and every ``step`` otherwise.
         lr_scheduler_monitor: Metric a ``ReduceLROnPlateau`` scheduler watches.
     """
 
@@ -59,7 +59,7 @@ class TemplateModule(L.LightningModule):
         self,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
-        lr_scheduler_interval: Literal["step", "epoch"] = "step",
+        lr_scheduler_interval: Literal["step", "epoch"] | None = None,
         lr_scheduler_monitor: str = "val/loss",
     ) -> None:
         super().__init__()
@@ -74,22 +74,17 @@ class TemplateModule(L.LightningModule):
         if self.lr_scheduler_factory is None:
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
+        plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {
                 "scheduler": scheduler,
-                "interval": self.lr_scheduler_interval,
+                "interval": self.lr_scheduler_interval or ("epoch" if plateau else "step"),
                 "monitor": self.lr_scheduler_monitor,
+                # a metric that is not logged (yet, or at all) skips the step with Lightning's warning naming it
+                "strict": False,
             },
         }
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Lightning loads the weights before it converts the module to a "-true" precision, so float64 weights
-        # would be rounded through float32 on resume. Convert first; the later conversion is then a no-op.
-        trainer = self._trainer
-        dtype = TRUE_PRECISION_DTYPES.get(str(trainer.precision)) if trainer is not None else None
-        if dtype is not None:
-            self.to(dtype)
 
     def should_log_step(self) -> bool:
         """True on the optimizer steps whose per-step metrics the logger will write.

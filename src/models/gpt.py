@@ -106,7 +106,8 @@ class CausalLanguageModel(TemplateModule):
         dropout: Dropout rate (0 keeps training identical across strategies).
         optimizer: Optimizer class and options, e.g. ``--model.optimizer=SGD --model.optimizer.lr=0.1``.
         lr_scheduler: Scheduler class and options (``torch.optim.lr_scheduler``), or none for a constant rate.
-        lr_scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch``.
+        lr_scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch`` (default: per
+            ``epoch`` for ``ReduceLROnPlateau``, per ``step`` otherwise).
         lr_scheduler_monitor: Metric a ``ReduceLROnPlateau`` scheduler watches.
     """
 
@@ -120,7 +121,7 @@ class CausalLanguageModel(TemplateModule):
         dropout: float = 0.0,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
-        lr_scheduler_interval: Literal["step", "epoch"] = "step",
+        lr_scheduler_interval: Literal["step", "epoch"] | None = None,
         lr_scheduler_monitor: str = "val/loss",
     ) -> None:
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval, lr_scheduler_monitor)
@@ -139,6 +140,11 @@ class CausalLanguageModel(TemplateModule):
         time = sequence_length or hp.block_size
         non_embedding = self.num_parameters - self.net.pos_emb.weight.numel()
         return 6 * non_embedding + 12 * hp.n_layer * hp.n_embd * time
+
+    def flops_per_sample(self, sequence_length: int | None = None) -> int:
+        """Training FLOPs of one sequence (``block_size`` tokens unless given), for the throughput monitor's MFU."""
+        time = sequence_length or self.hparams.block_size
+        return self.flops_per_token(time) * time
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Token ids ``(N, T)`` -> next-token logits ``(N, T, vocab_size)``."""

@@ -6,6 +6,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import MaxMetric
@@ -78,7 +79,8 @@ class ImageClassifier(TemplateModule):
         dropout: Dropout before the classifier (0 keeps training identical across strategies).
         optimizer: Optimizer class and options, e.g. ``--model.optimizer=SGD --model.optimizer.lr=0.1``.
         lr_scheduler: Scheduler class and options (``torch.optim.lr_scheduler``), or none for a constant rate.
-        lr_scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch``.
+        lr_scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch`` (default: per
+            ``epoch`` for ``ReduceLROnPlateau``, per ``step`` otherwise).
         lr_scheduler_monitor: Metric a ``ReduceLROnPlateau`` scheduler watches.
     """
 
@@ -90,7 +92,7 @@ class ImageClassifier(TemplateModule):
         dropout: float = 0.0,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
-        lr_scheduler_interval: Literal["step", "epoch"] = "step",
+        lr_scheduler_interval: Literal["step", "epoch"] | None = None,
         lr_scheduler_monitor: str = "val/acc",
     ) -> None:
         super().__init__(optimizer, lr_scheduler, lr_scheduler_interval, lr_scheduler_monitor)
@@ -103,6 +105,15 @@ class ImageClassifier(TemplateModule):
         self.test_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.train_loss, self.val_loss, self.test_loss = WeightedMean(), WeightedMean(), WeightedMean()
         self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # saved in checkpoints: a resumed run continues its best so far
+
+    def flops_per_sample(self, image_size: int = 32) -> int:
+        """Training FLOPs (forward + backward) of one image, counted on the meta device, for the throughput MFU."""
+        hp = self.hparams
+        with torch.device("meta"):
+            net = CompactResNet(hp.num_classes, tuple(hp.widths), hp.blocks_per_stage, hp.dropout)
+            images = torch.empty(1, 3, image_size, image_size)
+        return measure_flops(net, lambda: net(images), lambda logits: logits.sum())
 
     def forward(self, images: Tensor) -> Tensor:
         """Images ``(N, 3, H, W)`` -> class logits ``(N, num_classes)``."""
@@ -129,10 +140,6 @@ class ImageClassifier(TemplateModule):
         self.train_loss.reset()
         self.train_acc.reset()
 
-    def on_train_start(self) -> None:
-        # the sanity check before training updates val metrics; keep it out of the best-so-far
-        self.val_acc_best.reset()
-
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Accumulate validation loss (weighted by batch size) and accuracy."""
         loss, preds, labels = self.model_step(batch)
@@ -141,11 +148,11 @@ class ImageClassifier(TemplateModule):
 
     def on_validation_epoch_end(self) -> None:
         acc = self.val_acc.compute()
-        self.val_acc_best.update(acc)
-        self.log_dict(
-            {"val/loss": self.val_loss.compute(), "val/acc": acc, "val/acc_best": self.val_acc_best.compute()},
-            prog_bar=True,
-        )
+        metrics = {"val/loss": self.val_loss.compute(), "val/acc": acc}
+        if not self.trainer.sanity_checking:  # a few batches only: keep them out of the best so far
+            self.val_acc_best.update(acc)
+            metrics["val/acc_best"] = self.val_acc_best.compute()
+        self.log_dict(metrics, prog_bar=True)
         self.val_loss.reset()
         self.val_acc.reset()
 

@@ -4,11 +4,22 @@ Lightning 2.x removed its DataParallel strategy. Its 1.x version ran ``training_
 thread, which needed ``*_step_end`` hooks (gone in 2.x) and made ``self.log`` and torchmetrics racy. This one
 follows Lightning Fabric's DataParallel instead: the steps run once, in the main process, and only the module's
 ``forward`` is parallel. When ``training_step`` calls ``self(x)``, the batch is scattered over the devices,
-the module is replicated, the replicas run in threads and the outputs are gathered on the first device, where
+the network is replicated, the replicas run in threads and the outputs are gathered on the first device, where
 the loss, ``self.log`` and metrics see the whole batch, exactly as on one device. Autograd carries the gradients
 back through the gather and the replicas and sums them on the first device, so the backpropagated loss and the
 gradients are those of single-device training on the same batch. The module itself is never wrapped, so
 checkpoints have the same keys as single-device ones.
+
+What ``forward`` receives and returns under dp (``docs/strategies.md`` has the full list):
+
+- tensors, also inside tuples, lists, dicts and namedtuples, positional or keyword, are split along dim 0 into
+  equal chunks (the last one smaller; fewer chunks than GPUs when the batch is smaller); every tensor must have
+  the same size along dim 0. Anything else (numbers, strings, objects, lists of strings) reaches every replica
+  as the very same object;
+- outputs are concatenated along dim 0, dicts key by key; a 0-dim output (a loss) is the mean of the
+  replicas' values weighted by their chunk sizes, which is the single-device value of a batch-mean loss;
+- the LightningModule may set ``dp_modules = ("net",)``: the names of the child modules ``forward`` uses.
+  Only those are copied to the GPUs each step; the default is every child except torchmetrics metrics.
 
 Usage: ``python -m src.cli fit --trainer.strategy=dp --trainer.accelerator=gpu --trainer.devices=4``.
 """
@@ -16,7 +27,9 @@ Usage: ``python -m src.cli fit --trainer.strategy=dp --trainer.accelerator=gpu -
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,16 +39,178 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from torch.nn.parallel import gather, parallel_apply, replicate
 from torch.nn.parallel.scatter_gather import scatter_kwargs
+from torchmetrics import Metric, MetricCollection
+
+#: the LightningModule attribute naming the child modules ``forward`` uses (the ones dp replicates)
+DP_MODULES = "dp_modules"
+
+
+def _tensors(obj: Any) -> Iterator[Tensor]:
+    """The tensors torch's ``scatter`` splits: it looks inside tuples, lists and dicts, and nothing else."""
+    if isinstance(obj, Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.items():
+            yield from _tensors(item)
+
+
+def chunk_sizes(args: tuple, kwargs: dict, num_devices: int) -> list[int]:
+    """Sizes of the chunks ``scatter`` cuts the batch into (``Tensor.chunk``'s sizes); ``[]`` without tensors.
+
+    torch's ``scatter_kwargs`` cuts every tensor independently and zips the pieces, so a tensor with another
+    size along dim 0 would silently drop samples or replicas; and it cannot cut a 0-dim tensor. Refuse both.
+    """
+    tensors = list(_tensors((args, kwargs)))
+    if not tensors:
+        return []
+    if any(tensor.dim() == 0 for tensor in tensors):
+        raise ValueError(
+            "--trainer.strategy=dp splits every tensor argument of forward along dim 0, but forward got a 0-dim"
+            " tensor. Fix: pass it as a Python number, or give it a batch dimension."
+        )
+    sizes = {tensor.shape[0] for tensor in tensors}
+    if len(sizes) > 1:
+        raise ValueError(
+            "--trainer.strategy=dp splits every tensor argument of forward along dim 0 (the batch), but they have"
+            f" different sizes there: {sorted(sizes)}. Fix: pass only batch tensors to forward; keep tensors"
+            " shared by all samples on the module (a parameter or a registered buffer), which dp copies to every"
+            " GPU."
+        )
+    batch = sizes.pop()
+    per_chunk = max(1, math.ceil(batch / num_devices))
+    return [min(per_chunk, batch - start) for start in range(0, batch, per_chunk)] or [0]
+
+
+class _NotReplicated(nn.Module):
+    """Stands in, inside a replica, for a child module dp does not copy to the GPUs: any use raises ``message``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(self.message)
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(self.message)
+
+
+def _refuse_logging(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError(
+        "self.log was called inside forward, which --trainer.strategy=dp runs in one thread per GPU, each on a part"
+        " of the batch. Fix: log in training_step / validation_step, on the gathered output of self(x)."
+    )
+
+
+def _not_replicated_message(name: str, child: nn.Module) -> str:
+    if isinstance(child, (Metric, MetricCollection)):
+        return (
+            f"self.{name} (a torchmetrics metric) was used inside forward, which --trainer.strategy=dp runs in one"
+            " thread per GPU, each on a part of the batch. Fix: update metrics in training_step / validation_step,"
+            " on the gathered output of self(x)."
+        )
+    return (
+        f"self.{name} was used inside forward, but the module's {DP_MODULES} does not list it, so"
+        f" --trainer.strategy=dp does not copy it to the GPUs. Fix: add {name!r} to {DP_MODULES}."
+    )
+
+
+def replicated_children(module: nn.Module) -> list[str]:
+    """Names of the child modules dp copies to every GPU each step: ``module.dp_modules``, else all but metrics.
+
+    Why not the whole module: replication copies every parameter and buffer of what it is given to every GPU on
+    every forward. A LightningModule often holds networks its ``forward`` never uses (an EMA or teacher copy, a
+    GAN discriminator), which would double that traffic and GPU memory; and its torchmetrics objects must not
+    run in replica threads at all. Which children ``forward`` uses cannot be told reliably from outside (a frozen
+    backbone looks like a frozen teacher), so the module says it; the default copies every network, which is
+    always correct.
+    """
+    children = dict(module.named_children())
+    declared = getattr(module, DP_MODULES, None)
+    if declared is None:
+        return [name for name, child in children.items() if not isinstance(child, (Metric, MetricCollection))]
+    if isinstance(declared, str) or not all(isinstance(name, str) and name in children for name in declared):
+        raise ValueError(
+            f"{type(module).__name__}.{DP_MODULES} must list names of its child modules (those forward uses), got"
+            f" {declared!r}; its children are {sorted(children)}. Fix: e.g. {DP_MODULES} = ('net',)."
+        )
+    return [name for name in declared if not isinstance(children[name], (Metric, MetricCollection))]
+
+
+@dataclass(frozen=True)
+class CallerState:
+    """The thread-local state a replica thread must share with the caller: grad, inference and autocast modes."""
+
+    grad_enabled: bool
+    inference: bool
+    device_type: str
+    autocast_enabled: bool
+    autocast_dtype: torch.dtype
+
+    @classmethod
+    def capture(cls, device_type: str) -> CallerState:
+        return cls(
+            torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled(),
+            device_type,
+            torch.is_autocast_enabled(device_type),
+            torch.get_autocast_dtype(device_type),
+        )
 
 
 def _replica_forward(
-    replica: nn.Module, forward: Callable[..., Any], autocast: tuple[bool, torch.dtype], *args: Any, **kwargs: Any
+    replica: nn.Module, forward: Callable[..., Any], state: CallerState, *args: Any, **kwargs: Any
 ) -> Any:
-    # Autocast state is per thread. torch's parallel_apply re-enters autocast in each replica thread with the
-    # default dtype (float16), which would silently turn bf16-mixed into fp16: restore the caller's dtype.
-    enabled, dtype = autocast
-    with torch.autocast("cuda", dtype=dtype, enabled=enabled):
+    # These modes are per thread. torch's parallel_apply re-enters grad mode and autocast in each replica thread,
+    # but autocast with the default dtype (float16 on CUDA: bf16-mixed would silently run in fp16) and not
+    # inference mode (Lightning's validation/test/predict: in-place ops on the input chunks would then fail,
+    # "Inplace update to inference tensor outside InferenceMode"). Re-enter the caller's exact state.
+    with (
+        torch.inference_mode(state.inference),
+        torch.set_grad_enabled(state.grad_enabled),
+        torch.autocast(state.device_type, dtype=state.autocast_dtype, enabled=state.autocast_enabled),
+    ):
         return forward(replica, *args, **kwargs)
+
+
+def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Sequence[int]) -> Any:
+    """torch's ``gather`` (concatenate along dim 0, recursing into dicts, namedtuples, lists and tuples), except:
+    a 0-dim tensor becomes the mean of the replicas' values weighted by chunk size (torch's stacks them into a
+    vector, with a warning), and other values must agree across replicas (torch's fails on them).
+    """
+    first = outputs[0]
+    if isinstance(first, Tensor):
+        if first.dim() > 0:
+            return gather(list(outputs), target_device, dim=0)
+        if not (first.is_floating_point() or first.is_complex()):
+            raise TypeError(
+                f"forward returned a 0-dim {first.dtype} tensor, which --trainer.strategy=dp cannot combine over"
+                " the GPUs (it averages floating-point scalars, such as a mean loss). Fix: return it with a batch"
+                " dimension, or compute it from the gathered output in the step."
+            )
+        values = gather([output.reshape(1) for output in outputs], target_device, dim=0)
+        weights = torch.tensor(sizes, dtype=values.dtype, device=values.device) / sum(sizes)
+        return (values * weights).sum()
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        if any(output.keys() != first.keys() for output in outputs):
+            raise ValueError("forward returned dicts with different keys on different GPUs under dp.")
+        return type(first)(
+            (key, gather_outputs([output[key] for output in outputs], target_device, sizes)) for key in first
+        )
+    if isinstance(first, (list, tuple)):
+        gathered = [gather_outputs(items, target_device, sizes) for items in zip(*outputs, strict=True)]
+        return type(first)._make(gathered) if hasattr(first, "_fields") else type(first)(gathered)
+    if all(output is first or output == first for output in outputs):
+        return first
+    raise TypeError(
+        f"forward returned a {type(first).__name__} that differs between the GPUs under --trainer.strategy=dp, which"
+        " concatenates tensors only. Fix: return it as a tensor with a batch dimension."
+    )
 
 
 class ParallelForward:
@@ -48,22 +223,42 @@ class ParallelForward:
     def __init__(self, module: nn.Module, devices: list[torch.device]) -> None:
         self.module = module
         self.device_ids = [device.index for device in devices]
+        self.device_type = devices[0].type
         self.forward = type(module).forward  # the class's forward, unbound: replicas call it on themselves
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        inputs, kwargs_per_device = scatter_kwargs(args, kwargs, self.device_ids, dim=0)
-        if not inputs:  # a call without tensors runs once, on the first device
-            inputs, kwargs_per_device = ((),), ({},)
-        if len(inputs) == 1:
-            return self.forward(self.module, *inputs[0], **kwargs_per_device[0])
-        devices = self.device_ids[: len(inputs)]
-        replicas = replicate(self.module, devices, detach=not torch.is_grad_enabled())
-        autocast = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
-        for replica in replicas:
-            # each replica is a shallow copy of the module, this object included: point it at the real forward
-            replica.forward = functools.partial(_replica_forward, replica, self.forward, autocast)
+        sizes = chunk_sizes(args, kwargs, len(self.device_ids))
+        if len(sizes) <= 1:  # no tensors, or a batch too small to split: one device, as without dp
+            return self.forward(self.module, *args, **kwargs)
+        devices = self.device_ids[: len(sizes)]
+        inputs, kwargs_per_device = scatter_kwargs(args, kwargs, devices, dim=0)
+        replicas = self.replicas(devices)
         outputs = parallel_apply(replicas, inputs, kwargs_per_device, devices)
-        return gather(outputs, self.device_ids[0], dim=0)
+        return gather_outputs(outputs, self.device_ids[0], sizes)
+
+    def replicas(self, devices: list[int | None]) -> list[nn.Module]:
+        """Shallow copies of the module for ``devices``, holding copies of the children ``forward`` uses."""
+        module, children = self.module, self.module._modules
+        kept = replicated_children(module)
+        # torch's replicate copies every module below the one it gets: hand it the module with only the kept
+        # children (its own parameters and buffers stay), then put stand-ins for the others into the replicas
+        module._modules = {name: child for name, child in children.items() if name in kept or child is None}
+        try:
+            replicas = replicate(module, devices, detach=not torch.is_grad_enabled())
+        finally:
+            module._modules = children
+        skipped = {
+            name: _NotReplicated(_not_replicated_message(name, child))
+            for name, child in children.items()
+            if name not in kept and child is not None
+        }
+        state = CallerState.capture(self.device_type)
+        for replica in replicas:
+            replica._modules.update(skipped)
+            # each replica is a shallow copy of the module, this object included: point it at the real forward
+            replica.forward = functools.partial(_replica_forward, replica, self.forward, state)
+            replica.log = replica.log_dict = _refuse_logging
+        return replicas
 
 
 class DataParallelStrategy(ParallelStrategy):

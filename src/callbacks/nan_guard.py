@@ -1,0 +1,107 @@
+"""Stop training at a NaN or infinite loss, before the bad weights reach a checkpoint.
+
+How often the loss is read is a trade-off. Reading it (``bool(tensor)``) waits for the device to finish the
+step, which on a GPU stalls the host's run-ahead on every step. So the guard records the first non-finite step
+on the device, with no sync, and reads that record only at the moments that matter: every step on a CPU, where
+a read costs nothing; on an accelerator every ``log_every_n_steps`` steps (Lightning's logger already waits for
+the device on those steps to write the loss); and always before a checkpoint is written, so the weights of a
+non-finite step, which the optimizer has already applied, never overwrite the last good checkpoint. Under
+several processes the record is reduced over all of them, so every process stops at the same step.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from src.errors import TrainingStopped
+
+
+class NonFiniteLoss(TrainingStopped):
+    """Training stopped because the loss became NaN or infinite; the last good checkpoint was left intact.
+
+    ``exit_code`` (65, EX_DATAERR) is the process's exit status: not a preemption (75), so schedulers do not
+    requeue a run that would diverge again.
+    """
+
+    exit_code = 65
+    label = "error"
+
+
+def last_good_checkpoint(trainer: L.Trainer) -> str | None:
+    """The newest checkpoint file any ``ModelCheckpoint`` of this trainer wrote, or the one the run resumed from."""
+    paths = []
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            paths += [callback.last_model_path, callback.best_model_path]
+    existing = [p for p in paths if p and os.path.isfile(p)]
+    if existing:
+        return max(existing, key=os.path.getmtime)
+    return str(trainer.ckpt_path) if trainer.ckpt_path else None
+
+
+class NonFiniteLossGuard(Callback):
+    """Raises ``NonFiniteLoss`` naming the first step whose training loss was NaN or infinite.
+
+    Args:
+        check_every_n_steps: Optimizer steps between reads of the device-side record; 0 picks 1 on a CPU and
+            ``log_every_n_steps`` on an accelerator. A checkpoint save always reads it first.
+        enabled: Set false to train through non-finite losses.
+    """
+
+    def __init__(self, check_every_n_steps: int = 0, enabled: bool = True) -> None:
+        super().__init__()
+        self.check_every_n_steps = check_every_n_steps
+        self.enabled = enabled
+        self._first_bad: torch.Tensor | None = None  # optimizer step of the first non-finite loss, -1 if none
+        self._every = 1
+        self._last_check = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        on_cpu = trainer.strategy.root_device.type == "cpu"
+        self._every = self.check_every_n_steps or (1 if on_cpu else max(1, trainer.log_every_n_steps))
+        self._first_bad = torch.full((), -1, dtype=torch.long, device=trainer.strategy.root_device)
+        self._last_check = trainer.global_step
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        if not self.enabled or self._first_bad is None:
+            return
+        bad = ~torch.isfinite(loss.detach()).all()
+        # keep the earliest: only a step with no record yet and a bad loss writes its number (no host sync)
+        self._first_bad = torch.where(bad & (self._first_bad < 0), trainer.global_step + 1, self._first_bad)
+        if self._every == 1 and trainer.world_size == 1:
+            self._check(trainer)  # the step stops before backward and the optimizer touch the weights
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if self.enabled and self._first_bad is not None and step // self._every > self._last_check // self._every:
+            self._last_check = step
+            self._check(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        # called while the checkpoint is assembled, before any file is written: raising here keeps the old one
+        if self.enabled and self._first_bad is not None:
+            self._check(trainer)
+
+    def _check(self, trainer: L.Trainer) -> None:
+        assert self._first_bad is not None
+        first_bad = self._first_bad
+        if trainer.world_size > 1:
+            first_bad = trainer.strategy.reduce(first_bad.clone(), reduce_op="max")
+        step = int(first_bad)
+        if step < 0:
+            return
+        checkpoint = last_good_checkpoint(trainer)
+        kept = f"the last good checkpoint, {checkpoint}, is unchanged" if checkpoint else "no checkpoint was saved"
+        raise NonFiniteLoss(
+            f"the training loss was NaN or infinite at optimizer step {step} (counting from 1); training stopped"
+            f" after {trainer.global_step} applied steps and {kept}. Fix: lower the learning rate"
+            " (--model.init_args.optimizer.init_args.lr), set --trainer.gradient_clip_val, or use"
+            " --trainer.precision=bf16-mixed instead of 16-mixed; then resume with --ckpt_path=<that checkpoint>."
+        )

@@ -1,0 +1,256 @@
+"""Throughput, TFLOP/s, MFU, peak memory and the data-wait share of every training run.
+
+Logged with the other metrics every ``log_every_n_steps`` optimizer steps (``perf/*`` in ``metrics.csv``,
+TensorBoard, wandb) and shown in the progress output. The step itself is never made to wait for the device:
+the per-step work is a few host clock reads and a look at the batch's shape.
+
+Why not Lightning's ``ThroughputMonitor``: it calls ``torch.cuda.synchronize()`` after every batch (a
+host-device sync per step), writes through the private logger connector so its figures never reach the
+progress bar, needs a ``batch_size_fn``, measures neither memory nor time waiting for data, and its table holds
+the H200's sparse peak (twice the dense one) while MFU is quoted against the dense peak. Its ``measure_flops``
+is what the built-in models count their FLOPs with, and its ``get_available_flops`` is the fallback peak table.
+
+A module gets MFU by exposing its training FLOPs (forward + backward) as one of, looked up in this order:
+``flops_per_batch`` (one micro-batch of one process, Lightning's convention) or ``flops_per_sample``, each an
+attribute or a method called without arguments, once, when training starts.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ProgressBar
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+#: dense (not sparse) tensor-core peaks of one device, TFLOP/s, from the vendors' datasheets; first match wins
+DENSE_PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("h200 nvl", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    ("h100 nvl", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    ("h100 pcie", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    ("h200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM
+    ("h100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM ("H100 80GB HBM3")
+    ("a100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("l40s", {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6}),
+    ("l4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    ("v100", {"fp16": 125.0, "fp32": 15.7}),
+]
+
+_LIGHTNING_DTYPES: dict[str, Any] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "tf32": "tfloat32",
+    "fp32": torch.float32,
+    "fp64": torch.float64,
+}
+
+
+def compute_kind(precision: str) -> str:
+    """The arithmetic a ``--trainer.precision`` runs matrix products in: bf16, fp16, tf32, fp32 or fp64."""
+    if precision.startswith("bf16"):
+        return "bf16"
+    if precision.startswith("16"):
+        return "fp16"
+    if precision.startswith("64"):
+        return "fp64"
+    return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def dense_peak_flops(device: torch.device, precision: str) -> float | None:
+    """Dense peak FLOP/s of one device at this precision, or None where unknown (any CPU, an unlisted GPU).
+
+    Example::
+
+        dense_peak_flops(torch.device("cuda", 0), "bf16-mixed")  # 989.4e12 on an H100 SXM or H200
+    """
+    if device.type != "cuda":
+        return None
+    kind = compute_kind(precision)
+    name = torch.cuda.get_device_name(device).lower()
+    for pattern, peaks in DENSE_PEAK_TFLOPS:
+        if pattern in name:
+            return peaks[kind] * 1e12 if kind in peaks else None
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    peak = get_available_flops(device, _LIGHTNING_DTYPES[kind])
+    return float(peak) if peak else None
+
+
+def first_tensor(batch: Any) -> torch.Tensor | None:
+    """The first tensor of a batch (a tensor, or nested tuples, lists and dicts of them), or None."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, Sequence) and not isinstance(batch, str):
+        for item in batch:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def module_flops(module: L.LightningModule) -> tuple[str, float] | None:
+    """(``flops_per_batch`` or ``flops_per_sample``, its value) from the module, or None if it exposes neither."""
+    for name in ("flops_per_batch", "flops_per_sample"):
+        value = getattr(module, name, None)
+        if callable(value):
+            value = value()
+        if value:
+            return name, float(value)
+    return None
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """Peak memory so far, GB: allocated and reserved by PyTorch on a GPU, or the process's resident set."""
+    if device.type == "cuda":
+        return {
+            "perf/memory_allocated_gb": torch.cuda.max_memory_allocated(device) / 1e9,
+            "perf/memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 1e9,
+        }
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"perf/memory_rss_gb": max_rss * (1 if sys.platform == "darwin" else 1024) / 1e9}
+
+
+class SpeedMonitor(Callback):
+    """Logs samples/s (and tokens/s), TFLOP/s, MFU, peak memory and the share of time spent waiting for data.
+
+    Every ``log_every_n_steps`` optimizer steps it logs, over the steps since the last log (validation excluded):
+    ``perf/samples_per_s`` (all devices) and ``perf/samples_per_s_per_device``; the same for tokens when the
+    batch's first tensor holds token ids ``(N, T)``; ``perf/tflops_per_device`` and ``perf/mfu`` when the module
+    exposes its FLOPs (see the module docstring) and the peak is known; ``perf/memory_*_gb``; and
+    ``perf/data_wait``, the share of the time the training loop spent between batches (loading and moving data).
+
+    Args:
+        peak_tflops: Dense peak of one device at the run's precision, TFLOP/s; overrides the built-in table. Give
+            it for an unlisted GPU, or for a CPU to get an MFU there.
+        count: What a sample is for ``tokens_per_s``: ``auto`` counts tokens when the batch's first tensor is
+            integer ids of shape ``(N, T)``; ``samples`` never counts tokens; ``tokens`` always does (``numel``).
+        prog_bar: Show the main figures in the progress output.
+    """
+
+    def __init__(
+        self,
+        peak_tflops: float | None = None,
+        count: Literal["auto", "samples", "tokens"] = "auto",
+        prog_bar: bool = True,
+    ) -> None:
+        super().__init__()
+        self.peak_tflops = peak_tflops
+        self.count = count
+        self.prog_bar = prog_bar
+        self._peak_flops: float | None = None
+        self._flops: tuple[str, float] | None = None
+        self._devices_per_process = 1
+        self._reset_interval()
+        self._gap_start: float | None = None
+        self._batch_start = 0.0
+        self._last_step = -1
+
+    def _reset_interval(self) -> None:
+        self._samples = 0
+        self._tokens = 0
+        self._batches = 0
+        self._busy = 0.0
+        self._wait = 0.0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # the plain progress bar prints in its own on_train_batch_end: run before it so it shows this interval
+        callbacks = trainer.callbacks
+        bars = [i for i, c in enumerate(callbacks) if isinstance(c, ProgressBar)]
+        if self in callbacks and bars and bars[0] < callbacks.index(self):
+            callbacks.remove(self)
+            callbacks.insert(bars[0], self)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # dp runs one process over several GPUs; ddp runs one process per device
+        self._devices_per_process = trainer.num_devices if trainer.world_size == 1 else 1
+        self._flops = module_flops(pl_module)
+        if self.peak_tflops is not None:
+            self._peak_flops = self.peak_tflops * 1e12
+        else:
+            self._peak_flops = dense_peak_flops(trainer.strategy.root_device, str(trainer.precision))
+            if self._peak_flops is None and trainer.strategy.root_device.type == "cuda":
+                rank_zero_warn(
+                    f"No dense peak FLOP/s known for {torch.cuda.get_device_name(trainer.strategy.root_device)}"
+                    f" at precision {trainer.precision}, so no MFU is logged. Fix: --throughput.peak_tflops=<dense"
+                    " TFLOP/s of one device from its datasheet>."
+                )
+        self._reset_interval()
+        self._last_step = trainer.global_step
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._gap_start = time.perf_counter()  # creating the loader's iterator (worker start-up) is waiting too
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_start = time.perf_counter()
+        if self._gap_start is not None:
+            self._wait += self._batch_start - self._gap_start
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        tensor = first_tensor(batch)
+        if tensor is not None:
+            self._samples += tensor.shape[0] if tensor.ndim else 1
+            is_ids = tensor.ndim == 2 and not tensor.is_floating_point() and not tensor.is_complex()
+            if self.count == "tokens" or (self.count == "auto" and is_ids):
+                self._tokens += tensor.numel()
+        self._batches += 1
+        step = trainer.global_step
+        log_every = trainer.log_every_n_steps
+        # "crossed a multiple", not "is a multiple": with manual optimization one batch may make several steps
+        if log_every > 0 and step // log_every > self._last_step // log_every:
+            self._last_step = step
+            self._log(trainer, pl_module)
+        self._gap_start = time.perf_counter()
+        self._busy += self._gap_start - self._batch_start
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._gap_start = None  # validation is not time spent waiting for training data
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.training:
+            self._gap_start = time.perf_counter()
+
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.strategy.root_device.type == "cuda":
+            # once per logging interval, not per step: Lightning's logger turns the loss into a float on this same
+            # step, which waits for the device anyway; waiting here first makes the interval's time exact
+            torch.cuda.synchronize(trainer.strategy.root_device)
+        now = time.perf_counter()
+        elapsed = self._busy + (now - self._batch_start) + self._wait
+        if elapsed <= 0 or self._batches == 0:
+            return
+        processes, devices = trainer.world_size, trainer.world_size * self._devices_per_process
+        # every process loads the same micro-batch size, so the global rate is this process's times the processes
+        metrics = {
+            "perf/samples_per_s": self._samples * processes / elapsed,
+            "perf/samples_per_s_per_device": self._samples * processes / elapsed / devices,
+        }
+        if self._tokens:
+            metrics["perf/tokens_per_s"] = self._tokens * processes / elapsed
+            metrics["perf/tokens_per_s_per_device"] = self._tokens * processes / elapsed / devices
+        if self._flops is not None:
+            name, value = self._flops
+            flops = value * (self._batches if name == "flops_per_batch" else self._samples)
+            flops_per_device = flops / elapsed / self._devices_per_process
+            metrics["perf/tflops_per_device"] = flops_per_device / 1e12
+            if self._peak_flops:
+                metrics["perf/mfu"] = flops_per_device / self._peak_flops
+        metrics.update(peak_memory(trainer.strategy.root_device))
+        metrics["perf/data_wait"] = self._wait / elapsed
+        shown = {"perf/tokens_per_s" if self._tokens else "perf/samples_per_s", "perf/mfu", "perf/tflops_per_device"}
+        shown |= {"perf/data_wait", "perf/memory_allocated_gb", "perf/memory_rss_gb"}
+        for name, value in metrics.items():
+            shown_here = self.prog_bar and name in shown
+            pl_module.log(name, value, prog_bar=shown_here, on_step=True, on_epoch=False, batch_size=1)
+        self._reset_interval()
+        self._batch_start = now  # the rest of this step counts towards the next interval

@@ -1,0 +1,80 @@
+"""Checkpoint files: written atomically and durably next to their destination, and checked before a resume.
+
+Lightning's local save serialises the checkpoint into memory and writes it through an fsspec transaction, which
+stages the file in ``$TMPDIR`` and moves it into place. Where ``/tmp`` is another file system than the run
+directory (node-local ``/tmp``, shared scratch: the usual cluster layout) that move is a copy, so a job killed
+during it leaves a truncated ``last.ckpt``, and a large checkpoint can fill ``/tmp``. ``AtomicCheckpointIO``
+writes a temporary file in the destination folder, flushes and fsyncs it, then renames it over the old file: a
+reader sees the old checkpoint or the new one, never a part of either, whatever kills the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+log = logging.getLogger(__name__)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj, path)`` that replaces ``path`` only once the new file is complete and on disk."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+        leftover.unlink(missing_ok=True)  # a write of this file that was killed; only one process writes it
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)  # atomic within one file system
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)  # the rename itself survives a power loss
+
+
+def _fsync_directory(folder: Path) -> None:
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # some file systems do not open directories; the rename is still atomic
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` with atomic, durable local saves (remote URLs keep Lightning's path)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        atomic_torch_save(checkpoint, path)
+
+
+def is_intact(path: Path) -> bool:
+    """Whether ``path`` is a complete ``torch.save`` archive: every member present and matching its checksum."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (OSError, zipfile.BadZipFile, EOFError):
+        return False
+
+
+def newest_intact_checkpoint(folder: Path, skip: Path | None = None) -> Path | None:
+    """The most recently written intact ``*.ckpt`` in ``folder`` other than ``skip``."""
+    candidates = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return next((p for p in candidates if p != skip and is_intact(p)), None)

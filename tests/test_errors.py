@@ -1,0 +1,534 @@
+"""Bad input: one paragraph naming the option and the fix, exit status 2, no traceback, the run directory untouched.
+
+Every mistake runs in-process against an existing run directory (a real tiny run, resumed with ``--ckpt_path=last``
+where the mistake allows it) whose files are hashed before and after. A few multi-process ones run ``ddp`` on two
+CPU processes: the error is reported once, and every process exits promptly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from src.cli import main
+from src.errors import DEBUG_ENV, MAIN_PID_ENV
+from tests.conftest import REPO, TINY_GPT, TINY_IMAGE, cli_env, write_cifar10
+
+TINY_RUN = [*TINY_IMAGE, "--trainer.limit_val_batches=1"]
+TINY_TEXT = [*TINY_GPT, "--data.init_args.corpus_chars=4000", "--trainer.max_steps=1", "--trainer.limit_val_batches=1"]
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def assert_one_paragraph(err: str, *needles: str) -> None:
+    assert err.startswith("error: "), err
+    assert "Traceback" not in err, err
+    assert "Fix" in err, err
+    assert len(err.strip().splitlines()) <= 3, err  # the message, and at most jsonargparse's own Fix line
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in:\n{err}"
+
+
+def fails_cleanly(capsys, args: list[str], *needles: str) -> str:
+    """Run the CLI in-process; expect exit status 2 and one paragraph containing every needle."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    # Lightning's own info lines (seed, GPU available) may precede the error
+    err = err[err.index("error: ") :] if "error: " in err else err
+    assert_one_paragraph(err, *needles)
+    return err
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory) -> Path:
+    """A finished two-step run of the tiny image workload: checkpoints, logs and config."""
+    run_dir = tmp_path_factory.mktemp("errors") / "run"
+    sys_argv = sys.argv
+    sys.argv = ["src.cli"]
+    try:
+        main(["fit", *TINY_RUN, f"--trainer.default_root_dir={run_dir}", "--trainer.max_steps=2"])
+    except SystemExit as stop:
+        assert stop.code in (0, None)
+    finally:
+        sys.argv = sys_argv
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    return run_dir
+
+
+@pytest.fixture
+def untouched(image_run):
+    """The image run's directory; the test fails if any of its files changed."""
+    before = tree_digest(image_run)
+    yield image_run
+    assert tree_digest(image_run) == before
+
+
+def resume(run_dir: Path, *args: str) -> list[str]:
+    return ["fit", *TINY_RUN, f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *args]
+
+
+# -- the command line and config files -------------------------------------------------------------------------
+
+PARSER_MISTAKES = {
+    "unknown option": (["--trainer.max_epochz=3"], ["--trainer.max_epochz"]),
+    "abbreviated option": (["--trainer.max_epoch=3"], ["unrecognized arguments: --trainer.max_epoch=3"]),
+    "wrong type": (["--trainer.max_epochs=abc"], ["trainer.max_epochs", "abc"]),
+    "unknown model argument": (["--model.init_args.widthz=3"], ["widthz", "not accepted"]),
+    "unknown model class": (["--model=src.models.NoSuchModel"], ["src.models.NoSuchModel"]),
+    "invalid precision": (["--trainer.precision=17"], ["trainer.precision", "17"]),
+    "unknown strategy": (["--trainer.strategy=ddq"], ["--trainer.strategy=ddq", "not a known strategy"]),
+    "zero devices": (["--trainer.devices=0"], ["--trainer.devices must be at least 1"]),
+    "too many devices": (["--trainer.devices=100000"], ["--trainer.devices=100000", "more CPU cores"]),
+    "gpu on a cpu machine": (["--trainer.accelerator=gpu"], ["--trainer.accelerator", "no CUDA GPU"]),
+    "batch not divisible by processes": (
+        ["--trainer.strategy=ddp", "--trainer.devices=2", "--data.init_args.batch_size=33"],
+        ["--data.batch_size=33", "multiple of 2"],
+    ),
+    "batch not divisible by accumulation": (
+        ["--trainer.accumulate_grad_batches=3", "--data.init_args.batch_size=32"],
+        ["multiple of 3"],
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", PARSER_MISTAKES)
+def test_command_line_mistakes(mistake, capsys, untouched):
+    args, needles = PARSER_MISTAKES[mistake]
+    if mistake == "gpu on a cpu machine" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    fails_cleanly(capsys, resume(untouched, *args), *needles)
+
+
+def test_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys, untouched):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_steps: 5\n  devices: [1\n")
+    fails_cleanly(capsys, resume(untouched, "--config", str(bad)), f"--config {bad}", "line 4", "YAML")
+
+
+def test_missing_config_file(tmp_path, capsys, untouched):
+    fails_cleanly(capsys, resume(untouched, "--config", str(tmp_path / "nope.yaml")), "nope.yaml")
+
+
+def test_bad_value_in_an_environment_variable(capsys, monkeypatch, untouched):
+    monkeypatch.setenv("PL_FIT__TRAINER__MAX_STEPS", "many")
+    fails_cleanly(capsys, resume(untouched), "max_steps", "many")
+
+
+def test_run_directory_that_is_a_file(tmp_path, capsys):
+    blocker = tmp_path / "results"
+    blocker.write_text("precious")
+    fails_cleanly(capsys, ["fit", *TINY_RUN, f"--trainer.default_root_dir={blocker}/run"], "is a file", "Fix:")
+    assert blocker.read_text() == "precious"
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------------------
+
+
+def test_fresh_fit_into_a_used_run_directory(capsys, untouched):
+    fails_cleanly(capsys, ["fit", *TINY_RUN, f"--trainer.default_root_dir={untouched}"], "already holds a run")
+
+
+def test_missing_and_corrupt_checkpoints(tmp_path, capsys, untouched):
+    fails_cleanly(
+        capsys,
+        ["validate", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={tmp_path / 'nope.ckpt'}"],
+        "does not exist",
+    )
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(b"PK\x03\x04 truncated")
+    fails_cleanly(
+        capsys,
+        ["test", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={corrupt}"],
+        "not a readable checkpoint",
+    )
+    assert corrupt.read_bytes() == b"PK\x03\x04 truncated"
+
+
+def test_checkpoint_of_another_model(capsys, untouched, tmp_path):
+    ckpt = untouched / "checkpoints" / "last.ckpt"
+    err = fails_cleanly(
+        capsys,
+        ["fit", *TINY_TEXT, f"--trainer.default_root_dir={tmp_path / 'gpt'}", f"--ckpt_path={ckpt}"],
+        f"--ckpt_path={ckpt}",
+        "holds a src.models.ImageClassifier",
+        "builds a src.models.CausalLanguageModel",
+    )
+    assert len(err) < 1200
+
+
+def test_checkpoint_with_other_shapes(capsys, untouched, tmp_path):
+    """A checkpoint whose hyperparameters were lost (saved outside the CLI): its tensors are compared instead."""
+    checkpoint = torch.load(untouched / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint.pop("hyper_parameters", None)
+    stripped = tmp_path / "stripped.ckpt"
+    torch.save(checkpoint, stripped)
+    fails_cleanly(
+        capsys,
+        [
+            "validate",
+            *TINY_RUN,
+            f"--trainer.default_root_dir={tmp_path}",
+            "--model.init_args.widths=[8,32]",
+            f"--ckpt_path={stripped}",
+        ],
+        "weights of another model",
+        "of another shape",
+    )
+
+
+class Opaque:
+    """An object that only full unpickling can rebuild: weights_only loading refuses it."""
+
+
+def test_checkpoint_with_python_objects_is_refused_unless_its_classes_are_allowed(tmp_path, capsys, untouched):
+    checkpoint = torch.load(untouched / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint["opaque"] = Opaque()
+    unsafe = tmp_path / "unsafe.ckpt"
+    torch.save(checkpoint, unsafe)
+    fails_cleanly(
+        capsys,
+        ["validate", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={unsafe}"],
+        "tests.test_errors.Opaque",
+        "trust",
+    )
+    capsys.readouterr()
+    with torch.serialization.safe_globals([Opaque]):  # the documented way to load a trusted checkpoint with objects
+        main(["validate", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={unsafe}"])
+    assert "val/loss" in capsys.readouterr().out
+
+
+def test_resume_loads_with_weights_only(tmp_path, capsys, untouched, monkeypatch):
+    """The template's own checkpoints load with ``weights_only=True``: no pickled code is run on resume."""
+    run_dir = tmp_path / "copy"
+    shutil.copytree(untouched, run_dir)
+    loads: list[object] = []
+    original = torch.load
+
+    def recording_load(*args, **kwargs):
+        loads.append(kwargs.get("weights_only"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", recording_load)
+    main(resume(run_dir, "--trainer.max_steps=3"))
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert loads and all(flag in (True, None) for flag in loads), loads
+    assert torch.__version__ >= "2.6"  # torch.load's weights_only=None means True from torch 2.6 on
+
+
+# -- building the objects --------------------------------------------------------------------------------------
+
+BUILD_MISTAKES = {
+    "model constructor": (["--model.init_args.widths=[]"], ["building ImageClassifier", "--model"]),
+    "trainer constructor": (["--trainer.limit_train_batches=-1"], ["building Trainer", "--trainer"]),
+    "callback constructor": (["--checkpoint.every_n_train_steps=-1"], ["building RunCheckpoint", "callbacks"]),
+    "negative learning rate": (
+        ["--model.init_args.optimizer.init_args.lr=-0.1"],
+        ["--model.init_args.optimizer", "Invalid learning rate: -0.1"],
+    ),
+    "negative weight decay": (
+        ["--model.init_args.optimizer.init_args.weight_decay=-1"],
+        ["--model.init_args.optimizer", "weight_decay"],
+    ),
+    "scheduler": (
+        [
+            "--model.init_args.lr_scheduler=torch.optim.lr_scheduler.OneCycleLR",
+            "--model.init_args.lr_scheduler.init_args.max_lr=0.1",
+            "--model.init_args.lr_scheduler.init_args.total_steps=0",
+        ],
+        ["--model.init_args.lr_scheduler", "total_steps"],
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", BUILD_MISTAKES)
+def test_object_building_mistakes(mistake, capsys, tmp_path, untouched):
+    args, needles = BUILD_MISTAKES[mistake]
+    if not args[0].startswith("--model"):
+        fails_cleanly(capsys, resume(untouched, *args), *needles)
+        return
+    # a fresh run beside the existing one: a --model flag would first be compared with the checkpoint's
+    fails_cleanly(capsys, ["fit", *TINY_RUN, f"--trainer.default_root_dir={tmp_path / 'run'}", *args], *needles)
+    assert not list(tmp_path.rglob("*"))  # nothing written
+
+
+def test_gpt_shape_mistakes(capsys, tmp_path):
+    args = ["fit", *TINY_TEXT, f"--trainer.default_root_dir={tmp_path}"]
+    fails_cleanly(capsys, [*args, "--model.init_args.n_embd=31"], "building CausalLanguageModel", "n_embd=31")
+    fails_cleanly(capsys, [*args, "--data.init_args.block_size=64"], "--data.init_args.block_size=64", "block_size=32")
+    assert not list(tmp_path.rglob("*"))
+
+
+# -- data: prepare_data and setup ------------------------------------------------------------------------------
+
+
+def text_file(tmp_path: Path, content: bytes) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(content)
+    return path
+
+
+def test_text_data_mistakes(tmp_path, capsys):
+    def fails(*args: str, needles: tuple[str, ...]) -> None:
+        fails_cleanly(capsys, ["fit", *TINY_TEXT, f"--trainer.default_root_dir={tmp_path / 'run'}", *args], *needles)
+
+    fails("--data.init_args.path=" + str(tmp_path / "none.txt"), needles=("none.txt", "is not a file"))
+    empty = text_file(tmp_path, b"")
+    fails(f"--data.init_args.path={empty}", needles=("is empty", "Fix:"))
+    short = text_file(tmp_path, b"A short text. " * 5)
+    fails(f"--data.init_args.path={short}", needles=("--data.init_args.block_size=32", "longer than"))
+    latin1 = text_file(tmp_path, "caf\xe9 ".encode("latin-1") * 200)
+    fails(f"--data.init_args.path={latin1}", needles=("not UTF-8", "iconv"))
+    fails("--data.init_args.val_fraction=1.5", needles=("--data.init_args.val_fraction=1.5",))
+    fails("--data.init_args.corpus_chars=0", needles=("--data.init_args.corpus_chars=0", "empty"))
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_image_data_mistakes(tmp_path, capsys, untouched):
+    fails_cleanly(
+        capsys,
+        resume(untouched, f"--data.init_args.data_dir={tmp_path / 'no_such_folder'}"),
+        "--data.init_args.data_dir=",
+        "no CIFAR-10 batches",
+    )
+    fails_cleanly(capsys, resume(untouched, "--data.init_args.synthetic_train_size=0"), "synthetic_train_size=0")
+    write_cifar10(tmp_path / "cifar", per_file=8)  # 40 training images
+    fails_cleanly(
+        capsys,
+        resume(untouched, f"--data.init_args.data_dir={tmp_path / 'cifar'}", "--data.init_args.val_size=5000"),
+        "--data.init_args.val_size=5000",
+        "40 images",
+    )
+
+
+USER_MODULE = textwrap.dedent(
+    '''
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    class Ratios(L.LightningDataModule):
+        """Any user data module: an exception in setup is a configuration error, whatever its type."""
+
+        def __init__(self, denominator: float = 1.0):
+            super().__init__()
+            self.denominator = denominator
+
+        def setup(self, stage):
+            self.data = TensorDataset(torch.ones(8, 1) / self.denominator, torch.ones(8, 1))
+            if self.denominator == 0:
+                raise ZeroDivisionError("denominator must not be 0")
+
+        def train_dataloader(self):
+            return DataLoader(self.data, batch_size=4)
+
+
+    class Line(L.LightningModule):
+        def __init__(self, fail_in_training_step: bool = False):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.fail_in_training_step = fail_in_training_step
+
+        def training_step(self, batch, batch_idx):
+            if self.fail_in_training_step:
+                raise RuntimeError("a bug in the training code")
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+    '''
+)
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    package = tmp_path / "user_code"
+    package.mkdir()
+    (package / "__init__.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield ["--model=user_code.Line", "--data=user_code.Ratios", "--trainer.accelerator=cpu", "--trainer.max_steps=1"]
+    sys.modules.pop("user_code", None)
+
+
+def test_any_exception_in_a_data_modules_setup_is_a_configuration_error(tmp_path, capsys, user_module):
+    args = ["fit", *user_module, f"--trainer.default_root_dir={tmp_path}", "--data.init_args.denominator=0"]
+    fails_cleanly(capsys, args, "Ratios.setup", "--data", "ZeroDivisionError: denominator must not be 0")
+
+
+def test_an_error_in_the_training_code_keeps_its_traceback(tmp_path, user_module):
+    failing = "--model.init_args.fail_in_training_step=true"
+    args = ["fit", *user_module, f"--trainer.default_root_dir={tmp_path}", failing]
+    with pytest.raises(RuntimeError, match="a bug in the training code"):
+        main(args)
+
+
+def test_debug_switch_shows_the_traceback(tmp_path, monkeypatch, user_module):
+    monkeypatch.setenv(DEBUG_ENV, "true")
+    args = ["fit", *user_module, f"--trainer.default_root_dir={tmp_path}", "--data.init_args.denominator=0"]
+    with pytest.raises(ZeroDivisionError):
+        main(args)
+
+
+# -- several processes: reported once, nobody hangs --------------------------------------------------------------
+
+DDP_CPU = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.devices=2"]
+
+
+def run_cli(*args: str, timeout: int = 90, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    """Run the CLI in its own process group; on a hang, kill every rank (not only the first) and fail."""
+    start = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "src.cli", *args],
+        cwd=REPO,
+        env=cli_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"hung for {timeout} s: {' '.join(args)}\n{stderr[-4000:]}")
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return result, time.monotonic() - start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mistake", "needle"),
+    [
+        ("--data.init_args.data_dir=/no/such/folder", "--data.init_args.data_dir=/no/such/folder"),  # rank 0 only
+        ("--data.init_args.synthetic_val_size=0", "synthetic_val_size=0"),  # every rank, in setup
+    ],
+)
+def test_ddp_configuration_error_is_reported_once_without_a_gloo_traceback(tmp_path, mistake, needle):
+    args = ["fit", *TINY_RUN, *DDP_CPU, f"--trainer.default_root_dir={tmp_path}", *mistake.split()]
+    result, seconds = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("error: ") == 1, result.stderr
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr and "Connection" not in result.stderr, result.stderr
+    assert seconds < 60
+
+
+class FailAtStep(L.Callback):
+    """Test-only: on rank ``rank``, after optimizer step ``step``, raise (``how="raise"``) or SIGKILL itself."""
+
+    def __init__(self, step: int = 3, rank: int = 1, how: str = "raise") -> None:
+        self.step, self.rank, self.how = step, rank, how
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"rank {self.rank} fails at step {self.step}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("strategy", "rank", "how"),
+    [("ddp", 1, "raise"), ("ddp", 0, "raise"), ("ddp", 1, "kill"), ("ddp_spawn", 1, "raise")],
+)
+def test_a_failing_rank_stops_every_process_promptly(tmp_path, strategy, rank, how):
+    result, seconds = run_cli(
+        "fit",
+        *TINY_RUN,
+        "--trainer.accelerator=cpu",
+        f"--trainer.strategy={strategy}",
+        "--trainer.devices=2",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_steps=20",
+        "--trainer.callbacks+=tests.test_errors.FailAtStep",
+        f"--trainer.callbacks.rank={rank}",
+        f"--trainer.callbacks.how={how}",
+    )
+    assert result.returncode != 0
+    assert seconds < 60
+    if how == "raise":
+        assert result.stderr.count(f"RuntimeError: rank {rank} fails at step 3") >= 1, result.stderr
+        assert result.stderr.count("Traceback") == 1, result.stderr  # the failing rank's, and nothing from the other
+    # the other ranks add no communication traceback: at most one line saying they stopped
+    assert "gloo/transport" not in result.stderr and "DistBackendError" not in result.stderr, result.stderr
+    assert result.stderr.count("stopped: ") <= 1, result.stderr
+
+
+def test_main_process_id_is_not_inherited_by_unrelated_runs(monkeypatch):
+    """A run started from a process that ran the CLI in-process is not mistaken for a rank Lightning started."""
+    from src.errors import started_by_launcher
+
+    monkeypatch.setenv(MAIN_PID_ENV, str(os.getpid() + 1))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert not started_by_launcher()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert started_by_launcher()
+
+
+# -- nothing a run writes holds a secret from the environment ---------------------------------------------------
+
+FAKE_SECRETS = {
+    "WANDB_API_KEY": "fakewandbkey0123456789abcdef0123456789abcd",
+    "HF_TOKEN": "hf_fakehuggingfacetoken31415",
+    "AWS_SECRET_ACCESS_KEY": "fakeawssecretaccesskey27182",
+    "MY_SERVICE_PASSWORD": "fakeservicepassword16180",
+    "GITHUB_TOKEN": "ghp_fakegithubtoken14142",
+}
+
+
+@pytest.mark.slow
+def test_no_environment_secret_reaches_any_file_a_run_writes(tmp_path):
+    """Fake tokens in the environment; the wandb (offline) logger and an env-var config; grep every file."""
+    run_dir = tmp_path / "run"
+    result, _ = run_cli(
+        "fit",
+        "--config",
+        "configs/logger/wandb.yaml",
+        *TINY_RUN,
+        "--data.init_args.synthetic_train_size=128",
+        f"--trainer.default_root_dir={run_dir}",
+        PL_FIT__TRAINER__MAX_STEPS="2",
+        PL_FIT__MODEL="{class_path: src.models.ImageClassifier, init_args: {widths: [8, 16]}}",
+        **FAKE_SECRETS,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".wandb" for p in written) and (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert any(p.name == "config.yaml" for p in written)
+    outputs = [("stdout", result.stdout.encode()), ("stderr", result.stderr.encode())]
+    for name, content in [*((str(p), p.read_bytes()) for p in written), *outputs]:
+        for variable, secret in FAKE_SECRETS.items():
+            assert secret.encode() not in content, f"{variable} leaked into {name}"
+
+
+def test_collective_timeout_reaches_the_ddp_strategy():
+    from src.cli import COLLECTIVE_TIMEOUT_S, TemplateCLI
+
+    args = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn", "--trainer.devices=2"]
+    cli = TemplateCLI(args=[*args, "--collective_timeout=42"], run=False)
+    # DDPStrategy keeps the timeout it passes to init_process_group in `_timeout` (Lightning 2.6)
+    assert cli.trainer.strategy._timeout.total_seconds() == 42
+    assert cli.trainer.strategy._start_method == "spawn" and cli.trainer.world_size == 2
+    cli = TemplateCLI(args=args, run=False)
+    assert cli.trainer.strategy._timeout.total_seconds() == COLLECTIVE_TIMEOUT_S

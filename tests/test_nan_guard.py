@@ -1,0 +1,71 @@
+"""A NaN loss stops training with one message and leaves the last good checkpoint intact (callbacks/nan_guard.py)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from src.callbacks.nan_guard import NonFiniteLoss
+from src.cli import main
+from tests.conftest import TINY_IMAGE, load_state
+
+CORRUPT_STEP = 12  # the 12th optimizer step, in the second epoch: the first ends with a checkpoint at step 8
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class NaNImagesAtStep(Callback):
+    """Fills the images of optimizer step ``step`` (counting from 1) with NaN; records last.ckpt's hash then."""
+
+    seen_digest: str | None = None  # the CLI builds the instance, so the test reads the class
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if trainer.global_step + 1 == self.step:
+            batch[0].fill_(float("nan"))
+            last = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+            NaNImagesAtStep.seen_digest = digest(last) if last.is_file() else None
+
+
+@pytest.mark.parametrize(("check_every", "stopped_after"), [(0, CORRUPT_STEP - 1), (100, 16)])
+def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(check_every, stopped_after, tmp_path, capsys):
+    """0: read every step on a CPU, stops before the step is applied; 100: read only when a checkpoint is saved."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        main([
+            "fit", *TINY_IMAGE, "--trainer.limit_train_batches=8", "--trainer.limit_val_batches=1",
+            "--trainer.max_epochs=2", "--progress_bar=none", f"--nan_guard.check_every_n_steps={check_every}",
+            "--trainer.callbacks+=tests.test_nan_guard.NaNImagesAtStep", f"--trainer.callbacks.step={CORRUPT_STEP}",
+            f"--trainer.default_root_dir={run_dir}",
+        ])  # fmt: skip
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert stop.value.code == NonFiniteLoss.exit_code == 65  # not 75: a scheduler must not requeue it
+    message = capsys.readouterr().err
+    assert "error: the training loss was NaN" in message and "Traceback" not in message
+    assert f"NaN or infinite at optimizer step {CORRUPT_STEP} " in message
+    assert f"after {stopped_after} applied steps" in message and str(last) in message and "Fix:" in message
+    assert digest(last) == NaNImagesAtStep.seen_digest  # not rewritten after the bad step
+    checkpoint = torch.load(last, weights_only=False)
+    assert checkpoint["global_step"] == 8
+    assert all(torch.isfinite(t).all() for t in load_state(last).values() if t.is_floating_point())
+
+
+def test_training_through_nan_when_disabled(tmp_path):
+    run_dir = tmp_path / "run"
+    main([
+        "fit", *TINY_IMAGE, "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1",
+        "--trainer.max_epochs=1", "--progress_bar=none", "--nan_guard.enabled=false",
+        "--trainer.callbacks+=tests.test_nan_guard.NaNImagesAtStep", "--trainer.callbacks.step=2",
+        f"--trainer.default_root_dir={run_dir}",
+    ])  # fmt: skip
+    weights = load_state(run_dir / "checkpoints" / "last.ckpt")
+    assert any(torch.isnan(t).any() for t in weights.values() if t.is_floating_point())
