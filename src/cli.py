@@ -1,4 +1,4 @@
-"""The command line: ``python -m src.cli {fit,validate,test,predict} [--config FILE ...] [--key=value ...]``.
+"""The command line: ``python -m src.cli {fit,validate,test,predict,tune} [--config FILE ...] [--key=value ...]``.
 
 Every option of the Trainer, the model, the data module, the optimizer and the LR scheduler comes from
 LightningCLI: on the command line, in YAML (``--config``, several compose, last wins), from environment
@@ -39,6 +39,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from torch.multiprocessing import ProcessExitedException
 
 from src.callbacks import NonFiniteLossGuard, PreemptionCheckpoint, RunCheckpoint, RunPlan, SpeedMonitor, progress_bar
+from src.callbacks.compile import CompileModel
 from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
 from src.checkpoint_io import AtomicCheckpointIO, is_intact, newest_intact_checkpoint
 from src.checks import (
@@ -59,10 +60,11 @@ from src.errors import (
     report,
 )
 from src.strategies import register_dp_strategy
+from src.tuning import Trainer as TuningTrainer
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
+SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 UNSET_SAVE_DIRS = (None, "", ".")
 WANDB_ID_FILE = "wandb_run_id"
@@ -224,6 +226,7 @@ class TemplateCLI(LightningCLI):
         register_dp_strategy()
         per_subcommand = {"default_config_files": [str(DEFAULT_CONFIG)], "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("trainer_class", TuningTrainer)  # a Trainer with `tune` (src/tuning/)
         super().__init__(
             model_class=L.LightningModule,
             datamodule_class=L.LightningDataModule,
@@ -238,6 +241,11 @@ class TemplateCLI(LightningCLI):
             run=run,
             **kwargs,
         )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # `tune` takes its options from TuningTrainer.tune's arguments, as fit does from Trainer.fit's
+        return {**LightningCLI.subcommands(), "tune": {"model", "datamodule"}}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
@@ -261,6 +269,14 @@ class TemplateCLI(LightningCLI):
             type=Literal["auto", "rich", "plain", "none"],
             default="auto",
             help="Progress output: auto (Rich on a terminal, plain lines otherwise), rich, plain or none.",
+        )
+        parser.add_argument(
+            "--compile",
+            type=bool,
+            default=False,
+            help="Compile the model's forward with torch.compile (src/callbacks/compile.py): single device, ddp and"
+            " ddp_spawn; checkpoints keep their keys. For a mode or backend, add src.callbacks.compile.CompileModel"
+            " to --trainer.callbacks instead.",
         )
         parser.add_argument(
             "--collective_timeout",
@@ -430,6 +446,8 @@ class TemplateCLI(LightningCLI):
                 kwargs["enable_progress_bar"] = False
             else:
                 callbacks.append(bar)
+        if self._get(self.config, "compile", default=False):
+            callbacks.append(CompileModel())
         kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"))
         timeout = self._get(self.config, "collective_timeout", default=None)
         kwargs.update(_strategy_with_timeout(trainer_config.get("strategy"), timeout))

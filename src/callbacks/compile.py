@@ -1,0 +1,88 @@
+"""``--compile``: the model's ``forward`` compiled with ``torch.compile``, for any LightningModule."""
+
+from __future__ import annotations
+
+import sys
+from typing import Literal
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    SingleDeviceStrategy,
+    SingleDeviceXLAStrategy,
+    Strategy,
+    XLAStrategy,
+)
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from src.errors import ConfigurationError
+
+#: subclasses of the supported strategies that copy or shard the module in ways a compiled forward does not survive
+_REFUSED_SUBCLASSES = (DeepSpeedStrategy, XLAStrategy, SingleDeviceXLAStrategy)
+
+
+def compile_refusal(strategy: Strategy) -> str | None:
+    """Why ``--compile`` cannot run under this strategy, or None when it can."""
+    name = type(strategy).__name__
+    if isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) and not isinstance(strategy, _REFUSED_SUBCLASSES):
+        return None
+    why = {
+        # the template's dp re-creates the replicas with torch.nn.parallel.replicate on every step; a replica
+        # would share the original's compiled call and run the original module's weights on every device
+        "DataParallelStrategy": "dp copies the module onto every GPU at each step, and the copies would all call"
+        " the compiled forward of the original",
+    }.get(name, f"{name} shards or wraps the module itself, which the template's compile does not support")
+    return (
+        f"--compile=true does not work with this strategy: {why}. Fix: train with --trainer.strategy=ddp (or"
+        " ddp_spawn, or a single device) to compile, or drop --compile to keep this strategy."
+    )
+
+
+@rank_zero_only
+def _notice(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+class CompileModel(Callback):
+    """Compiles the LightningModule's ``forward`` (what ``self(x)`` in the steps runs) with ``torch.compile``.
+
+    It compiles in place (``nn.Module.compile``): the module is not wrapped, so parameter names, and with them the
+    checkpoint's state-dict keys, are the same with and without compile (no ``_orig_mod.`` prefix) and a run
+    resumes with compile switched on or off. It compiles in ``setup``, on every process after the launch, so
+    ``ddp_spawn`` never has to pickle a compiled function. Single device, ``ddp`` and ``ddp_spawn`` are supported;
+    other strategies are refused before training starts. The first steps are slow while the graph compiles
+    (on a CPU this needs a C++ compiler).
+
+    Args:
+        mode: ``torch.compile``'s mode: ``default``, ``reduce-overhead`` (CUDA graphs) or ``max-autotune``.
+        fullgraph: Fail instead of falling back to eager Python at a graph break.
+        dynamic: Compile for dynamic shapes (None: let torch decide after a shape changes).
+        backend: ``torch.compile``'s backend: ``inductor`` (generated kernels), or ``aot_eager`` / ``eager`` to
+            tell a compiler problem from a graph-capture one.
+    """
+
+    def __init__(
+        self,
+        mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default",
+        fullgraph: bool = False,
+        dynamic: bool | None = None,
+        backend: str = "inductor",
+    ) -> None:
+        self.mode = mode
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.backend = backend
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        refusal = compile_refusal(trainer.strategy)
+        if refusal is not None:
+            raise ConfigurationError(refusal)
+        if pl_module._compiled_call_impl is None:  # set by nn.Module.compile; compiling twice would nest
+            _notice(
+                f"compiling {type(pl_module).__name__}.forward with torch.compile (backend {self.backend}):"
+                " the first steps of each stage run slower while it compiles"
+            )
+            options = {"mode": self.mode} if self.backend == "inductor" else {}  # modes are inductor's
+            pl_module.compile(fullgraph=self.fullgraph, dynamic=self.dynamic, backend=self.backend, **options)

@@ -1,0 +1,129 @@
+"""``--compile`` (src/callbacks/compile.py): torch.compile on the model's forward, for any LightningModule."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+from torch import Tensor, nn
+from torch.utils.data import TensorDataset
+
+from src.callbacks.compile import compile_refusal
+from src.cli import main
+from src.data.base import GlobalBatchDataModule
+from src.strategies import DataParallelStrategy
+from tests.conftest import TINY_IMAGE, load_state, relative_difference
+
+
+class TinyRegression(L.LightningModule):
+    """A user's module that is not a TemplateModule: two linear layers, SGD, forward called through ``self(x)``."""
+
+    def __init__(self, features: int = 8, hidden: int = 16) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val/loss", F.mse_loss(self(x), y), sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class TinyRegressionData(GlobalBatchDataModule):
+    """y = sum(x): 64 training and 32 validation samples (float64, as the tests train in 64-true)."""
+
+    def __init__(self, batch_size: int = 16, features: int = 8) -> None:
+        super().__init__(batch_size=batch_size)
+        self.features = features
+
+    def _samples(self, size: int, seed: int) -> TensorDataset:
+        x = torch.randn(size, self.features, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        return TensorDataset(x, x.sum(dim=1, keepdim=True))
+
+    def setup(self, stage: str | None = None) -> None:
+        self.train_set, self.val_set = self._samples(64, seed=0), self._samples(32, seed=1)
+
+
+TINY_USER = [
+    "--model=tests.test_compile.TinyRegression",
+    "--data=tests.test_compile.TinyRegressionData",
+    "--trainer.accelerator=cpu",
+    "--trainer.precision=64-true",  # compiled and eager agree to rounding, which fp64 keeps far below 1e-10
+    "--trainer.enable_model_summary=false",
+    "--trainer.max_steps=6",
+    "--trainer.max_epochs=10",
+    "--trainer.limit_val_batches=1",
+    "--progress_bar=none",
+]
+
+
+@pytest.mark.slow  # about 14 s with an empty inductor cache
+def test_compiled_fit_trains_like_eager_with_the_same_checkpoint_keys_and_resumes_either_way(tmp_path, capfd):
+    main(["fit", *TINY_USER, f"--trainer.default_root_dir={tmp_path / 'eager'}"])
+    capfd.readouterr()
+    main(["fit", *TINY_USER, "--compile=true", f"--trainer.default_root_dir={tmp_path / 'compiled'}"])
+    assert "compiling TinyRegression.forward with torch.compile (backend inductor)" in "".join(capfd.readouterr())
+
+    eager = load_state(tmp_path / "eager" / "checkpoints" / "last.ckpt")
+    compiled = load_state(tmp_path / "compiled" / "checkpoints" / "last.ckpt")
+    assert list(compiled) == list(eager) and not any("_orig_mod" in key for key in compiled)
+    L.seed_everything(42)  # the CLI's seed, before it builds the model: the initial weights of both runs
+    assert relative_difference(eager, TinyRegression().double().state_dict()) > 1e-3  # it trained
+    assert relative_difference(eager, compiled) < 1e-10
+
+    # a checkpoint written with compile resumes without it, and one written without it resumes with it
+    for run, flags in (("compiled", []), ("eager", ["--compile=true"])):
+        main(["fit", *TINY_USER, "--trainer.max_steps=8", "--ckpt_path=last", *flags,
+              f"--trainer.default_root_dir={tmp_path / run}"])  # fmt: skip
+        assert torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
+    resumed = [load_state(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("compiled", "eager")]
+    assert relative_difference(*resumed) < 1e-10
+
+
+def test_dp_is_refused_in_one_paragraph_with_exit_status_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *TINY_IMAGE, "--trainer.strategy=dp", "--compile=true", "--progress_bar=none",
+              f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: --compile=true does not work with this strategy: dp copies the module")
+    assert "Fix: train with --trainer.strategy=ddp" in error
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_supported_strategies_are_single_device_and_the_ddp_family():
+    cpu = torch.device("cpu")
+    assert compile_refusal(SingleDeviceStrategy(cpu)) is None
+    assert compile_refusal(DDPStrategy()) is None
+    assert compile_refusal(DDPStrategy(start_method="spawn")) is None
+    assert "dp copies the module" in compile_refusal(DataParallelStrategy(parallel_devices=[cpu, cpu]))
+    assert "FSDPStrategy shards or wraps the module" in compile_refusal(FSDPStrategy())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_compiled_ddp_trains_like_one_eager_device(tmp_path, run_cli, strategy):
+    main(["fit", *TINY_USER, f"--trainer.default_root_dir={tmp_path / 'eager'}"])
+    # aot_eager: the same graph capture and autograd split as inductor, without its code generation
+    result = run_cli(
+        "fit", *TINY_USER, f"--trainer.strategy={strategy}", "--trainer.devices=2",
+        "--trainer.callbacks+=src.callbacks.compile.CompileModel", "--trainer.callbacks.backend=aot_eager",
+        f"--trainer.default_root_dir={tmp_path / strategy}",
+    )  # fmt: skip
+    assert "compiling TinyRegression.forward with torch.compile (backend aot_eager)" in result.stdout + result.stderr
+    eager = load_state(tmp_path / "eager" / "checkpoints" / "last.ckpt")
+    compiled = load_state(tmp_path / strategy / "checkpoints" / "last.ckpt")
+    assert list(compiled) == list(eager)
+    assert relative_difference(eager, compiled) < 1e-10
