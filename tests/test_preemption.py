@@ -295,17 +295,23 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one_intact(tmp_path)
         "--trainer.val_check_interval=2",
         "--trainer.check_val_every_n_epoch=null",
         "--trainer.callbacks+=tests.helpers.Ballast",
-        "--trainer.callbacks.megabytes=384",
+        "--trainer.callbacks.megabytes=256",
     ]
-    progress = tmp_path / "saves"
-    process, _ = start(run_dir, *args, f"--trainer.callbacks.progress_file={progress}", TMPDIR=str(staging))
-    # at step 2 ModelCheckpoint writes best-2.ckpt, then last.ckpt; at step 4 best-4.ckpt, then last.ckpt again
-    wait_for_lines(progress, 4, process)
-    process.kill()
-    process.wait()
+    process, _ = start(run_dir, *args, TMPDIR=str(staging))
     folder = run_dir / "checkpoints"
+    deadline = time.monotonic() + 300
+
+    def rewriting_last() -> bool:  # last.ckpt exists and its next version is being written beside it
+        names = os.listdir(folder) if folder.is_dir() else []
+        return "last.ckpt" in names and any(name.startswith(".last.ckpt.") for name in names)
+
+    while not rewriting_last():
+        assert process.poll() is None and time.monotonic() < deadline, "never saw last.ckpt being rewritten in place"
+        time.sleep(0.001)
+    process.kill()  # a few milliseconds into writing hundreds of megabytes: mid-write
+    process.wait()
     partial = [p for p in folder.iterdir() if p.name.startswith(".last.ckpt.")]
-    assert partial, f"the kill missed the write: {sorted(p.name for p in folder.iterdir())}"  # it landed mid-write
+    assert partial, f"the kill missed the write: {sorted(p.name for p in folder.iterdir())}"
     assert is_intact(folder / "last.ckpt")
     assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 2
     assert list(staging.iterdir()) == []  # nothing was staged in TMPDIR
