@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import lightning as L
@@ -134,3 +135,30 @@ def test_samples_are_counted_from_the_first_tensor_of_any_batch():
     assert first_tensor({"meta": ["a"], "image": images, "label": torch.zeros(5)}) is images
     assert first_tensor([("text", images)]) is images
     assert first_tensor(["no tensors"]) is None
+
+
+def test_fp16_loss_scale_is_logged_and_bf16_has_none(tmp_path):
+    """16-mixed trains with a GradScaler: its scale is logged with the other figures (it falls on overflows)."""
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from src.callbacks.throughput import SpeedMonitor
+
+    scales = {}
+    for precision, plugin in [
+        ("16-mixed", MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))),
+        ("bf16-mixed", MixedPrecision("bf16-mixed", "cpu")),
+    ]:
+        trainer = L.Trainer(
+            accelerator="cpu", max_steps=4, log_every_n_steps=2, limit_val_batches=0, plugins=[plugin],
+            callbacks=[SpeedMonitor()], logger=CSVLogger(tmp_path / precision, name="logs"), enable_progress_bar=False,
+            enable_checkpointing=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(UserModule(), datamodule=UserData())
+        rows = read_metrics(tmp_path / precision)
+        scales[precision] = logged(rows, "perf/grad_scale")
+    fp16 = scales["16-mixed"]
+    # inputs up to 63 overflow fp16 at first: each overflowing step halves GradScaler's initial 2**16
+    assert len(fp16) == 2 and all(s == 2.0 ** round(math.log2(s)) for s in fp16), fp16
+    assert 2.0**16 > fp16[0] >= fp16[1]
+    assert scales["bf16-mixed"] == []  # bf16 has fp32's range: no loss scaling

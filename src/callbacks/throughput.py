@@ -246,6 +246,11 @@ class SpeedMonitor(Callback):
             if self._peak_flops:
                 metrics["perf/mfu"] = flops_per_device / self._peak_flops
         metrics.update(peak_memory(trainer.strategy.root_device))
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None and scaler.is_enabled():
+            # 16-mixed scales the loss so fp16 gradients do not underflow; a falling scale means overflowing steps
+            # (skipped by the scaler). Reading it syncs, as the step's logging does anyway.
+            metrics["perf/grad_scale"] = float(scaler.get_scale())
         metrics["perf/data_wait"] = self._wait / elapsed
         shown = {"perf/tokens_per_s" if self._tokens else "perf/samples_per_s", "perf/mfu", "perf/tflops_per_device"}
         shown |= {"perf/data_wait", "perf/memory_allocated_gb", "perf/memory_rss_gb"}
