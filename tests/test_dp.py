@@ -225,7 +225,7 @@ def check_outputs_and_gradients(devices: list[torch.device], batch: int, chunks:
     nn.functional.cross_entropy(output, labels).backward()
     torch.testing.assert_close(output, single(x.clone()))
     assert_same_grads(model, single)
-    assert [call.batch for call in model.calls] == chunks
+    assert sorted((call.batch for call in model.calls), reverse=True) == chunks  # replicas finish in any order
     if len(chunks) > 1:  # replicas ran in their own threads, on real copies of the parameters
         assert len(model.replica_calls()) == len(chunks)
         assert len({call.weight for call in model.calls}) == len(chunks)
@@ -282,7 +282,8 @@ def check_containers(devices: list[torch.device]) -> None:
 
     reference, output = call(single), call(model)
     replica_views = Model.seen[1:]
-    assert [view[:4] for view in replica_views] == [(3, 3, 3, 3), (2, 2, 2, 2)]  # every tensor split the same way
+    # replicas run in threads, so they record in whichever order they finish
+    assert sorted(view[:4] for view in replica_views) == [(2, 2, 2, 2), (3, 3, 3, 3)]  # every tensor split alike
     assert all(view[4:] == (2.0, tag, "shared", "left") and view[5] is tag for view in replica_views)
     assert output.keys() == reference.keys() and output["none"] is None and output["pair"].left == "left"
     torch.testing.assert_close(output["logits"], reference["logits"])
