@@ -26,11 +26,12 @@ class NaNImagesAtStep(Callback):
 
     seen_digest: str | None = None  # the CLI builds the instance, so the test reads the class
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, rank: int | None = None) -> None:
         self.step = step
+        self.rank = rank  # only this rank's batch (None: every rank's)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        if trainer.global_step + 1 == self.step:
+        if trainer.global_step + 1 == self.step and self.rank in (None, trainer.global_rank):
             batch[0].fill_(float("nan"))
             last = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
             NaNImagesAtStep.seen_digest = digest(last) if last.is_file() else None
@@ -69,3 +70,23 @@ def test_training_through_nan_when_disabled(tmp_path):
     ])  # fmt: skip
     weights = load_state(run_dir / "checkpoints" / "last.ckpt")
     assert any(torch.isnan(t).any() for t in weights.values() if t.is_floating_point())
+
+
+def test_nan_on_one_ddp_rank_stops_every_rank_at_the_next_logging_step(tmp_path, run_cli):
+    """Under ddp the ranks agree on the record every log_every_n_steps (not every step: a blocking all-reduce)."""
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "fit", *TINY_IMAGE, "--config=configs/trainer/ddp_cpu.yaml", "--trainer.limit_train_batches=8",
+        "--trainer.limit_val_batches=1", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=5",
+        "--progress_bar=none", "--trainer.callbacks+=tests.test_nan_guard.NaNImagesAtStep",
+        f"--trainer.callbacks.step={CORRUPT_STEP}", "--trainer.callbacks.rank=1",
+        f"--trainer.default_root_dir={run_dir}", check=False, timeout=300,
+    )  # fmt: skip
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert result.returncode == NonFiniteLoss.exit_code, result.stderr[-3000:]
+    assert result.stderr.count("error: the training loss was NaN") == 1 and "Traceback" not in result.stderr
+    # found by both ranks at step 15, the first multiple of 5 after the bad step, which only rank 1 saw
+    assert f"NaN or infinite at optimizer step {CORRUPT_STEP} " in result.stderr
+    assert "after 15 applied steps" in result.stderr and str(last) in result.stderr
+    assert torch.load(last, weights_only=False)["global_step"] == 8
+    assert all(torch.isfinite(t).all() for t in load_state(last).values() if t.is_floating_point())

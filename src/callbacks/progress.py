@@ -14,6 +14,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 
+from src.callbacks.throughput import shown_figures
+
 
 def _format(metrics: dict[str, Any]) -> str:
     parts = []
@@ -41,6 +43,9 @@ class PlainProgressBar(ProgressBar):
 
     def enable(self) -> None:
         self._enabled = True
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float]:
+        return {**super().get_metrics(trainer, pl_module), **shown_figures(trainer)}
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self._enabled:
@@ -78,10 +83,17 @@ class PlainProgressBar(ProgressBar):
             self._line(trainer, pl_module, "done ")
 
 
+class TemplateRichProgressBar(RichProgressBar):
+    """Lightning's Rich bar, also showing the throughput figures (``SpeedMonitor``)."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float]:
+        return {**super().get_metrics(trainer, pl_module), **shown_figures(trainer)}
+
+
 def progress_bar(mode: str) -> ProgressBar | None:
     """``auto`` (Rich on a terminal, plain otherwise), ``rich``, ``plain``, or ``none``."""
     if mode == "none":
         return None
     if mode == "rich" or (mode == "auto" and sys.stdout.isatty()):
-        return RichProgressBar()
+        return TemplateRichProgressBar()
     return PlainProgressBar()

@@ -117,6 +117,26 @@ def peak_memory(device: torch.device) -> dict[str, float]:
     return {"perf/memory_rss_gb": max_rss * (1 if sys.platform == "darwin" else 1024) / 1e9}
 
 
+def lightning_logging_step(trainer: L.Trainer) -> int:
+    """The ``step`` Lightning gives the rows it logs from the current training batch.
+
+    Lightning logs a batch's ``self.log`` values with the count of batches that stepped before it (for one
+    optimizer, ``global_step - 1`` after the step), and its LearningRateMonitor reads the same private counter.
+    Rows written straight to a logger need it too: W&B drops rows whose step goes backwards.
+    ``tests/test_throughput.py`` checks that these rows keep the step of the loss rows logged with them.
+    """
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+
+
+def shown_figures(trainer: L.Trainer) -> dict[str, float]:
+    """The throughput figures the progress output shows: those of every ``SpeedMonitor`` of the trainer."""
+    figures: dict[str, float] = {}
+    for callback in trainer.callbacks:
+        if isinstance(callback, SpeedMonitor):
+            figures.update(callback.shown)
+    return figures
+
+
 class SpeedMonitor(Callback):
     """Logs samples/s (and tokens/s), TFLOP/s, MFU, peak memory and the share of time spent waiting for data.
 
@@ -125,6 +145,8 @@ class SpeedMonitor(Callback):
     batch's first tensor holds token ids ``(N, T)``; ``perf/tflops_per_device`` and ``perf/mfu`` when the module
     exposes its FLOPs (see the module docstring) and the peak is known; ``perf/memory_*_gb``; and
     ``perf/data_wait``, the share of the time the training loop spent between batches (loading and moving data).
+    The figures go to the run's loggers, and the template's progress output (``--progress_bar``) shows the main
+    ones; they are not in ``trainer.callback_metrics``, so no callback can monitor them.
 
     Args:
         peak_tflops: Dense peak of one device at the run's precision, TFLOP/s; overrides the built-in table. Give
@@ -151,6 +173,8 @@ class SpeedMonitor(Callback):
         self._gap_start: float | None = None
         self._batch_start = 0.0
         self._last_step = -1
+        #: the figures of the last interval that the template's progress output shows
+        self.shown: dict[str, float] = {}
 
     def _reset_interval(self) -> None:
         self._samples = 0
@@ -254,8 +278,12 @@ class SpeedMonitor(Callback):
         metrics["perf/data_wait"] = self._wait / elapsed
         shown = {"perf/tokens_per_s" if self._tokens else "perf/samples_per_s", "perf/mfu", "perf/tflops_per_device"}
         shown |= {"perf/data_wait", "perf/memory_allocated_gb", "perf/memory_rss_gb"}
-        for name, value in metrics.items():
-            shown_here = self.prog_bar and name in shown
-            pl_module.log(name, value, prog_bar=shown_here, on_step=True, on_epoch=False, batch_size=1)
+        self.shown = {name: value for name, value in metrics.items() if name in shown} if self.prog_bar else {}
+        # straight to the loggers, as Lightning's LearningRateMonitor does: `self.log` costs about 0.25 ms per
+        # value in Lightning's result bookkeeping, a measurable share of a small step for figures that need
+        # neither reduction nor epoch aggregation
+        step = lightning_logging_step(trainer)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
         self._reset_interval()
         self._batch_start = now  # the rest of this step counts towards the next interval
