@@ -95,16 +95,12 @@ class SignalDuringValidation(Callback):
 
 
 class Ballast(Callback):
-    """Adds ``megabytes`` of random data to every checkpoint (so that writing one takes a while) and appends a line
-    to ``progress_file`` just before each save is written, so that a test can kill the process mid-write."""
+    """Adds ``megabytes`` of random data to every checkpoint, so that writing one takes long enough for a test to
+    kill the process mid-write."""
 
-    def __init__(self, megabytes: int = 256, progress_file: str = "") -> None:
-        self.progress_file = progress_file
+    def __init__(self, megabytes: int = 256) -> None:
         # random bytes: a file system that compresses or deduplicates cannot make the write instant
         self.ballast = torch.randint(0, 255, (megabytes * 2**20,), dtype=torch.uint8)
 
     def state_dict(self) -> dict[str, Any]:
-        if self.progress_file:
-            with open(self.progress_file, "a") as handle:
-                handle.write("save\n")
         return {"ballast": self.ballast}

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from src.bench.environment import load_average, machine_info
-from src.bench.flops import flops_per_sample, peak_flops
 from src.bench.report import build_table, write_all
 from src.bench.runner import (
     MULTIPROCESS,
@@ -39,7 +38,8 @@ from src.bench.runner import (
     run_env,
 )
 from src.bench.startup import measure_startup
-from src.bench.workloads import WORKLOADS, build_cli, global_batch_size, tokens_per_sample
+from src.bench.workloads import WORKLOADS, build_cli, flops_per_sample, global_batch_size, tokens_per_sample
+from src.callbacks.throughput import compute_kind, dense_peak_flops
 
 PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 
@@ -160,6 +160,16 @@ def plan(args: argparse.Namespace, accelerator: str, default_batch: dict[str, in
     return rows, skipped
 
 
+def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]:
+    """(dense peak FLOP/s of one device at this precision, where it comes from), from the table every run uses."""
+    if device.type != "cuda":
+        return None, "n/a (CPU)"
+    name, peak = torch.cuda.get_device_name(device), dense_peak_flops(device, precision)
+    if not peak:
+        return None, f"{name}: unknown"
+    return peak, f"{name}: dense {compute_kind(precision)} peak (src/callbacks/throughput.py)"
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -198,11 +208,10 @@ def main(argv: list[str] | None = None) -> int:
 
     workload_info: dict[str, dict[str, Any]] = {}
     for name in {row.workload for row in rows}:
-        tokens = tokens_per_sample(clis[name])
         workload_info[name] = {
             "description": WORKLOADS[name].description,
-            "tokens_per_sample": tokens,
-            "flops_per_sample": flops_per_sample(clis[name].model, tokens),
+            "tokens_per_sample": tokens_per_sample(clis[name]),
+            "flops_per_sample": flops_per_sample(clis[name]),
         }
     device = torch.device("cuda", 0) if accelerator == "gpu" else torch.device("cpu")
     peaks: dict[str, float | None] = {}

@@ -6,15 +6,6 @@ import statistics
 from typing import Any
 
 
-def quantile(values: list[float], q: float) -> float:
-    """Linear-interpolated quantile of a non-empty list (the same as numpy's default)."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -> dict[str, Any]:
     """Figures of one run from the JSON of each of its processes (rank 0 first).
 
@@ -30,13 +21,15 @@ def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -
     if not steady:
         raise ValueError(f"no timed steps after {warmup} warm-up steps ({rank0['steps']} steps recorded)")
     mean = statistics.fmean(steady)
+    # linear interpolation between the closest ranks, as numpy's default
+    quartiles = statistics.quantiles(steady, n=4, method="inclusive") if len(steady) > 1 else [steady[0]] * 3
     startups = [r["first_step_s"] for r in ranks if r.get("first_step_s") is not None]
     return {
         "timed_steps": len(steady),
         "epoch_boundaries_excluded": len(times) - len(steady),
         "step_ms_median": 1000 * statistics.median(steady),
-        "step_ms_p25": 1000 * quantile(steady, 0.25),
-        "step_ms_p75": 1000 * quantile(steady, 0.75),
+        "step_ms_p25": 1000 * quartiles[0],
+        "step_ms_p75": 1000 * quartiles[2],
         "step_ms_mean": 1000 * mean,
         "samples_per_s": global_batch / mean,
         "cpu_ms_mean": 1000 * statistics.fmean(cpu),

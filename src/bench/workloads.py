@@ -97,3 +97,11 @@ def tokens_per_sample(cli: Any) -> int | None:
     """Tokens per sequence for the language model; None for other workloads."""
     block_size = getattr(cli.datamodule, "block_size", None)
     return int(block_size) if block_size else None
+
+
+def flops_per_sample(cli: Any) -> float | None:
+    """Forward plus backward FLOPs of one training sample, as the model counts them (its ``flops_per_sample``)."""
+    if not hasattr(cli.model, "flops_per_sample"):
+        return None
+    tokens = tokens_per_sample(cli)
+    return float(cli.model.flops_per_sample(tokens) if tokens is not None else cli.model.flops_per_sample())

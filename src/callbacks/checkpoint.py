@@ -59,11 +59,7 @@ class RunCheckpoint(ModelCheckpoint):
             if not self._missing_monitor_reported:
                 self._missing_monitor_reported = True
                 logged = sorted(name for name in monitor_candidates if name not in ("epoch", "step"))
-                from_validation = [
-                    name
-                    for name in logged
-                    if name not in self._logged_before_validation and not name.startswith("perf/")  # throughput
-                ]
+                from_validation = [name for name in logged if name not in self._logged_before_validation]
                 rank_zero_warn(missing_monitor_message(self.monitor, logged, from_validation))
             return
         super()._save_topk_checkpoint(trainer, monitor_candidates)
