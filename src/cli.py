@@ -411,7 +411,8 @@ class TemplateCLI(LightningCLI):
             super().instantiate_classes()
         except Exception as error:
             raise building_error(error) from error
-        self.trainer.callbacks.append(StopOtherRanksOnError())
+        if self.trainer.world_size > 1:  # one process has no other ranks to stop (and no hooks to pay for)
+            self.trainer.callbacks.append(StopOtherRanksOnError())
         if self.subcommand is None:
             return
         check_optimizer(self.model)

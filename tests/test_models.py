@@ -61,14 +61,15 @@ def test_checkpoint_reloads_with_its_hyperparameters(tmp_path):
         assert torch.equal(a, b), name
 
 
-def test_weighted_mean_weights_its_updates_and_never_checks_on_the_host():
-    from src.models.base import WeightedMean, sample_weight
+def test_weighted_mean_weights_its_updates_and_keeps_several_means():
+    from src.models.base import WeightedMean
 
-    mean = WeightedMean()
+    mean, pair = WeightedMean(), WeightedMean(shape=(2,))
     for value, count in ((2.0, 3), (4.0, 1)):
-        value = torch.tensor(value, dtype=torch.float64)
-        mean.update(value, weight=sample_weight(value, count))
+        mean.update(torch.tensor(value, dtype=torch.float64), weight=count)
+        pair.update(torch.tensor([value, -value]), weight=count)
     assert mean.compute().item() == pytest.approx(2.5)
+    assert pair.compute().tolist() == pytest.approx([2.5, -2.5])
 
 
 def test_best_validation_accuracy_continues_from_the_checkpoint(tmp_path):

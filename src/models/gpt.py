@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from src.models.base import TemplateModule, WeightedMean, at_least_fp32, sample_weight
+from src.models.base import TemplateModule, WeightedMean, at_least_fp32
 
 
 class CausalSelfAttention(nn.Module):
@@ -159,7 +159,7 @@ class CausalLanguageModel(TemplateModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """One micro-batch of training; returns the loss Lightning backpropagates."""
         loss = self.model_step(batch)
-        self.train_loss.update(loss.detach(), weight=sample_weight(loss, batch[1].numel()))
+        self.train_loss.update(loss.detach(), weight=batch[1].numel())
         if self.should_log_step():
             self.log("train/loss", loss.detach(), prog_bar=True, sync_dist=True)
         return loss
@@ -171,7 +171,7 @@ class CausalLanguageModel(TemplateModule):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Accumulate validation loss, weighted by the number of tokens."""
         loss = self.model_step(batch)
-        self.val_loss.update(loss, weight=sample_weight(loss, batch[1].numel()))
+        self.val_loss.update(loss, weight=batch[1].numel())
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()  # reduced over all processes
@@ -181,7 +181,7 @@ class CausalLanguageModel(TemplateModule):
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Accumulate test loss, weighted by the number of tokens."""
         loss = self.model_step(batch)
-        self.test_loss.update(loss, weight=sample_weight(loss, batch[1].numel()))
+        self.test_loss.update(loss, weight=batch[1].numel())
 
     def on_test_epoch_end(self) -> None:
         loss = self.test_loss.compute()
