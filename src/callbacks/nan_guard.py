@@ -75,7 +75,7 @@ class NonFiniteLossGuard(Callback):
             return
         if self._every == 1 and trainer.world_size == 1 and loss.device.type == "cpu" and loss.numel() == 1:
             # one CPU process reads every step: a Python float is ten times cheaper than the tensor ops below
-            if not math.isfinite(loss.item()) and self._first_bad.item() < 0:
+            if not math.isfinite(loss.item()):  # the first one: every earlier bad loss stopped the run here
                 self._first_bad.fill_(trainer.global_step + 1)
                 self._check(trainer)  # the step stops before backward and the optimizer touch the weights
             return
