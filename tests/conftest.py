@@ -15,6 +15,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: the tests' own workload and settings (tests/fixtures/workload.py, tests/configs/tiny.yaml): the tests of the
+#: template's machinery use it, so they pass whatever configs/default.yaml names
+TINY_CONFIG = REPO / "tests" / "configs" / "tiny.yaml"
+TINY = ["--config", str(TINY_CONFIG)]
 #: a small but complete image workload: a few seconds per run on a 2-core CPU
 TINY_IMAGE = [
     "--trainer.accelerator=cpu",
