@@ -328,11 +328,12 @@ class TemplateCLI(LightningCLI):
                 super().parse_arguments(parser, rebased if rebased is not None else argv)
 
     def _rebased_arguments(self, argv: list[str]) -> list[str] | None:
-        subcommand = self.config.get("subcommand")
-        if subcommand is None or subcommand not in argv:
+        subcommand = self.config.get("subcommand")  # None with run=False: one parser, options at the top level
+        if subcommand is not None and subcommand not in argv:
             return None
+        config = self.config[subcommand] if subcommand is not None else self.config
         defaults = yaml.safe_load(DEFAULT_CONFIG.read_text()) or {}
-        chosen = {key: self.config[subcommand][key].get("class_path") for key in ("model", "data")}
+        chosen = {key: config[key].get("class_path") for key in ("model", "data")}
         changed = [
             key
             for key, class_path in chosen.items()
@@ -343,7 +344,7 @@ class TemplateCLI(LightningCLI):
             return None
         self._parser(subcommand).default_config_files = []  # replaced by the same file without those sections
         base = yaml.safe_dump({key: value for key, value in defaults.items() if key not in changed})
-        at = argv.index(subcommand) + 1
+        at = argv.index(subcommand) + 1 if subcommand is not None else 0
         return [*argv[:at], "--config", base, *(f"--{key}={chosen[key]}" for key in changed), *argv[at:]]
 
     @staticmethod

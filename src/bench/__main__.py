@@ -5,12 +5,20 @@ Examples::
     python -m src.bench --quick                      # about two minutes on a 2-core CPU
     python -m src.bench                              # both workloads, every strategy, 1..N devices, 3 repeats
     python -m src.bench --workload image --strategies ddp,plain-ddp --devices 1,2 --batch-sizes 16,64,256
+    python -m src.bench --model=my_project.models.Net --data=my_project.data.Data --quick   # your own model
+    python -m src.bench --config configs/experiment/mine.yaml --devices 1,2                 # ... from a config
 
 Rows: ``single`` (one device), ``dp``, ``ddp``, ``ddp_spawn`` (the template through ``python -m src.cli fit``),
 ``bare-lightning``, ``bare-lightning-ddp`` (a minimal LightningModule and a plain ``L.Trainer``) and
 ``plain-loop``, ``plain-ddp`` (hand-written PyTorch). On a CPU, devices are processes with a fixed number of
 threads each, DDP uses gloo, and ``dp`` is a pass-through (one process). Results go to ``--out``:
 ``results.json``, ``results.csv``, ``results.md`` and two PNG plots.
+
+Your own model (``--model``, ``--data``, ``--config``, as ``python -m src.cli fit`` takes them) gets the same rows,
+with your LightningModule and data module in a plain ``L.Trainer`` as bare Lightning; its plain PyTorch rows read
+"n/a" (the plain loop re-implements the built-in workloads' training step). Throughput is in samples/s (tokens/s
+for the built-in language model); TFLOP/s and MFU where the module declares ``flops_per_sample`` or
+``flops_per_batch``.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -38,10 +46,38 @@ from src.bench.runner import (
     run_env,
 )
 from src.bench.startup import measure_startup
-from src.bench.workloads import WORKLOADS, build_cli, flops_per_sample, global_batch_size, tokens_per_sample
+from src.bench.workloads import (
+    EXAMPLE_FILES,
+    WORKLOADS,
+    Workload,
+    add_workload_arguments,
+    build_cli,
+    global_batch_size,
+    has_batch_size,
+    named,
+    tokens_per_sample,
+    training_flops,
+    user_workload,
+)
 from src.callbacks.throughput import compute_kind, dense_peak_flops
 
 PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+
+
+class UsageError(SystemExit):
+    """A wrong option or a missing workload: one paragraph on stderr and exit status 2, nothing run."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = 2
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def fail(message: str) -> NoReturn:
+    raise UsageError(f"error: {message}")
 
 
 def _ints(text: str) -> list[int]:
@@ -61,8 +97,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="small models, few steps, one repeat: about two minutes")
     parser.add_argument(
-        "--workload", type=_names, help=f"comma-separated: {', '.join(WORKLOADS)} (default: all; quick: image)"
+        "--workload",
+        type=_names,
+        help=f"built-in workloads, comma-separated: {', '.join(WORKLOADS)} (default: all, quick: image; with"
+        " --model/--data/--config: none unless named)",
     )
+    add_workload_arguments(parser)
     parser.add_argument(
         "--strategies",
         type=_names,
@@ -106,14 +146,46 @@ def supported(precision: str, accelerator: str) -> str | None:
     return None
 
 
-def chosen_workloads(args: argparse.Namespace) -> list[str]:
-    workloads = args.workload or (["image"] if args.quick else list(WORKLOADS))
-    unknown = [name for name in workloads if name not in WORKLOADS]
+HOW_TO_NAME_ONE = (
+    "Fix: name your own model, as `python -m src.cli fit` takes it: `python -m src.bench --model=PKG.Class"
+    " --data=PKG.Class` (a LightningModule and a LightningDataModule with a batch_size argument) or"
+    " `python -m src.bench --config FILE` (a config naming model and data), with --quick for a short run."
+)
+
+
+def chosen_workloads(args: argparse.Namespace) -> list[Workload]:
+    """The workloads to run: the user's (``--model``/``--data``/``--config``) and the built-in ones asked for.
+
+    Without a user's model, the default is every built-in workload (``--quick``: image) that this copy of the
+    template still has; none left is an error that says how to name a model.
+    """
+    user = user_workload(getattr(args, "model", None), getattr(args, "data", None), getattr(args, "config", None))
+    if user is not None:
+        missing = [path for path in user.configs if not Path(path).is_file()]
+        if missing:
+            fail(f"--config {missing[0]} does not exist. Fix: give the path of a `python -m src.cli fit` config file.")
+    unknown = [name for name in args.workload or () if name not in WORKLOADS]
     if unknown:
-        raise SystemExit(
-            f"error: --workload {','.join(unknown)} is not a workload. Fix: choose from {', '.join(WORKLOADS)}."
+        fail(f"--workload {','.join(unknown)} is not a workload. Fix: choose from {', '.join(WORKLOADS)}.")
+    removed = [name for name in args.workload or () if not WORKLOADS[name].available()]
+    if removed:
+        fail(
+            f"--workload {','.join(removed)}: the built-in workload was removed from this copy of the template"
+            f" ({', '.join(WORKLOADS[removed[0]].missing())} not found). {HOW_TO_NAME_ONE}"
         )
-    return workloads
+    if args.workload:
+        names = args.workload
+    elif user is not None:
+        names = []
+    else:
+        names = [name for name in (["image"] if args.quick else WORKLOADS) if WORKLOADS[name].available()]
+        if not names:
+            fail(
+                "no workload to measure: the built-in workloads (the example image and language models:"
+                f" {', '.join(EXAMPLE_FILES)}) were removed from this copy of the template, and no model was named."
+                f" {HOW_TO_NAME_ONE}"
+            )
+    return ([user] if user is not None else []) + [WORKLOADS[name] for name in names]
 
 
 def chosen_strategies(args: argparse.Namespace) -> list[str]:
@@ -121,18 +193,24 @@ def chosen_strategies(args: argparse.Namespace) -> list[str]:
     wanted = set(args.strategies or STRATEGY_LABELS)
     unknown = sorted(wanted - set(STRATEGY_LABELS))
     if unknown:
-        raise SystemExit(
-            f"error: --strategies {','.join(unknown)} is not a strategy. Fix: choose from {', '.join(STRATEGY_LABELS)}."
-        )
+        fail(f"--strategies {','.join(unknown)} is not a strategy. Fix: choose from {', '.join(STRATEGY_LABELS)}.")
     wanted |= set(ONE_DEVICE_ROWS)
     if wanted & set(MULTIPROCESS):
         wanted |= set(MULTIPROCESS_BASELINES)
     return [strategy for strategy in STRATEGY_LABELS if strategy in wanted]
 
 
-def plan(args: argparse.Namespace, accelerator: str, default_batch: dict[str, int]) -> tuple[list[Row], list[str]]:
-    """The rows to run, and what was skipped and why; ``default_batch``: each workload's own global batch."""
-    workloads = chosen_workloads(args)
+def plan(
+    args: argparse.Namespace,
+    accelerator: str,
+    default_batch: dict[str, int],
+    workloads: list[str] | None = None,
+) -> tuple[list[Row], list[str]]:
+    """The rows to run, and what was skipped and why; ``default_batch``: each workload's own global batch.
+
+    ``workloads``: the names of the workloads (default: the built-in ones ``args`` asks for).
+    """
+    workloads = workloads if workloads is not None else [w.name for w in chosen_workloads(args)]
     strategies = chosen_strategies(args)
     available = torch.cuda.device_count() if accelerator == "gpu" else len(os.sched_getaffinity(0))
     devices = args.devices or ([min(2, available)] if args.quick else default_devices(accelerator))
@@ -181,12 +259,25 @@ def main(argv: list[str] | None = None) -> int:
     if accelerator == "auto":
         accelerator = "gpu" if torch.cuda.is_available() else "cpu"
     if accelerator == "gpu" and not torch.cuda.is_available():
-        raise SystemExit("error: --accelerator=gpu, but PyTorch sees no CUDA GPU")
+        fail("--accelerator=gpu, but PyTorch sees no CUDA GPU. Fix: --accelerator=cpu, or run on a GPU machine.")
     # each workload built once, as `python -m src.cli fit` builds it: its batch size, tokens and FLOPs
-    clis = {name: build_cli(WORKLOADS[name], args.quick) for name in chosen_workloads(args)}
-    rows, skipped = plan(args, accelerator, {name: global_batch_size(cli) for name, cli in clis.items()})
+    workloads: dict[str, Workload] = {}
+    clis: dict[str, Any] = {}
+    for workload in chosen_workloads(args):
+        cli = build_cli(workload, args.quick)
+        if not workload.builtin and not has_batch_size(cli):
+            fail(
+                f"the data module {type(cli.datamodule).__qualname__} has no batch_size argument; the benchmark"
+                " sets every row's batch through it (--batch-sizes, the same global batch on any device count)."
+                " Fix: give it a batch_size argument, or subclass src.data.base.GlobalBatchDataModule (whose"
+                " batch_size is the global batch)."
+            )
+        workload = named(workload, cli)
+        workloads[workload.name], clis[workload.name] = workload, cli
+    batches = {name: global_batch_size(cli) for name, cli in clis.items()}
+    rows, skipped = plan(args, accelerator, batches, list(workloads))
     if not rows:
-        raise SystemExit("error: nothing to run: " + "; ".join(skipped))
+        fail("nothing to run: " + "; ".join(skipped) + ". Fix: choose --devices and --batch-sizes that fit.")
     largest = max(row.processes for row in rows)
     gpu = accelerator == "gpu"
     threads = args.threads or (1 if accelerator == "cpu" else max(1, (os.cpu_count() or 1) // largest))
@@ -199,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=threads,
         timeout_s=args.timeout,
         out=args.out.resolve(),
+        workloads=workloads,
     )
     repeats = args.repeats or (1 if args.quick else 3)
     environment = machine_info(argv)
@@ -207,11 +299,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: {reason}")
 
     workload_info: dict[str, dict[str, Any]] = {}
-    for name in {row.workload for row in rows}:
+    for name in dict.fromkeys(row.workload for row in rows):
+        workload = workloads[name]
         workload_info[name] = {
-            "description": WORKLOADS[name].description,
-            "tokens_per_sample": tokens_per_sample(clis[name]),
-            "flops_per_sample": flops_per_sample(clis[name]),
+            "description": workload.description,
+            "builtin": workload.builtin,
+            "arguments": workload.arguments() if not workload.builtin else None,
+            "batch_per_process": workload.batch_per_process,
+            # tokens/s only where a sample is a sequence of a known length: the built-in language model
+            "tokens_per_sample": tokens_per_sample(clis[name]) if workload.counts_tokens else None,
+            **training_flops(clis[name], workload),
         }
     device = torch.device("cuda", 0) if accelerator == "gpu" else torch.device("cpu")
     peaks: dict[str, float | None] = {}
@@ -247,12 +344,21 @@ def main(argv: list[str] | None = None) -> int:
     written = write_all(settings.out, output, plots=not args.no_plots)
     print((settings.out / "results.md").read_text())
     print("wrote " + ", ".join(str(path) for path in written))
-    failed = [row["key"] for row in table if row.get("samples_per_s") is None]
+    failed = [row["key"] for row in table if row["status"] == "failed"]
     if failed:
         print(f"FAILED rows: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
 
 
+def entry(argv: list[str] | None = None) -> int:
+    """``main``, with a usage error printed as its paragraph and exit status 2."""
+    try:
+        return main(argv)
+    except UsageError as error:
+        print(error.message, file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -1,10 +1,13 @@
-"""The bare-Lightning baseline: the workload's network in a minimal LightningModule, trained by a plain ``L.Trainer``.
+"""The bare-Lightning baseline: the workload's model trained by a plain ``L.Trainer``, without the template.
 
 It separates Lightning's cost from the template's: the network, data module, optimizer, scheduler, gradient
-clipping, seed and precision are the template's (built by its CLI, ``src/bench/workloads.py``); the
-LightningModule is a forward and a loss, with no metrics and no ``self.log``; the Trainer has Lightning's defaults
-except for what a fair baseline must turn off (``BARE_TRAINER_OFF``) and none of the template's callbacks.
-Started by ``python -m src.bench.plain --mode lightning``; with ``--devices`` > 1 it runs Lightning's ``ddp``.
+clipping, seed and precision are the template's (built by its CLI, ``src/bench/workloads.py``); the Trainer has
+Lightning's defaults except for what a fair baseline must turn off (``BARE_TRAINER_OFF``) and none of the
+template's callbacks, CLI checks or strategies. For a built-in workload the LightningModule is a forward and a
+loss around the example's network, with no metrics and no ``self.log``; for a user's model (``--model``,
+``--data``, ``--config``) it is the user's own LightningModule and data module, as they would train them in a
+script of their own, at the same global batch and number of steps. Started by
+``python -m src.bench.plain --mode lightning``; with ``--devices`` > 1 it runs Lightning's ``ddp``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.bench.timing import StepTimer
-from src.bench.workloads import WORKLOADS, build_cli
+from src.bench.workloads import build_cli, workload_from_args
 
 #: Trainer options the baseline sets away from Lightning's defaults: no logger, no checkpoints, no progress bar
 #: (the template rows run validation-free too, and write their checkpoint after the timed window)
@@ -60,8 +63,11 @@ def train_bare_lightning(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    cli = build_cli(WORKLOADS[args.workload], args.quick, args.batch_size)
-    module = BareLightningModule(cli.model.net, cli.model.configure_optimizers)
+    workload = workload_from_args(args)
+    cli = build_cli(workload, args.quick, args.data_batch_size or args.batch_size)
+    module: L.LightningModule = (
+        BareLightningModule(cli.model.net, cli.model.configure_optimizers) if workload.builtin else cli.model
+    )
     trainer = L.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
@@ -69,7 +75,10 @@ def train_bare_lightning(args: argparse.Namespace) -> None:
         precision=args.precision,
         max_steps=args.steps,
         max_epochs=-1,
+        # the options of the step's math that the template's Trainer was given: the same in both rows
         gradient_clip_val=cli.trainer.gradient_clip_val,
+        gradient_clip_algorithm=cli.trainer.gradient_clip_algorithm,
+        accumulate_grad_batches=cli.trainer.accumulate_grad_batches,
         callbacks=[StepTimer(args.out)],
         default_root_dir=str(args.out) + ".run",
         **BARE_TRAINER_OFF,

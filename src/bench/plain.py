@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from src.bench.clock import StepClock
-from src.bench.workloads import WORKLOADS, build_cli, optimizer_and_scheduler
+from src.bench.workloads import WORKLOADS, add_workload_arguments, build_cli, optimizer_and_scheduler
 
 # the CLI, src.data and src.models import Lightning: only the training processes import them, so the launcher of
 # plain DDP starts as fast as a plain PyTorch script does.
@@ -153,6 +153,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> No
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m src.bench.plain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="image")
+    add_workload_arguments(parser)  # a user's model: bare Lightning only (the plain loop is the built-ins' own)
     parser.add_argument(
         "--mode",
         choices=["loop", "ddp", "lightning"],
@@ -163,6 +164,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
     parser.add_argument("--batch-size", type=int, required=True, help="global batch per optimizer step")
+    parser.add_argument(
+        "--data-batch-size", type=int, help="the data module's batch_size, where it is per process (default: global)"
+    )
     parser.add_argument("--steps", type=int, required=True, help="optimizer steps, warm-up included")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--quick", action="store_true", help="the workload's small --quick variant")
@@ -170,6 +174,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.mode == "loop" and args.devices != 1:
         parser.error("--mode=loop runs one process; use --mode=ddp for --devices > 1")
+    if args.mode != "lightning" and (args.model or args.data or args.config):
+        parser.error(
+            "--model, --data and --config are for --mode=lightning: the plain loop re-implements the training step"
+            " of the built-in workloads only (Fix: use --workload, or --mode=lightning)"
+        )
     return args
 
 

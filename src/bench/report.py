@@ -81,6 +81,9 @@ def build_table(
         entry: dict[str, Any] = {**row_dict(row), "label": STRATEGY_LABELS[row.strategy], **figures[row]}
         entry["per_process_batch"] = row.batch_size // row.processes
         entry["note"] = note(row, accelerator)
+        entry["status"] = entry.get("not_applicable") or (
+            "ok" if entry.get("samples_per_s") is not None and not entry.get("error") else "failed"
+        )
         info = workload_info[row.workload]
         throughput = entry.get("samples_per_s")
         tokens = info.get("tokens_per_sample")
@@ -101,6 +104,8 @@ def build_table(
             entry[f"overhead{suffix}_cpu_ms_per_step"] = cost["cpu_ms_per_step"] if cost else None
             entry[f"same_loss_as_{baseline}"] = _same_losses(entry, figures[other]) if other else None
         flops = info.get("flops_per_sample")
+        if not flops and info.get("flops_per_batch"):  # Lightning's convention: one micro-batch of one process
+            flops = info["flops_per_batch"] / entry["per_process_batch"]
         peak = peaks.get(row.precision)
         gpus = row.devices if accelerator == "gpu" else 0
         entry["tflops"] = throughput * flops / 1e12 if throughput and flops and gpus else None
@@ -144,6 +149,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"- settings: accelerator {settings['accelerator']}, {settings['threads']} thread(s) per process"
         f" (OMP_NUM_THREADS), {settings['warmup']} warm-up + {settings['steps']} timed steps per run,"
         f" median of {settings['repeats']} repeat(s), workloads {'quick' if settings['quick'] else 'default'}",
+        *[f"- workload {name}: {info.get('description')}" for name, info in (results.get("workloads") or {}).items()],
         "",
         "Throughput is the global batch over the mean step time of the timed steps; step times are the median and"
         " interquartile range; efficiency is throughput / (devices x the single-device row of the same"
@@ -160,6 +166,12 @@ def markdown(results: dict[str, Any]) -> str:
     )
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for row in table:
+        if row.get("not_applicable"):
+            lines.append(
+                f"| {row['workload']} | {row['label']} | {row['devices']} ({row['processes']}) | {row['precision']}"
+                f" | {row['batch_size']} | {row['not_applicable']} |" + " |" * 10
+            )
+            continue
         if row.get("samples_per_s") is None:
             lines.append(
                 f"| {row['workload']} | {row['label']} | {row['devices']} ({row['processes']}) | {row['precision']}"

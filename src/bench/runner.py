@@ -17,14 +17,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from src.bench.clock import T0_ENV, rank_path
 from src.bench.environment import load_average
 from src.bench.stats import summarise_run
-from src.bench.workloads import REPO, WORKLOADS, cli_flags
+from src.bench.workloads import REPO, WORKLOADS, Workload, cli_flags
 
 #: what each strategy of a row means; "bare-*" and "plain-*" are the baselines
 STRATEGY_LABELS = {
@@ -48,6 +48,8 @@ BASELINE_MODES = {
     "bare-lightning": "lightning",
     "bare-lightning-ddp": "lightning",
 }
+#: what the plain PyTorch rows of a user's model say: the plain loop re-implements the built-in workloads' steps
+NO_PLAIN_BASELINE = "n/a: plain PyTorch baseline exists only for the built-in workloads"
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,13 @@ class Settings:
     threads: int
     timeout_s: int
     out: Path
+    #: every workload of the rows, by name: the built-in ones and a user's
+    workloads: dict[str, Workload] = field(default_factory=lambda: dict(WORKLOADS))
+
+
+def not_applicable(row: Row, workload: Workload) -> str | None:
+    """Why a row cannot be run for this workload (shown in its place), or None."""
+    return NO_PLAIN_BASELINE if row.implementation == "plain" and not workload.builtin else None
 
 
 def note(row: Row, accelerator: str) -> str:
@@ -101,13 +110,14 @@ def note(row: Row, accelerator: str) -> str:
 def template_command(row: Row, settings: Settings, json_path: Path, run_dir: Path) -> list[str]:
     strategy = "auto" if row.strategy == "single" else row.strategy
     devices = 1 if row.strategy == "single" else row.devices
-    extra = {"data.init_args.batch_size": row.batch_size}
+    workload = settings.workloads[row.workload]
+    extra = {"data.init_args.batch_size": workload.data_batch_size(row.batch_size, row.processes)}
     return [
         sys.executable,
         "-m",
         "src.cli",
         "fit",
-        *cli_flags(WORKLOADS[row.workload], settings.quick, extra),
+        *cli_flags(workload, settings.quick, extra),
         f"--trainer.accelerator={settings.accelerator}",
         f"--trainer.devices={devices}",
         f"--trainer.strategy={strategy}",
@@ -124,16 +134,18 @@ def template_command(row: Row, settings: Settings, json_path: Path, run_dir: Pat
 
 
 def baseline_command(row: Row, settings: Settings, json_path: Path) -> list[str]:
+    workload = settings.workloads[row.workload]
     command = [
         sys.executable,
         "-m",
         "src.bench.plain",
-        f"--workload={row.workload}",
+        *workload.arguments(),
         f"--mode={BASELINE_MODES[row.strategy]}",
         f"--devices={row.processes}",
         f"--accelerator={settings.accelerator}",
         f"--precision={row.precision}",
         f"--batch-size={row.batch_size}",
+        f"--data-batch-size={workload.data_batch_size(row.batch_size, row.processes)}",
         f"--steps={settings.warmup + settings.steps}",
         f"--threads={settings.threads}",
         f"--out={json_path}",
@@ -142,10 +154,12 @@ def baseline_command(row: Row, settings: Settings, json_path: Path) -> list[str]
 
 
 def run_env(threads: int) -> dict[str, str]:
-    """The environment of a run: the repo importable, fixed threads, no cluster or logger variables."""
+    """The environment of a run: the repo and the launching folder importable (a user's package may live in
+    either), fixed threads, no cluster or logger variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PL_", "WANDB_"))}
+    paths = dict.fromkeys([str(REPO), os.getcwd(), *env.get("PYTHONPATH", "").split(os.pathsep)])
     env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        PYTHONPATH=os.pathsep.join(path for path in paths if path),
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
         PYTHONUNBUFFERED="1",
@@ -209,6 +223,12 @@ def run_all(
     for repeat in range(1, repeats + 1):
         for row in rows:
             done += 1
+            reason = not_applicable(row, settings.workloads[row.workload])
+            if reason:
+                if repeat == 1:
+                    results[row].append({"repeat": repeat, "not_applicable": reason})
+                    progress(f"[{done}/{total}] {row.key}: {reason}")
+                continue
             try:
                 run = run_once(row, repeat, settings)
             except KeyboardInterrupt:

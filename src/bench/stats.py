@@ -63,6 +63,8 @@ MEDIAN_FIELDS = (
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of each figure over the successful repeats of one row; the spread of throughput beside it."""
+    if runs and all("not_applicable" in run for run in runs):
+        return {"repeats_ok": 0, "repeats": 0, "not_applicable": runs[0]["not_applicable"]}
     ok = [run for run in runs if "error" not in run]
     if not ok:
         return {"repeats_ok": 0, "error": runs[-1].get("error", "failed") if runs else "not run"}

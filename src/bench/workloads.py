@@ -4,12 +4,17 @@ The template rows pass ``cli_flags`` to ``python -m src.cli fit``; the baselines
 ``src/bench/bare.py``) pass the same flags to ``TemplateCLI(run=False)`` and take its model, data module,
 optimizer and trainer options. One config system builds all rows, so they train the same network, with the same
 initialisation, optimizer, scheduler, gradient clipping and data.
+
+Two kinds: the built-in workloads (``WORKLOADS``, the example image and language models) and a user's own
+(``user_workload``: ``--model=PKG.Class --data=PKG.Class`` and/or ``--config FILE``). Nothing here imports the
+examples: a copy of the template without them still runs the benchmark on its own model.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,22 +23,53 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True)
 class Workload:
-    """A named training job: config files (after ``configs/default.yaml``) and dotted-key overrides."""
+    """A named training job: config files (after ``configs/default.yaml``) and dotted-key overrides.
+
+    ``requires``: the repository files of a built-in workload (absent once the examples are removed);
+    ``builtin``: False for a user's model, which has no plain PyTorch baseline and no ``--quick`` variant;
+    ``counts_tokens``: throughput in tokens too (the built-in language model); ``batch_per_process``: the data
+    module's ``batch_size`` is per process (a plain ``LightningDataModule``), not global.
+    """
 
     name: str
     description: str
     configs: tuple[str, ...] = ()
     overrides: dict[str, Any] = field(default_factory=dict)
     quick_overrides: dict[str, Any] = field(default_factory=dict)
+    requires: tuple[str, ...] = ()
+    builtin: bool = True
+    counts_tokens: bool = False
+    batch_per_process: bool = False
 
     def settings(self, quick: bool) -> dict[str, Any]:
         return {**self.overrides, **(self.quick_overrides if quick else {})}
+
+    def available(self) -> bool:
+        """Whether its files are in this copy of the template (a user's workload: always)."""
+        return all((REPO / path).exists() for path in (*self.requires, *self.configs))
+
+    def missing(self) -> list[str]:
+        return [path for path in (*self.requires, *self.configs) if not (REPO / path).exists()]
+
+    def arguments(self) -> list[str]:
+        """How ``python -m src.bench.plain`` is told to build this workload."""
+        if self.builtin:
+            return [f"--workload={self.name}"]
+        flags = [f"--config={path}" for path in self.configs]
+        return flags + [f"--{key}={value}" for key, value in self.overrides.items()]
+
+    def data_batch_size(self, global_batch: int, processes: int) -> int:
+        """The data module's ``batch_size`` for a run of ``processes`` processes at this global batch."""
+        return global_batch // processes if self.batch_per_process else global_batch
 
 
 WORKLOADS: dict[str, Workload] = {
     "image": Workload(
         name="image",
         description="ImageClassifier (CompactResNet, GroupNorm) on the synthetic 32x32 set, AdamW",
+        # named, not taken from configs/default.yaml, which a project points at its own model
+        overrides={"model": "src.models.ImageClassifier", "data": "src.data.CIFAR10DataModule"},
+        requires=("src/models/image_classifier.py", "src/data/images.py"),
         quick_overrides={
             "model.init_args.widths": [8, 16],
             "data.init_args.synthetic_train_size": 2048,
@@ -45,6 +81,8 @@ WORKLOADS: dict[str, Workload] = {
         name="gpt",
         description="CausalLanguageModel (byte-level GPT) on the embedded corpus, AdamW + cosine, clip 1.0",
         configs=("configs/experiment/gpt.yaml",),
+        requires=("src/models/gpt.py", "src/data/text.py"),
+        counts_tokens=True,
         quick_overrides={
             "model.init_args.n_layer": 2,
             "model.init_args.n_head": 2,
@@ -56,6 +94,66 @@ WORKLOADS: dict[str, Workload] = {
         },
     ),
 }
+
+
+#: the built-in workloads' files, for the message that says they were removed
+EXAMPLE_FILES = sorted({path for workload in WORKLOADS.values() for path in (*workload.requires, *workload.configs)})
+
+
+def user_workload(model: str | None, data: str | None, configs: list[str] | None) -> Workload | None:
+    """The workload of ``--model``, ``--data`` and ``--config`` (None if none is given); named once built."""
+    if not (model or data or configs):
+        return None
+    overrides = {key: value for key, value in (("model", model), ("data", data)) if value}
+    paths = tuple(str(Path(path).resolve()) for path in configs or ())
+    return Workload(name="user", description="", configs=paths, overrides=overrides, builtin=False)
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model``, ``--data`` and ``--config``: a user's workload, as ``python -m src.cli fit`` takes them."""
+    parser.add_argument("--model", metavar="PKG.Class", help="your LightningModule, as `--model` of src.cli fit")
+    parser.add_argument(
+        "--data", metavar="PKG.Class", help="your LightningDataModule (with a batch_size argument), as `--data`"
+    )
+    parser.add_argument(
+        "--config",
+        action="append",
+        metavar="FILE",
+        help="a `python -m src.cli fit` config naming model and data (repeatable; read before --model/--data)",
+    )
+
+
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    """The workload of ``add_workload_arguments``' options, else the built-in ``args.workload``."""
+    user = user_workload(args.model, args.data, args.config)
+    return user if user is not None else WORKLOADS[args.workload]
+
+
+def named(workload: Workload, cli: Any) -> Workload:
+    """A user's workload with its name and description from the model and data module the CLI built."""
+    if workload.builtin:
+        return workload
+    model, data = type(cli.model), type(cli.datamodule)
+    return replace(
+        workload,
+        name=model.__name__,
+        description=f"{model.__module__}.{model.__qualname__} on {data.__module__}.{data.__qualname__}"
+        + "".join(f", {Path(path).name}" for path in workload.configs),
+        batch_per_process=not batch_is_global(cli),
+    )
+
+
+def batch_is_global(cli: Any) -> bool:
+    """Whether the data module's ``batch_size`` is the global batch (the template's ``GlobalBatchDataModule``)."""
+    from src.data.base import GlobalBatchDataModule
+
+    return isinstance(cli.datamodule, GlobalBatchDataModule)
+
+
+def has_batch_size(cli: Any) -> bool:
+    """Whether the data module takes ``batch_size``: the benchmark sets each row's batch through it."""
+    init_args = (cli.config.get("data") or {}).get("init_args") or {}
+    return "batch_size" in init_args and hasattr(cli.datamodule, "batch_size")
 
 
 def cli_flags(workload: Workload, quick: bool, extra: dict[str, Any] | None = None) -> list[str]:
@@ -91,6 +189,21 @@ def optimizer_and_scheduler(model: Any) -> tuple[Any, Any]:
 
 def global_batch_size(cli: Any) -> int:
     return int(cli.datamodule.batch_size)
+
+
+def training_flops(cli: Any, workload: Workload) -> dict[str, float]:
+    """``{"flops_per_sample": x}`` or ``{"flops_per_batch": y}`` (one micro-batch of one process), or ``{}``.
+
+    The built-in language model counts per sequence of the configured length; a user's module is read as the
+    throughput monitor reads it (``src/callbacks/throughput.py``).
+    """
+    if workload.builtin:
+        flops = flops_per_sample(cli)
+        return {"flops_per_sample": flops} if flops else {}
+    from src.callbacks.throughput import module_flops
+
+    found = module_flops(cli.model)
+    return {found[0]: found[1]} if found else {}
 
 
 def tokens_per_sample(cli: Any) -> int | None:
