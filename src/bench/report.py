@@ -94,6 +94,7 @@ def build_table(
         )
         for baseline in ("plain", "bare"):
             other = counterpart(rows, row, accelerator, baseline)
+            other = None if other and figures[other].get("not_applicable") else other  # a user's model: no plain row
             cost = overhead(figures[row], figures[other]) if other else None
             suffix = "" if baseline == "plain" else "_vs_bare"  # the columns over plain PyTorch keep their names
             entry[f"{baseline}_key"] = other.key if other else None

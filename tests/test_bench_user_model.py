@@ -1,0 +1,155 @@
+"""The benchmark on a user's own model (``--model``/``--data``, ``--config``), and without the example workloads."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from src.bench.runner import NO_PLAIN_BASELINE
+from src.bench.workloads import build_cli, named, user_workload
+from tests.conftest import REPO, TINY_CONFIG, cli_env
+from tests.fixtures.workload import gaussian_clusters
+
+TINY_MODEL = "tests.fixtures.workload.TinyClassifier"
+TINY_DATA = "tests.fixtures.workload.TinyData"
+#: what a user's copy of the template lacks once the examples are deleted
+EXAMPLE_MODULES = ("src.models.image_classifier", "src.models.gpt", "src.data.images", "src.data.text")
+EXAMPLE_PATHS = ("src/models/image_classifier.py", "src/models/gpt.py", "src/data/images.py", "src/data/text.py")
+
+#: runs `python -m src.bench ARGS` with every example module unimportable, whether or not its file exists
+BLOCKED_RUN = """
+import importlib.abc, runpy, sys
+
+class NoExamples(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name in {blocked!r}:
+            raise ImportError(f"{{name}}: the examples were removed")
+        return None
+
+sys.meta_path.insert(0, NoExamples())
+import src.bench.bare, src.bench.plain, src.bench.report, src.bench.runner, src.bench.workloads
+sys.argv = ["python -m src.bench", *sys.argv[1:]]
+runpy.run_module("src.bench", run_name="__main__")
+"""
+
+
+class PerProcessData(L.LightningDataModule):
+    """A plain LightningDataModule: its ``batch_size`` is per process, as Lightning's own convention has it."""
+
+    def __init__(self, batch_size: int = 16) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(gaussian_clusters(64, 16, 4, seed=0, split=0), batch_size=self.batch_size)
+
+
+def test_bench_imports_and_prints_its_help_without_the_example_modules():
+    """The benchmark's modules and `--help` import none of the examples (a user's copy may have deleted them)."""
+    script = BLOCKED_RUN.format(blocked=set(EXAMPLE_MODULES))
+    result = subprocess.run(
+        [sys.executable, "-c", script, "--help"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--model PKG.Class" in result.stdout and "--config FILE" in result.stdout
+
+
+def _copy_without_examples(target: Path) -> Path:
+    """The repository's code and configs, as a user's copy is once the example workloads are deleted."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "src", target / "src", ignore=ignore)
+    shutil.copytree(REPO / "configs", target / "configs", ignore=ignore)
+    for path in EXAMPLE_PATHS:
+        (target / path).unlink()
+    shutil.rmtree(target / "configs" / "experiment")
+    return target
+
+
+def test_without_the_examples_bench_says_they_were_removed_and_how_to_name_a_model(tmp_path):
+    copy = _copy_without_examples(tmp_path / "project")
+    env = cli_env(PYTHONPATH=str(copy))  # the copy alone: nothing from this repository is importable
+
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "src.bench", *args, f"--out={tmp_path / 'out'}"]
+        return subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=120)
+
+    helped = bench("--help")
+    assert helped.returncode == 0, helped.stderr[-3000:]
+    for args in ((), ("--quick",)):
+        result = bench(*args)
+        assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+        message = result.stderr.strip()
+        assert "\n" not in message  # one paragraph
+        assert "built-in workloads" in message and "were removed" in message and "src/models/gpt.py" in message
+        assert "Fix:" in message and "--model=PKG.Class --data=PKG.Class" in message and "--config FILE" in message
+    named_removed = bench("--workload=gpt")
+    assert named_removed.returncode == 2 and "--workload gpt" in named_removed.stderr
+    assert "configs/experiment/gpt.yaml" in named_removed.stderr and "Fix:" in named_removed.stderr
+    assert not (tmp_path / "out").exists()  # nothing was run
+
+
+def test_a_user_config_builds_its_own_model_and_data_not_the_default_configs():
+    """``--config`` naming other classes than configs/default.yaml: their own defaults, none of the image's."""
+    cli = build_cli(user_workload(None, None, [str(TINY_CONFIG)]), quick=True)
+    workload = named(user_workload(None, None, [str(TINY_CONFIG)]), cli)
+    assert workload.name == "TinyClassifier" and not workload.builtin and not workload.batch_per_process
+    # the tiny data module's own sizes and the config's batch; the image data module's would be 128 and 5000
+    assert cli.datamodule.batch_size == 32 and cli.datamodule.sizes["val"] == 128
+    assert cli.model.configure_optimizers().defaults["lr"] == 0.01
+
+
+def test_a_per_process_data_module_gets_the_global_batch_split_over_the_processes():
+    """A plain LightningDataModule's batch_size is per process: each row gets global batch / processes."""
+    flags = (TINY_MODEL, f"{__name__}.PerProcessData", None)
+    cli = build_cli(user_workload(*flags), quick=True)
+    workload = named(user_workload(*flags), cli)
+    assert workload.batch_per_process and cli.datamodule.batch_size == 16
+    assert workload.data_batch_size(32, processes=2) == 16 and workload.data_batch_size(32, processes=1) == 32
+    assert torch.is_tensor(next(iter(cli.datamodule.train_dataloader()))[0])
+
+
+def _read_rows(out: Path) -> dict[str, dict[str, str]]:
+    with open(out / "results.csv") as handle:
+        return {row["strategy"]: row for row in csv.DictReader(handle)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workload", "devices"),
+    [(["--model", TINY_MODEL, "--data", TINY_DATA], 2), (["--config", str(TINY_CONFIG)], 1)],
+    ids=["model-data", "config"],
+)
+def test_quick_benchmark_of_a_user_model(tmp_path, workload, devices):
+    """single, dp, ddp and bare Lightning measured on the user's model; plain PyTorch says n/a."""
+    command = [sys.executable, "-m", "src.bench", "--quick", *workload, "--strategies=single,dp,ddp"]
+    command += [f"--devices={devices}", "--steps=3", "--warmup=1", "--startup-repeats=0", "--no-plots"]
+    result = subprocess.run(
+        [*command, f"--out={tmp_path}"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+    rows = _read_rows(tmp_path)
+    measured = {"single", "dp", "ddp", "bare-lightning", "bare-lightning-ddp"}
+    assert set(rows) == measured | {"plain-loop", "plain-ddp"}
+    for strategy in measured:
+        row = rows[strategy]
+        assert row["workload"] == "TinyClassifier" and row["status"] == "ok", row
+        assert float(row["samples_per_s"]) > 0 and row["tokens_per_s"] == ""  # samples/s only for a user's model
+    assert int(rows["ddp"]["processes"]) == devices and int(rows["ddp"]["per_process_batch"]) == 32 // devices
+    for strategy in ("plain-loop", "plain-ddp"):
+        assert rows[strategy]["status"] == NO_PLAIN_BASELINE and rows[strategy]["samples_per_s"] == ""
+    # bare Lightning trains the user's own module and data: the same losses as the template's rows
+    assert rows["single"]["same_loss_as_bare"] == "True" and rows["ddp"]["same_loss_as_bare"] == "True"
+    assert rows["single"]["plain_key"] == "" and rows["single"]["overhead_vs_bare_ms_per_step"] != ""
+
+    report = (tmp_path / "results.md").read_text()
+    assert report.count(NO_PLAIN_BASELINE) == 2 and "| TinyClassifier | bare Lightning |" in report
+    assert f"workload TinyClassifier: {TINY_MODEL} on {TINY_DATA}" in report
