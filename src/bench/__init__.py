@@ -5,4 +5,8 @@ commands and results. The template rows launch the real ``python -m src.cli fit`
 (``src/bench/timing.py``); the baselines (``src/bench/plain.py``, ``src/bench/bare.py``) are built by the same CLI
 from the same flags (``src/bench/workloads.py``): a plain PyTorch loop, plain DDP started with
 ``torch.multiprocessing.spawn``, and bare Lightning (a minimal LightningModule and a plain ``L.Trainer``).
+``python -m src.bench --model=PKG.Class --data=PKG.Class`` (or ``--config FILE``) measures a user's own model the
+same way, with the user's LightningModule and data module in a plain ``L.Trainer`` as bare Lightning; it has no
+plain PyTorch rows (the plain loop re-implements the built-in workloads' step). Nothing here imports the example
+workloads until one is built.
 """

@@ -219,16 +219,18 @@ def run_all(
     Interrupted (Ctrl-C, or SIGTERM from ``timeout``), it stops and returns the runs finished so far.
     """
     results: dict[Row, list[dict[str, Any]]] = {row: [] for row in rows}
-    total, done = len(rows) * repeats, 0
+    runnable = []
+    for row in rows:
+        reason = not_applicable(row, settings.workloads[row.workload])
+        if reason:
+            results[row].append({"not_applicable": reason})  # shown in the table in the row's place
+            progress(f"{row.key}: {reason}")
+        else:
+            runnable.append(row)
+    total, done = len(runnable) * repeats, 0
     for repeat in range(1, repeats + 1):
-        for row in rows:
+        for row in runnable:
             done += 1
-            reason = not_applicable(row, settings.workloads[row.workload])
-            if reason:
-                if repeat == 1:
-                    results[row].append({"repeat": repeat, "not_applicable": reason})
-                    progress(f"[{done}/{total}] {row.key}: {reason}")
-                continue
             try:
                 run = run_once(row, repeat, settings)
             except KeyboardInterrupt:
