@@ -116,6 +116,16 @@ def test_a_per_process_data_module_gets_the_global_batch_split_over_the_processe
     assert torch.is_tensor(next(iter(cli.datamodule.train_dataloader()))[0])
 
 
+def test_a_data_module_without_batch_size_is_refused_with_the_fix(tmp_path, capsys):
+    from src.bench.__main__ import entry
+
+    boring = "lightning.pytorch.demos.boring_classes.BoringDataModule"  # takes no batch_size
+    code = entry(["--quick", f"--model={TINY_MODEL}", f"--data={boring}", f"--out={tmp_path / 'out'}"])
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "BoringDataModule has no batch_size argument" in message and "Fix:" in message
+    assert not (tmp_path / "out").exists()  # nothing was run
+
+
 def _read_rows(out: Path) -> dict[str, dict[str, str]]:
     with open(out / "results.csv") as handle:
         return {row["strategy"]: row for row in csv.DictReader(handle)}
