@@ -41,6 +41,7 @@ from torch.multiprocessing import ProcessExitedException
 from src.callbacks import NonFiniteLossGuard, PreemptionCheckpoint, RunCheckpoint, RunPlan, SpeedMonitor, progress_bar
 from src.callbacks.compile import CompileModel
 from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
+from src.callbacks.spawn import UnshareSpawnedTensors
 from src.checkpoint_io import AtomicCheckpointIO, is_intact, newest_intact_checkpoint
 from src.checks import (
     check_checkpoint_fits,
@@ -413,6 +414,8 @@ class TemplateCLI(LightningCLI):
             raise building_error(error) from error
         if self.trainer.world_size > 1:  # one process has no other ranks to stop (and no hooks to pay for)
             self.trainer.callbacks.append(StopOtherRanksOnError())
+            # ddp_spawn workers would otherwise add into one shared copy of each metric state (src/callbacks/spawn.py)
+            self.trainer.callbacks.append(UnshareSpawnedTensors())
         if self.subcommand is None:
             return
         check_optimizer(self.model)
