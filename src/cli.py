@@ -60,6 +60,7 @@ from src.errors import (
     building_error,
     report,
 )
+from src.models.base import metrics_in_float64
 from src.strategies import register_dp_strategy
 from src.tuning import Trainer as TuningTrainer
 
@@ -460,6 +461,8 @@ class TemplateCLI(LightningCLI):
             # Lightning loads a checkpoint's weights before it converts the module to a "-true" precision, so
             # float64 weights would be rounded through float32 on resume: convert first (the later one is a no-op)
             trainer.precision_plugin.convert_module(self.model)
+        if isinstance(trainer.precision_plugin, DoublePrecision):
+            metrics_in_float64(self.model)  # fp64 metric sums too, equal to 1e-12 at any world size
         return trainer
 
 
