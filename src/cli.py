@@ -40,6 +40,7 @@ from torch.multiprocessing import ProcessExitedException
 
 from src.callbacks import NonFiniteLossGuard, PreemptionCheckpoint, RunCheckpoint, RunPlan, SpeedMonitor, progress_bar
 from src.callbacks.compile import CompileModel
+from src.callbacks.precision import Float64Metrics
 from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
 from src.callbacks.spawn import UnshareSpawnedTensors
 from src.checkpoint_io import AtomicCheckpointIO, is_intact, newest_intact_checkpoint
@@ -60,7 +61,6 @@ from src.errors import (
     building_error,
     report,
 )
-from src.models.base import metrics_in_float64
 from src.strategies import register_dp_strategy
 from src.tuning import Trainer as TuningTrainer
 
@@ -462,7 +462,7 @@ class TemplateCLI(LightningCLI):
             # float64 weights would be rounded through float32 on resume: convert first (the later one is a no-op)
             trainer.precision_plugin.convert_module(self.model)
         if isinstance(trainer.precision_plugin, DoublePrecision):
-            metrics_in_float64(self.model)  # fp64 metric sums too, equal to 1e-12 at any world size
+            trainer.callbacks.append(Float64Metrics())  # fp64 metric sums too, equal to 1e-12 at any world size
         return trainer
 
 

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from src.callbacks.precision import metrics_in_float64
 from src.callbacks.spawn import unshare_module_tensors
 from src.cli import main
 from src.data.sampling import EvaluationBatches, global_evaluation_batches
-from src.models.base import metrics_in_float64
 from tests.conftest import TINY, read_metrics
 from tests.fixtures.workload import TinyClassifier, TinyData
 
@@ -125,6 +126,10 @@ def test_64_true_keeps_floating_metric_states_in_float64_and_counts_as_integers(
     metrics_in_float64(module)
     assert module.mean.mean_value.dtype == module.mean.weight.dtype == torch.float64
     assert module.acc.tp.dtype == torch.int64
+    module.to("cpu")  # what a strategy's setup does: torchmetrics sets the dtype it casts inputs to back to float32
+    assert module.mean.dtype == torch.float32 and module.mean.mean_value.dtype == torch.float64
+    metrics_in_float64(module)  # hence Float64Metrics calls it again when each stage starts
+    assert module.mean.dtype == torch.float64
     module.mean.update(torch.tensor([1.0, 2.0], dtype=torch.float64))
     module.mean.reset()  # reset() restores defaults that are float64 too
     assert module.mean.mean_value.dtype == torch.float64
@@ -132,7 +137,23 @@ def test_64_true_keeps_floating_metric_states_in_float64_and_counts_as_integers(
 
 # -- validate and test on one process and under ddp / ddp_spawn: the same numbers --------------------------------
 
-FP64 = ["--trainer.precision=64-true", "--progress_bar=none"]
+
+class CountedSamples(L.Callback):
+    """Logs ``<stage>/samples``: the samples the loss metric holds, summed over the ranks (before ``compute``)."""
+
+    def _log(self, pl_module: L.LightningModule, stage: str) -> None:
+        weight = getattr(pl_module, f"{stage}_loss").weight
+        pl_module.log(f"{stage}/samples", weight.clone(), sync_dist=True, reduce_fx="sum")
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(pl_module, "val")
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(pl_module, "test")
+
+
+COUNTED = ["--progress_bar=none", "--trainer.callbacks+=tests.test_evaluation_order.CountedSamples"]
+FP64 = ["--trainer.precision=64-true", *COUNTED]
 #: sizes that do not divide by the global batch of 32 or by 2 processes: unequal slices in the last batch
 SETS = ["--data.init_args.val_size=101", "--data.init_args.test_size=99"]
 DDP = ["--trainer.strategy=ddp", "--trainer.devices=2"]
@@ -148,7 +169,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 def evaluated(run_dir: Path, stage: str) -> dict[str, float]:
     (row,) = [r for r in read_metrics(run_dir) if r.get(f"{stage}/loss")]
-    return {key: float(row[f"{stage}/{key}"]) for key in ("loss", "acc")}
+    return {key: float(row[f"{stage}/{key}"]) for key in ("loss", "acc", "samples")}
 
 
 @pytest.mark.slow
@@ -174,13 +195,20 @@ def by_hand(checkpoint: Path, name: str, samples: int | None) -> dict[str, float
     with torch.no_grad():
         logits = model(features)
     loss = F.cross_entropy(logits, labels)
-    return {"loss": loss.item(), "acc": (logits.argmax(1) == labels).double().mean().item()}
+    correct = (logits.argmax(1) == labels).sum()
+    # torchmetrics divides its integer counts in float32 (the correctly rounded ratio); the loss mean is float64
+    return {"loss": loss.item(), "acc": (correct.float() / len(labels)).item(), "samples": float(len(labels))}
 
 
 @pytest.mark.slow
-def test_validate_under_ddp_spawn_gives_the_single_process_numbers(checkpoint, tmp_path, run_cli):
-    """Before each worker had its own metric states, both workers added into the same ones here."""
-    args = [*TINY, *FP64, *SETS, f"--ckpt_path={checkpoint}", "--trainer.limit_val_batches=2"]
+def test_validate_under_ddp_spawn_counts_each_sample_once(checkpoint, tmp_path, run_cli):
+    """In fp32 (fp64 metric states are new tensors made in each worker, which hides it): before each worker had
+    its own metric states, both added into the same ones, each rank's loss metric held all 64 samples and their
+    sum over the ranks was 128."""
+    args = [*TINY, *COUNTED, *SETS, f"--ckpt_path={checkpoint}", "--trainer.limit_val_batches=2"]
     main(["validate", *args, f"--trainer.default_root_dir={tmp_path / 'one'}"])
     run_cli("validate", *args, *DDP_SPAWN, f"--trainer.default_root_dir={tmp_path / 'spawn'}")
-    assert evaluated(tmp_path / "spawn", "val") == pytest.approx(evaluated(tmp_path / "one", "val"), rel=1e-12, abs=0)
+    one, spawn = evaluated(tmp_path / "one", "val"), evaluated(tmp_path / "spawn", "val")
+    assert spawn["samples"] == one["samples"] == 64
+    assert spawn["acc"] == one["acc"]
+    assert spawn["loss"] == pytest.approx(one["loss"], rel=1e-6)  # float32 sums, in another order

@@ -15,19 +15,6 @@ def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
 
 
-def metrics_in_float64(module: torch.nn.Module) -> None:
-    """Keep the floating-point states of every torchmetrics metric in ``module`` in float64 (integer counts stay).
-
-    torchmetrics ignores ``module.double()``, which is how ``--trainer.precision=64-true`` converts the model, so
-    a loss mean would still be summed in float32 and its last digits would depend on how the batches are split
-    between processes. ``Metric.to(torch.float64)`` converts the floating-point states and the values ``reset()``
-    restores; ``set_dtype`` would also turn integer counts into floats.
-    """
-    for metric in module.modules():
-        if isinstance(metric, Metric):
-            metric.to(torch.float64)
-
-
 class WeightedMean(Metric):
     """A sample-weighted mean (or several, updated together) that never waits for the device.
 
