@@ -3,7 +3,8 @@
 ``--data.batch_size`` is the *global* batch of one optimizer step. Every process takes a fixed slice of each
 global batch, so one process sees, step for step, what N processes see together, and the averaged gradient
 is the same. Lightning's own ``DistributedSampler`` would instead shuffle each rank's share separately, so
-changing ``--trainer.devices`` would silently change which samples meet in a step.
+changing ``--trainer.devices`` would silently change which samples meet in a step. Evaluation sets are read the
+same way, in order: global evaluation batch ``k`` is the same samples at any world size (``EvaluationBatches``).
 
 The samplers subclass ``DistributedSampler`` on purpose: Lightning leaves a ``DistributedSampler`` it finds in
 a dataloader alone, while it replaces any other sampler with its own under DDP.
