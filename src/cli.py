@@ -40,7 +40,9 @@ from torch.multiprocessing import ProcessExitedException
 
 from src.callbacks import NonFiniteLossGuard, PreemptionCheckpoint, RunCheckpoint, RunPlan, SpeedMonitor, progress_bar
 from src.callbacks.compile import CompileModel
+from src.callbacks.precision import Float64Metrics
 from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
+from src.callbacks.spawn import UnshareSpawnedTensors
 from src.checkpoint_io import AtomicCheckpointIO, is_intact, newest_intact_checkpoint
 from src.checks import (
     check_checkpoint_fits,
@@ -414,6 +416,8 @@ class TemplateCLI(LightningCLI):
             raise building_error(error) from error
         if self.trainer.world_size > 1:  # one process has no other ranks to stop (and no hooks to pay for)
             self.trainer.callbacks.append(StopOtherRanksOnError())
+            # ddp_spawn workers would otherwise add into one shared copy of each metric state (src/callbacks/spawn.py)
+            self.trainer.callbacks.append(UnshareSpawnedTensors())
         if self.subcommand is None:
             return
         check_optimizer(self.model)
@@ -458,6 +462,8 @@ class TemplateCLI(LightningCLI):
             # Lightning loads a checkpoint's weights before it converts the module to a "-true" precision, so
             # float64 weights would be rounded through float32 on resume: convert first (the later one is a no-op)
             trainer.precision_plugin.convert_module(self.model)
+        if isinstance(trainer.precision_plugin, DoublePrecision):
+            trainer.callbacks.append(Float64Metrics())  # fp64 metric sums too, equal to 1e-12 at any world size
         return trainer
 
 

@@ -4,13 +4,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from src.data.sampling import (
-    BatchedDataset,
-    EvenShardBatches,
-    GlobalBatchSampler,
-    ShardSampler,
-    per_process_batch_size,
-)
+from src.data.sampling import BatchedDataset, GlobalBatchSampler, per_process_batch_size
 
 
 def steps(dataset_size: int, batch: int, world: int, accumulate: int = 1, epoch: int = 0) -> list[set[int]]:
@@ -88,29 +82,6 @@ def test_batch_that_does_not_divide_names_the_option_and_a_fix(batch, world, acc
 def test_batch_larger_than_the_dataset_is_refused():
     with pytest.raises(ValueError, match="larger than the training set"):
         GlobalBatchSampler(range(10), 16)
-
-
-@pytest.mark.parametrize(("size", "world"), [(10, 3), (7, 2), (128, 4), (3, 4)])
-def test_shards_cover_every_sample_exactly_once_without_padding(size, world):
-    shards = [list(ShardSampler(range(size), world, rank)) for rank in range(world)]
-    flat = [i for shard in shards for i in shard]
-    assert flat == list(range(size))
-    assert max(map(len, shards)) - min(map(len, shards)) <= 1
-
-
-@pytest.mark.parametrize(("size", "world", "batch"), [(5, 2, 2), (17, 4, 2), (10, 3, 1), (9, 2, 4), (128, 4, 16)])
-def test_evaluation_batches_are_as_many_on_every_rank_and_count_each_sample_once(size, world, batch):
-    ranks = [EvenShardBatches(range(size), batch, world, rank) for rank in range(world)]
-    assert len({len(r) for r in ranks}) == 1  # per-step collectives in a validation_step cannot hang
-    assert all(batches for r in ranks for batches in r)  # no empty batch
-    assert sorted(i for r in ranks for b in r for i in b) == list(range(size))
-    assert max(len(b) for r in ranks for b in r) <= batch + 1
-
-
-def test_evaluation_set_smaller_than_the_world_pads_the_empty_ranks():
-    ranks = [list(EvenShardBatches(range(1), 4, num_replicas=2, rank=rank)) for rank in range(2)]
-    assert ranks == [[[0]], [[0]]]  # rank 1 repeats sample 0 rather than running no step
-    assert [list(EvenShardBatches(range(0), 4, 2, rank)) for rank in range(2)] == [[], []]
 
 
 def test_batched_dataset_reads_a_batch_per_index_list():

@@ -2,15 +2,15 @@
 
 from src.data.base import GlobalBatchDataModule, ResumableDataLoader
 from src.data.images import CIFAR10DataModule
-from src.data.sampling import GlobalBatchSampler, ShardSampler, per_process_batch_size
+from src.data.sampling import EvaluationBatches, GlobalBatchSampler, per_process_batch_size
 from src.data.text import TextDataModule
 
 __all__ = [
     "CIFAR10DataModule",
+    "EvaluationBatches",
     "GlobalBatchDataModule",
     "GlobalBatchSampler",
     "ResumableDataLoader",
-    "ShardSampler",
     "TextDataModule",
     "per_process_batch_size",
 ]

@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from src.data.sampling import BatchedDataset, EvenShardBatches, GlobalBatchSampler, per_process_batch_size
+from src.data.sampling import BatchedDataset, EvaluationBatches, GlobalBatchSampler, per_process_batch_size
 
 
 class ResumableDataLoader(DataLoader):
@@ -41,11 +41,13 @@ class GlobalBatchDataModule(L.LightningDataModule):
     by all world sizes (see ``src/data/sampling.py``), so ``--trainer.strategy``, ``--trainer.devices`` and
     ``--trainer.accumulate_grad_batches`` do not change which samples meet in an optimizer step.
 
-    Validation, test and predict sets are split into one contiguous shard per process, each sample counted once
-    (torchmetrics results are exact), with the same number of batches on every process so that per-step
-    collectives in a user's steps (``sync_dist=True``, ``all_gather``) cannot hang. The price: batch sizes may
-    differ by one sample between processes, and a set smaller than the number of processes repeats a sample on
-    the processes that would have none (see ``EvenShardBatches``).
+    Validation, test and predict sets are read in order, in global batches of ``batch_size`` samples that do not
+    depend on the number of processes (``limit_val_batches=k`` evaluates the same samples on any world size); each
+    process takes a slice of every global batch, each sample is counted once (torchmetrics results are exact),
+    and every process runs the same number of batches, so that per-step collectives in a user's steps
+    (``sync_dist=True``, ``all_gather``) cannot hang. The price: slice sizes may differ by one sample between
+    processes, and a set smaller than the number of processes repeats a sample on the processes that would have
+    none (see ``EvaluationBatches``).
 
     Args:
         batch_size: Global batch size of one optimizer step, across all processes and accumulated micro-batches.
@@ -118,9 +120,9 @@ class GlobalBatchDataModule(L.LightningDataModule):
         if self.trainer is not None and self.trainer.overfit_batches:
             # overfit_batches swaps any sampler for a SequentialSampler over the dataset: give it a plain loader
             return DataLoader(dataset, batch_size=batch_size, **self._loader_kwargs())
-        # every rank runs the same number of batches (per-step collectives in a user's validation_step would
-        # otherwise hang) and sees every sample once; see EvenShardBatches for the trade-off
-        batches = EvenShardBatches(dataset, batch_size, num_replicas=world_size, rank=rank)
+        # the same global batches at every world size, as many on every rank (per-step collectives in a user's
+        # validation_step would otherwise hang), every sample once; see EvaluationBatches
+        batches = EvaluationBatches(dataset, self.batch_size, num_replicas=world_size, rank=rank)
         return DataLoader(BatchedDataset(dataset), batch_size=None, sampler=batches, **self._loader_kwargs())
 
     def val_dataloader(self) -> DataLoader:

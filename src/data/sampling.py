@@ -3,7 +3,8 @@
 ``--data.batch_size`` is the *global* batch of one optimizer step. Every process takes a fixed slice of each
 global batch, so one process sees, step for step, what N processes see together, and the averaged gradient
 is the same. Lightning's own ``DistributedSampler`` would instead shuffle each rank's share separately, so
-changing ``--trainer.devices`` would silently change which samples meet in a step.
+changing ``--trainer.devices`` would silently change which samples meet in a step. Evaluation sets are read the
+same way, in order: global evaluation batch ``k`` is the same samples at any world size (``EvaluationBatches``).
 
 The samplers subclass ``DistributedSampler`` on purpose: Lightning leaves a ``DistributedSampler`` it finds in
 a dataloader alone, while it replaces any other sampler with its own under DDP.
@@ -11,6 +12,7 @@ a dataloader alone, while it replaces any other sampler with its own under DDP.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
@@ -124,51 +126,65 @@ class GlobalBatchSampler(DistributedSampler):
         return self.num_samples
 
 
-class ShardSampler(DistributedSampler):
-    """Splits an evaluation set into contiguous, non-overlapping shards, one per rank, without padding.
+def global_evaluation_batches(total: int, global_batch_size: int, world_size: int = 1) -> list[range]:
+    """The global evaluation batches of a set of ``total`` samples, in order: batch ``k`` is samples
+    ``[k * global_batch_size, (k + 1) * global_batch_size)``, whatever the number of processes.
 
-    Lightning's ``DistributedSampler`` pads the last shard with repeated samples, which counts them twice in
-    validation metrics. Here shard sizes differ by at most one sample, so every sample is counted once and the
-    metrics that torchmetrics reduces across ranks are exact.
+    A last batch with fewer samples than processes joins the one before it, so that no process gets an empty
+    batch; that is the one place where the world size changes a batch. ``limit_val_batches=k`` therefore
+    evaluates the same samples on any number of processes (unless the set has ``k`` batches and a short last one).
+
+    >>> global_evaluation_batches(10, 4, world_size=3)
+    [range(0, 4), range(4, 10)]
     """
-
-    def __init__(self, dataset: Sized, num_replicas: int = 1, rank: int = 0) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
-        total = len(dataset)
-        base, extra = divmod(total, num_replicas)
-        self.start = rank * base + min(rank, extra)
-        self.num_samples = base + (1 if rank < extra else 0)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.start, self.start + self.num_samples))
-
-    def __len__(self) -> int:
-        return self.num_samples
+    starts = list(range(0, total, global_batch_size))
+    if len(starts) > 1 and total - starts[-1] < world_size:
+        starts.pop()  # a short last batch joins the previous one
+    return [range(start, end) for start, end in itertools.pairwise([*starts, total])]
 
 
-class EvenShardBatches(DistributedSampler):
-    """This rank's ``ShardSampler`` shard cut into batches, with the same number of batches on every rank.
+def rank_share(batch: range, world_size: int, rank: int, total: int) -> list[int]:
+    """Rank ``rank``'s consecutive slice of a global batch; slice sizes differ by at most one sample. Only a set
+    smaller than the world (``total < world_size``) leaves a rank without a sample: it repeats one instead."""
+    base, extra = divmod(len(batch), world_size)
+    start = batch.start + rank * base + min(rank, extra)
+    share = list(range(start, start + base + (1 if rank < extra else 0)))
+    return share or [rank % total]
 
-    Under ``ddp`` every rank must run the same number of evaluation steps: a ``validation_step`` that logs with
+
+class EvaluationBatches(DistributedSampler):
+    """This rank's share of each global evaluation batch: the same samples per global batch at any world size.
+
+    Global batch ``k`` is samples ``[k * B, (k + 1) * B)`` of the set in order (``B``: ``--data.batch_size``),
+    split into ``num_replicas`` consecutive slices whose sizes differ by at most one; rank ``r`` yields slice
+    ``r`` of every global batch (see ``global_evaluation_batches`` for the short last batch). So the first ``k``
+    batches (``limit_val_batches=k``) are the same samples on one process as on eight, every sample is counted
+    exactly once, and torchmetrics' reductions over the ranks are exact.
+
+    Every rank runs the same number of batches: under ``ddp`` a ``validation_step`` that logs with
     ``sync_dist=True`` on each step, or calls ``self.all_gather``, starts a collective per step, and a rank with
-    one batch more would wait for the others forever. Unequal shards (a set that does not divide by the number
-    of processes) would give unequal batch counts, so the batch count is fixed by the smallest shard and the
-    larger shards put their extra sample into one of their batches: batch sizes may differ by one sample
-    between ranks, but every sample is still counted exactly once and torchmetrics reductions stay exact.
-    Only a set smaller than the number of processes is padded (each empty rank evaluates one repeated sample,
-    counted twice), because a batch cannot be empty.
+    one batch more would wait for the others forever. Only a set smaller than the number of processes repeats a
+    sample (each empty rank evaluates one sample again, counted twice), because a batch cannot be empty.
+
+    Predictions under ``ddp``: rank ``r``'s batch ``k`` holds slice ``r`` of global batch ``k``, so concatenating
+    the ranks' ``k``-th batches in rank order gives the samples of global batch ``k`` in order.
 
     It yields lists of indices; use it with ``BatchedDataset`` and ``DataLoader(batch_size=None)``.
     """
 
-    def __init__(self, dataset: Sized, batch_size: int, num_replicas: int = 1, rank: int = 0) -> None:
+    def __init__(self, dataset: Sized, global_batch_size: int, num_replicas: int = 1, rank: int = 0) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+        if global_batch_size < num_replicas:
+            raise ValueError(
+                f"--data.batch_size={global_batch_size} is smaller than the {num_replicas} processes that share each"
+                f" evaluation batch. Fix: set --data.batch_size to at least {num_replicas}."
+            )
         total = len(dataset)
-        shard = torch.tensor(list(ShardSampler(dataset, num_replicas, rank)), dtype=torch.long)
-        if total and len(shard) == 0:
-            shard = torch.tensor([rank % total])  # a set smaller than the world: pad rather than starve a rank
-        num_batches = -(-max(total // num_replicas, 1) // batch_size) if total else 0
-        self.batches = [chunk.tolist() for chunk in torch.tensor_split(shard, num_batches)] if num_batches else []
+        self.global_batch_size = global_batch_size
+        self.batches = [
+            rank_share(batch, num_replicas, rank, total)
+            for batch in global_evaluation_batches(total, global_batch_size, num_replicas)
+        ]
 
     def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
         return iter(self.batches)
@@ -178,7 +194,7 @@ class EvenShardBatches(DistributedSampler):
 
 
 class BatchedDataset(Dataset):
-    """Reads a whole batch per index list, so a sampler can choose each batch's size (see ``EvenShardBatches``)."""
+    """Reads a whole batch per index list, so a sampler can choose each batch's size (see ``EvaluationBatches``)."""
 
     def __init__(self, dataset: Dataset, collate_fn: Callable[[list[Any]], Any] = default_collate) -> None:
         self.dataset = dataset

@@ -1,0 +1,50 @@
+"""Give each ``ddp_spawn`` worker its own copy of the module's metric states.
+
+``torch.multiprocessing`` moves every CPU tensor it pickles into shared memory, so the model ``ddp_spawn`` sends
+to its workers arrives with its tensors shared between all of them. Lightning gives each worker private copies
+of the parameters and buffers (``_disable_module_memory_sharing``, CPU only), but torchmetrics keeps its states
+as plain tensor attributes, which stay shared: until a metric's first ``reset()`` replaces them, every rank adds
+its updates into the same tensors, racing with the others, and ``compute()`` then sums those doubled states over
+the ranks. The first validation of a worker (the sanity check, or after a resume, which skips it) and the first
+training epoch's means came out wrong: off by float32 rounding when the adds interleave cleanly, by up to a
+percent when they race. On a GPU the states are copied to the device and are private already.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch import nn
+
+
+def unshare_module_tensors(module: nn.Module) -> int:
+    """Replace every CPU tensor attribute of ``module`` and its submodules (torchmetrics states among them) that
+    lives in shared memory with a private copy; return how many were copied.
+
+    Tensors that were one object stay one object (a ``MetricCollection``'s compute groups alias their states),
+    and a list state keeps its identity, only its shared elements are copied.
+    """
+    copies: dict[int, torch.Tensor] = {}
+
+    def private(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type != "cpu" or not tensor.is_shared():
+            return tensor
+        if id(tensor) not in copies:
+            copies[id(tensor)] = tensor.detach().clone()
+        return copies[id(tensor)]
+
+    for submodule in module.modules():
+        for name, value in list(vars(submodule).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(submodule, name, private(value))
+            elif isinstance(value, list):
+                value[:] = [private(v) if isinstance(v, torch.Tensor) else v for v in value]
+    return len(copies)
+
+
+class UnshareSpawnedTensors(L.Callback):
+    """At setup, before any metric update and before a checkpoint is loaded, un-share the module's tensor
+    attributes that a spawn launcher left in shared memory (see ``unshare_module_tensors``)."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        unshare_module_tensors(pl_module)
