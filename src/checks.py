@@ -138,7 +138,7 @@ def option_origin(args: Sequence[Any] | None, key: str) -> tuple[str | None, lis
     args = [str(a) for a in args]
     flag = f"--trainer.{key}"
     for i, arg in enumerate(args):
-        if arg == "--config" or arg.startswith("--config="):
+        if arg in ("--config", "-c") or arg.startswith("--config="):
             path = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
             if key in _trainer_section(path):
                 origin, overridden = path, list(flags)
