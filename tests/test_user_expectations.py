@@ -178,7 +178,7 @@ QUICK = ["--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--progress_b
 #: what each preset does on a machine without a GPU; the ones that need a GPU fail before anything starts
 PRESETS_WITHOUT_A_GPU = {
     "cpu.yaml": "runs",
-    "ddp_cpu.yaml": "runs",
+    "ddp_cpu.yaml": "runs",  # two processes: tests/test_configs.py trains with it
     "gpu.yaml": "needs a GPU",
     "dp.yaml": "needs a GPU",
     "ddp.yaml": "needs a GPU",
@@ -243,12 +243,6 @@ def test_the_cpu_preset_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     main(["fit", *TINY, "--config", "configs/trainer/cpu.yaml", *QUICK, f"--trainer.default_root_dir={tmp_path}"])
     assert plan_of(tmp_path)["world_size"] == 1
-
-
-@pytest.mark.slow  # 2 processes
-def test_the_ddp_cpu_preset_runs(tmp_path, run_cli):
-    run_cli("fit", *TINY, "--config", "configs/trainer/ddp_cpu.yaml", *QUICK, f"--trainer.default_root_dir={tmp_path}")
-    assert plan_of(tmp_path)["world_size"] == 2
 
 
 def test_several_nodes_without_a_launcher_are_refused_instead_of_waiting_forever(tmp_path, capsys, monkeypatch):
