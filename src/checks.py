@@ -9,13 +9,13 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
 from src.data.sampling import per_process_batch_size
 from src.errors import DEBUG_ENV, ConfigurationError, describe
@@ -123,12 +123,105 @@ def check_strategy(strategy: str | None) -> None:
     )
 
 
-def check_devices(accelerator: str, devices: int | None, strategy: str | None, num_nodes: int) -> None:
+def option_origin(args: Sequence[Any] | None, key: str) -> tuple[str | None, list[str]]:
+    """Which ``--config`` file among ``args`` sets ``trainer.<key>`` last, and the flags for it given before it.
+
+    jsonargparse applies arguments in order, a later one winning, but keeps no record of where a value came from,
+    so the arguments are read here again: ``(file, earlier flags)`` when a file sets the value (the earlier flags
+    are the ones it overrides), ``(None, [])`` when a flag sets it or nothing among the arguments does.
+    """
+    if not isinstance(args, (list, tuple)):
+        return None, []
+    origin: str | None = None
+    flags: list[str] = []
+    overridden: list[str] = []
+    args = [str(a) for a in args]
+    flag = f"--trainer.{key}"
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") or arg.startswith("--config="):
+            path = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            if key in _trainer_section(path):
+                origin, overridden = path, list(flags)
+        elif arg == flag or arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            origin, overridden = None, []
+            flags.append(f"{flag}={value}")
+    return (origin, overridden) if origin is not None else (None, [])
+
+
+def _trainer_section(path: str) -> dict[str, Any]:
+    """The ``trainer`` mapping of a YAML config file, or ``{}`` (not a file, not YAML, no such section)."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) if path and Path(path).is_file() else None
+    except (OSError, yaml.YAMLError):
+        return {}
+    section = loaded.get("trainer") if isinstance(loaded, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def _given(args: Sequence[Any] | None, key: str, value: Any, also: str = "") -> str:
+    """``--trainer.<key>=<value>``, followed by ``(set by FILE ...)`` when a ``--config`` file set it, naming the
+    earlier flags that file overrides; ``also`` adds to the parenthesis."""
+    origin, overridden = option_origin(args, key)
+    shown = f"--trainer.{key}={_yaml_value(value)}"
+    if origin is None:
+        return shown
+    notes = [f"set by {origin}"] + ([also] if also else [])
+    if overridden:
+        notes.append(
+            f"which overrides the earlier {' '.join(overridden)}: arguments apply in order and a later one wins,"
+            " so put --config files first"
+        )
+    return f"{shown} ({', '.join(notes)})"
+
+
+def _yaml_value(value: Any) -> str:
+    """A value as it is written on the command line: ``4``, ``gpu``, ``[0, 1]``."""
+    if isinstance(value, str):
+        return value
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def check_devices(
+    accelerator: str,
+    devices: int | None,
+    strategy: str | None,
+    num_nodes: int,
+    trainer: Mapping[str, Any] | None = None,
+    args: Sequence[Any] | None = None,
+) -> None:
+    trainer = trainer or {}
     if accelerator == "cuda" and not torch.cuda.is_available():
+        preset, _ = option_origin(args, "accelerator")
+        values = _trainer_section(preset) if preset is not None else {}
+        also = " and ".join(f"{key}: {_yaml_value(values[key])}" for key in ("devices", "strategy") if key in values)
+        fix = (
+            f"leave out --config {preset} to train on the CPU (configs/trainer/ddp_cpu.yaml rehearses ddp with two"
+            " CPU processes)"
+            if preset is not None
+            else "use --trainer.accelerator=cpu (or auto)"
+        )
         raise ConfigurationError(
-            "--trainer.accelerator asks for a GPU, but PyTorch sees no CUDA GPU on this machine"
-            f" (torch {torch.__version__}, CUDA build: {torch.version.cuda is not None})."
-            " Fix: use --trainer.accelerator=cpu (or auto), or run on a GPU machine with a CUDA build of PyTorch."
+            f"{_given(args, 'accelerator', trainer.get('accelerator', 'gpu'), f'with {also}' if also else '')} asks"
+            f" for a GPU, but PyTorch sees no CUDA GPU on this machine (torch {torch.__version__}, CUDA build:"
+            f" {torch.version.cuda is not None}). Fix: {fix}, or run on a GPU machine with a CUDA build of PyTorch."
+        )
+    raw = trainer.get("devices", "auto")
+    gpu_only = raw in (-1, "-1") or isinstance(raw, (list, tuple)) or (isinstance(raw, str) and "," in raw)
+    if accelerator == "cpu" and gpu_only:
+        # Lightning accepts only a count of processes on the CPU and fails with a bare TypeError otherwise
+        what = "all GPUs" if raw in (-1, "-1") else "a list of GPU indices"
+        on_cpu = f"--trainer.accelerator={trainer.get('accelerator', 'auto')}"
+        on_cpu += ", and this machine has no GPU" if "auto" in on_cpu else ""
+        preset, _ = option_origin(args, "devices")
+        count = 2 if strategy is not None and strategy.startswith(MULTIPROCESS_PREFIXES) else 1
+        fix = f"--trainer.devices={count}" + (f" after --config {preset}" if preset is not None else "")
+        why = "two CPU processes, as configs/trainer/ddp_cpu.yaml" if count == 2 else "one CPU process"
+        why += "; dp on the CPU runs as one device" if strategy == "dp" else ""
+        raise ConfigurationError(
+            f"{_given(args, 'devices', raw)} means {what}, but the run is on the CPU ({on_cpu}), where"
+            f" --trainer.devices is a number of processes. Fix: pass {fix} ({why})"
+            + (f", or leave out --config {preset}." if preset is not None else ".")
         )
     if devices is not None:
         have = available_devices(accelerator)
@@ -140,8 +233,8 @@ def check_devices(accelerator: str, devices: int | None, strategy: str | None, n
         if accelerator in ("cuda", "cpu") and devices > have:
             kind = "GPUs" if accelerator == "cuda" else "CPU cores"
             raise ConfigurationError(
-                f"--trainer.devices={devices} asks for more {kind} than this machine has ({have})."
-                f" Fix: set --trainer.devices to at most {have}"
+                f"{_given(args, 'devices', trainer.get('devices', devices))} asks for more {kind} than this machine"
+                f" has ({have}). Fix: set --trainer.devices to at most {have}"
                 + (", or --trainer.accelerator=cpu to simulate processes on the CPU." if accelerator == "cuda" else ".")
             )
     if strategy == "dp" and num_nodes > 1:
@@ -149,6 +242,25 @@ def check_devices(accelerator: str, devices: int | None, strategy: str | None, n
             f"--trainer.strategy=dp runs in one process on one machine and cannot span --trainer.num_nodes={num_nodes}."
             " Fix: use --trainer.strategy=ddp across nodes."
         )
+
+
+#: set where something other than SLURM or torchrun starts the processes of every node (Lightning's own
+#: environment reads NODE_RANK and MASTER_ADDR; LSF, MPI and Kubeflow jobs set these)
+NODE_LAUNCH_ENV = ("NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def check_nodes(num_nodes: int, args: Sequence[Any] | None = None) -> None:
+    """Several nodes need a launch on each; a plain launch on one machine would wait for the others forever."""
+    if num_nodes <= 1 or in_slurm_step() or launched_by_torchrun():
+        return
+    if any(name in os.environ for name in NODE_LAUNCH_ENV):
+        return
+    raise ConfigurationError(
+        f"{_given(args, 'num_nodes', num_nodes)} needs the command started on every node (srun in a SLURM job,"
+        " torchrun, or NODE_RANK and MASTER_ADDR set on each node), but this is a plain launch on one machine: its"
+        " processes would wait forever for the other nodes'. Fix: submit slurm/multi_node.sbatch (it sets the"
+        " numbers from the allocation; see slurm/README.md), or pass --trainer.num_nodes=1 to train on this machine."
+    )
 
 
 def check_slurm(strategy: str | None, devices: int | None, num_nodes: int, processes: int) -> None:
@@ -228,19 +340,21 @@ def check_run_dir(run_dir: Any) -> None:
         )
 
 
-def check_launch(trainer: Mapping[str, Any], batch_size: Any = None) -> None:
+def check_launch(trainer: Mapping[str, Any], batch_size: Any = None, args: Sequence[Any] | None = None) -> None:
     """Check a trainer config (the ``trainer`` section of the CLI config) before anything starts.
 
-    Raises ``ConfigurationError`` with the option to change and how.
+    Raises ``ConfigurationError`` with the option to change and how. ``args`` (the command's arguments) let a
+    message name the ``--config`` file that set a value.
     """
     strategy = strategy_name(trainer.get("strategy", "auto"))
     check_strategy(strategy)
     accelerator = resolve_accelerator(trainer.get("accelerator", "auto"))
     num_nodes = int(trainer.get("num_nodes") or 1)
     devices = requested_devices(trainer.get("devices", "auto"), accelerator)
-    check_devices(accelerator, devices, strategy, num_nodes)
+    check_devices(accelerator, devices, strategy, num_nodes, trainer, args)
     processes = world_size(strategy, devices or 1, num_nodes)
     check_slurm(strategy, devices, num_nodes, processes)
+    check_nodes(num_nodes, args)
     check_batch_size(batch_size, processes, int(trainer.get("accumulate_grad_batches") or 1))
     check_run_dir(trainer.get("default_root_dir"))
 
@@ -400,4 +514,51 @@ def check_sequence_length(model: Any, datamodule: Any) -> None:
             f"--data.init_args.block_size={data_block} is longer than the model's --model.init_args.block_size="
             f"{model_block}: its position table has no entry past {model_block} tokens. Fix: set both to the same"
             f" value (e.g. --data.init_args.block_size={model_block}), or raise the model's."
+        )
+
+
+#: torch's BatchNorm layers (the lazy ones become BatchNormNd once they see an input); the common base class of
+#: them all is private, so they are listed
+BATCH_NORMS = (
+    torch.nn.BatchNorm1d,
+    torch.nn.BatchNorm2d,
+    torch.nn.BatchNorm3d,
+    torch.nn.LazyBatchNorm1d,
+    torch.nn.LazyBatchNorm2d,
+    torch.nn.LazyBatchNorm3d,
+    torch.nn.SyncBatchNorm,
+)
+
+
+def batch_norm_layers(module: torch.nn.Module) -> list[str]:
+    """Names of the module's BatchNorm layers, whose training statistics depend on how a batch is split."""
+    return [name for name, child in module.named_modules() if isinstance(child, BATCH_NORMS)]
+
+
+def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: bool) -> None:
+    """``--trainer.sync_batchnorm=true`` must be able to do what it says for a model with BatchNorm layers.
+
+    On CPU processes torch's DistributedDataParallel refuses SyncBatchNorm ("SyncBatchNorm layers only work with GPU
+    modules") once every process has started, as a traceback per rank; under ``dp`` Lightning does not apply it at
+    all (it synchronises processes, and dp is one), so the flag would be silently ignored.
+    """
+    if not sync_batchnorm or not batch_norm_layers(model):
+        return
+    layers = batch_norm_layers(model)
+    example = f"{len(layers)} BatchNorm layer(s), e.g. {layers[0] or type(model).__name__}"
+    strategy = trainer.strategy
+    if isinstance(strategy, (DDPStrategy, FSDPStrategy)) and strategy.root_device.type == "cpu":
+        raise ConfigurationError(
+            f"--trainer.sync_batchnorm=true cannot run on CPU processes: torch's SyncBatchNorm needs GPUs, and"
+            f" {type(model).__name__} has {example}. Fix: drop --trainer.sync_batchnorm to rehearse on the CPU (each"
+            " process then normalises its own part of the batch, which the run plan reports), train in one CPU"
+            " process (--trainer.devices=1), whose statistics cover the whole batch, or run on GPUs."
+        )
+    parallel_forward = getattr(strategy, "parallel_forward_active", False)  # the template's dp over several GPUs
+    if parallel_forward:
+        raise ConfigurationError(
+            f"--trainer.sync_batchnorm=true has no effect under --trainer.strategy=dp: it synchronises processes and dp"
+            f" is one process, whose {example} normalise each GPU's chunk of the batch. Fix: use"
+            " --trainer.strategy=ddp with --trainer.sync_batchnorm=true for statistics over the whole batch, or drop"
+            " --trainer.sync_batchnorm."
         )

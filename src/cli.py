@@ -1,15 +1,18 @@
 """The command line: ``python -m src.cli {fit,validate,test,predict,tune} [--config FILE ...] [--key=value ...]``.
 
 Every option of the Trainer, the model, the data module, the optimizer and the LR scheduler comes from
-LightningCLI: on the command line, in YAML (``--config``, several compose, last wins), from environment
-variables (``PL_FIT__TRAINER__MAX_STEPS=100``), and listed by ``--help``, ``--model.help CLASS`` and
-``--data.help CLASS``. ``configs/default.yaml`` is read first, so a bare ``python -m src.cli fit`` trains the
-embedded image workload. Model and data are chosen by class path: ``--model=my_pkg.MyModel --data=my_pkg.MyData``.
+LightningCLI: on the command line, in YAML (``--config``, several compose), from environment variables
+(``PL_FIT__TRAINER__MAX_STEPS=100``), and listed by ``--help``, ``--model.help CLASS`` and ``--data.help CLASS``.
+Arguments apply in order and a later one wins: a ``--config`` file overrides the flags before it, so config files
+go first. ``configs/default.yaml`` is read before everything (a bare ``python -m src.cli fit`` trains the embedded
+image workload), then environment variables, then the arguments. Model and data are chosen by class path:
+``--model=my_pkg.MyModel --data=my_pkg.MyData``.
 
 On top of LightningCLI this adds, before anything starts: a check of the launch (strategy name, device count,
-SLURM allocation, batch divisibility, checkpoint files) that fails with one clear message; loggers that write
-under the run directory (``--trainer.default_root_dir``); a stable wandb run id per run directory; checkpoints
-in ``<run dir>/checkpoints``; preemption handling; and the ``dp`` strategy.
+presets this machine cannot run, nodes, SLURM allocation, batch divisibility, checkpoint files, SyncBatchNorm)
+that fails with one clear message; loggers that write under the run directory (``--trainer.default_root_dir``); a
+stable wandb run id per run directory; checkpoints in ``<run dir>/checkpoints``; preemption handling; and the
+``dp`` strategy.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any, Literal, NoReturn
 import lightning as L
 import torch
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import ActionConfigFile, Namespace
 from jsonargparse._common import debug_mode_active
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ProgressBar
@@ -50,6 +53,7 @@ from src.checks import (
     check_launch,
     check_optimizer,
     check_sequence_length,
+    check_sync_batchnorm,
     yaml_problem,
 )
 from src.data.base import GlobalBatchDataModule
@@ -244,6 +248,20 @@ class TemplateCLI(LightningCLI):
             **kwargs,
         )
 
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """LightningCLI's parser, with a ``--config`` help that says how it combines with other arguments."""
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={L.__version__}"])
+        parser = self.parser_class(**kwargs)
+        parser.add_argument(
+            "-c",
+            "--config",
+            action=ActionConfigFile,
+            help="Path to a YAML (or JSON) config file; give it several times to combine files. Arguments apply in"
+            " order and a later one wins: a --config file overrides the flags given before it, a flag overrides the"
+            " files before it. Put --config files first and flags after them.",
+        )
+        return parser
+
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         # `tune` takes its options from TuningTrainer.tune's arguments, as fit does from Trainer.fit's
@@ -296,12 +314,13 @@ class TemplateCLI(LightningCLI):
         if subcommand is None:
             return
         config = self.config[subcommand]
-        check_launch(config.trainer.as_dict(), batch_size=self._global_batch_size(config))
+        argv = sys.argv[1:] if args is None else args
+        check_launch(config.trainer.as_dict(), batch_size=self._global_batch_size(config), args=argv)
         self._check_ckpt_path(subcommand, config)
         checkpoint = _resolved_checkpoint(config)
         if checkpoint is not None and checkpoint.is_file():  # before LightningCLI reads its hyperparameters
             check_checkpoint_model(checkpoint, config.model.get("class_path") if "model" in config else None)
-        _check_model_flags_match_checkpoint(sys.argv[1:] if args is None else args, config)
+        _check_model_flags_match_checkpoint(argv, config)
         if config.get("seed_everything") is True:
             config["seed_everything"] = shared_random_seed()
         if config.trainer.get("enable_checkpointing") is False:
@@ -422,6 +441,9 @@ class TemplateCLI(LightningCLI):
             return
         check_optimizer(self.model)
         check_sequence_length(self.model, self.datamodule)
+        if self.subcommand == "fit":  # Lightning converts BatchNorm to SyncBatchNorm for fitting only
+            sync = self.config[self.subcommand].trainer.get("sync_batchnorm")
+            check_sync_batchnorm(self.model, self.trainer, bool(sync))
         checkpoint = _resolved_checkpoint(self.config[self.subcommand])
         if checkpoint is not None and checkpoint.is_file():
             check_checkpoint_fits(self.model, checkpoint)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import (
     DDPStrategy,
@@ -29,10 +31,10 @@ def compile_refusal(strategy: Strategy) -> str | None:
     if isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) and not isinstance(strategy, _REFUSED_SUBCLASSES):
         return None
     why = {
-        # the template's dp re-creates the replicas with torch.nn.parallel.replicate on every step; a replica
-        # would share the original's compiled call and run the original module's weights on every device
-        "DataParallelStrategy": "dp copies the module onto every GPU at each step, and the copies would all call"
-        " the compiled forward of the original",
+        # the template's dp puts its own forward on the module, which copies the module onto the GPUs and runs the
+        # class's forward on every copy: a compiled forward would be replaced, and never run
+        "DataParallelStrategy": "dp copies the module onto every GPU at each step and runs the class's eager forward"
+        " on each copy in place of the module's forward, so a compiled forward would never run",
     }.get(name, f"{name} shards or wraps the module itself, which the template's compile does not support")
     return (
         f"--compile=true does not work with this strategy: {why}. Fix: train with --trainer.strategy=ddp (or"
@@ -48,12 +50,17 @@ def _notice(message: str) -> None:
 class CompileModel(Callback):
     """Compiles the LightningModule's ``forward`` (what ``self(x)`` in the steps runs) with ``torch.compile``.
 
-    It compiles in place (``nn.Module.compile``): the module is not wrapped, so parameter names, and with them the
-    checkpoint's state-dict keys, are the same with and without compile (no ``_orig_mod.`` prefix) and a run
-    resumes with compile switched on or off. It compiles in ``setup``, on every process after the launch, so
-    ``ddp_spawn`` never has to pickle a compiled function. Single device, ``ddp`` and ``ddp_spawn`` are supported;
-    other strategies are refused before training starts. The first steps are slow while the graph compiles
-    (on a CPU this needs a C++ compiler).
+    Only ``forward`` is compiled, under every strategy; the steps, ``self.log`` and torchmetrics stay eager.
+    Compiling the module's whole call (``nn.Module.compile``) would do more under ``ddp``: Lightning runs each
+    step through the DDP wrapper's call by pointing the module's ``forward`` at ``training_step`` for that call,
+    so the compiled call would trace the whole step, metrics and logging included, and recompile until torch's
+    recompile limit. The compiled ``forward`` is set on the instance: the module is not wrapped, so parameter
+    names, and with them the checkpoint's state-dict keys, are the same with and without compile (no
+    ``_orig_mod.`` prefix) and a run resumes with compile switched on or off. It compiles in ``setup``, on every
+    process after the launch, so ``ddp_spawn`` never has to pickle a compiled function, and puts the eager
+    ``forward`` back in ``teardown``. Single device, ``ddp`` and ``ddp_spawn`` are supported; other strategies
+    are refused before training starts. The first steps of each stage are slow while the graph compiles (on a
+    CPU this needs a C++ compiler).
 
     Args:
         mode: ``torch.compile``'s mode: ``default``, ``reduce-overhead`` (CUDA graphs) or ``max-autotune``.
@@ -74,15 +81,26 @@ class CompileModel(Callback):
         self.fullgraph = fullgraph
         self.dynamic = dynamic
         self.backend = backend
+        self._compiled: Callable[..., Any] | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         refusal = compile_refusal(trainer.strategy)
         if refusal is not None:
             raise ConfigurationError(refusal)
-        if pl_module._compiled_call_impl is None:  # set by nn.Module.compile; compiling twice would nest
-            _notice(
-                f"compiling {type(pl_module).__name__}.forward with torch.compile (backend {self.backend}):"
-                " the first steps of each stage run slower while it compiles"
-            )
-            options = {"mode": self.mode} if self.backend == "inductor" else {}  # modes are inductor's
-            pl_module.compile(fullgraph=self.fullgraph, dynamic=self.dynamic, backend=self.backend, **options)
+        if self._compiled is not None and pl_module.__dict__.get("forward") is self._compiled:
+            return  # compiled for an earlier stage of the same module
+        _notice(
+            f"compiling {type(pl_module).__name__}.forward with torch.compile (backend {self.backend}):"
+            " the first steps of each stage run slower while it compiles"
+        )
+        options = {"mode": self.mode} if self.backend == "inductor" else {}  # modes are inductor's
+        self._compiled = torch.compile(
+            pl_module.forward, fullgraph=self.fullgraph, dynamic=self.dynamic, backend=self.backend, **options
+        )
+        pl_module.forward = self._compiled  # an instance attribute: the class's forward stays as it is
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # the eager forward again, so that the module pickles (ddp_spawn's next stage, torch.save) as before
+        if self._compiled is not None and pl_module.__dict__.get("forward") is self._compiled:
+            del pl_module.forward
+        self._compiled = None

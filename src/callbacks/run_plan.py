@@ -15,6 +15,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch import nn
+
+from src.checks import batch_norm_layers
 
 PLAN_FILE = "run_plan.json"
 
@@ -45,6 +48,36 @@ def _validation(trainer: L.Trainer) -> str:
     return f"{when}, {per_run} batches each"
 
 
+def batch_norm_note(trainer: L.Trainer, pl_module: L.LightningModule, micro: int | None) -> str | None:
+    """What the model's BatchNorm layers normalise over, and whether that is what one device would (None: none)."""
+    layers = batch_norm_layers(pl_module)
+    if not layers:
+        return None
+    count = f"{len(layers)} BatchNorm layer(s)"
+    processes = trainer.world_size
+    strategy = trainer.strategy
+    if getattr(strategy, "parallel_forward_active", False):  # the template's dp, splitting over several GPUs
+        gpus = len(strategy.parallel_devices or [])
+        chunk = f"about {math.ceil(micro / gpus)} of {micro} samples" if micro else f"1/{gpus} of the batch"
+        return (
+            f"{count} normalise each GPU's chunk of the batch ({chunk}) and only the first GPU's chunk updates the"
+            " running statistics, so dp does not train the model one device does; --trainer.sync_batchnorm does not"
+            " apply under dp (one process). Fix: --trainer.strategy=ddp --trainer.sync_batchnorm=true"
+        )
+    if processes > 1 and any(isinstance(module, nn.SyncBatchNorm) for module in pl_module.modules()):
+        return f"{count}, synchronised over the {processes} processes (--trainer.sync_batchnorm=true), as on one device"
+    if processes > 1:
+        share = f"micro-batch of {micro} samples, not the {micro * processes} one device normalises" if micro else ""
+        share = share or "part of the batch"
+        cpu = " (it needs GPUs; on CPU processes train with --trainer.devices=1 for the one-device model)"
+        return (
+            f"{count} normalise each process's {share}: per-process statistics, so this run does not train the same"
+            " model as one device. Fix: --trainer.sync_batchnorm=true"
+            + (cpu if strategy.root_device.type == "cpu" else "")
+        )
+    return f"{count}, statistics over each batch of {micro} samples, as on one device" if micro else count
+
+
 def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
     """The facts of a fit that is about to start (call it once the data loaders are built, e.g. on_train_start)."""
     loader = trainer.train_dataloader
@@ -73,6 +106,7 @@ def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]
         "max_epochs": trainer.max_epochs,
         "max_steps": trainer.max_steps,
         "validation": _validation(trainer),
+        "batch_norm": batch_norm_note(trainer, pl_module, micro),
         "log_every_n_steps": trainer.log_every_n_steps,
         "run_dir": os.path.abspath(trainer.default_root_dir),
         "loggers": [f"{type(logger).__name__}: {logger.log_dir or logger.save_dir}" for logger in trainer.loggers],
