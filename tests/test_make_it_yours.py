@@ -86,13 +86,22 @@ EXAMPLES = [
 
 def copy_project(target: Path) -> Path:
     """The project's files as a clone would have them: tracked and not ignored (none of .venv, runs, caches)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: everything but what runs leave behind
+        skipped = {".git", ".venv", "venv", "runs", "data", "wandb", "lightning_logs"}
+
+        def ignore(folder: str, names: list[str]) -> list[str]:
+            top = Path(folder) == REPO
+            return [n for n in names if (top and n in skipped) or n in ("__pycache__", ".pytest_cache", ".ruff_cache")]
+
+        return Path(shutil.copytree(REPO, target, ignore=ignore))
     for relative in filter(None, listed.split("\0")):
         if (REPO / relative).is_file():
             (target / relative).parent.mkdir(parents=True, exist_ok=True)
