@@ -1,7 +1,7 @@
 # Shared by the slurm/*.sbatch scripts (sourced, never run or submitted by itself).
 # Reads every setting from the environment, with a default, so that nothing needs editing (sbatch passes the
 # submitting shell's environment to the job; `sbatch --export=ALL,A=1` works too, but splits values at commas):
-#   CONFIG=configs/experiment/gpt.yaml RUN_DIR=runs/exp1 sbatch slurm/gpu.sbatch
+#   CONFIG=configs/precision/bf16-mixed.yaml RUN_DIR=runs/exp1 sbatch slurm/gpu.sbatch
 #
 #   REPO        the project (default: the directory sbatch was called from)
 #   CONFIG      config file(s) for --config, space-separated, read after configs/default.yaml (default: set by

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import os
-import pickle
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,30 +18,6 @@ REPO = Path(__file__).resolve().parents[1]
 #: template's machinery use it, so they pass whatever configs/default.yaml names
 TINY_CONFIG = REPO / "tests" / "configs" / "tiny.yaml"
 TINY = ["--config", str(TINY_CONFIG)]
-#: a small but complete image workload: a few seconds per run on a 2-core CPU
-TINY_IMAGE = [
-    "--trainer.accelerator=cpu",
-    "--trainer.enable_model_summary=false",
-    "--model.init_args.widths=[8,16]",
-    "--data.init_args.synthetic_train_size=512",
-    "--data.init_args.synthetic_val_size=128",
-    "--data.init_args.batch_size=32",
-]
-TINY_GPT = [
-    "--trainer.accelerator=cpu",
-    "--trainer.enable_model_summary=false",
-    "--model=src.models.CausalLanguageModel",
-    "--model.init_args.n_layer=2",
-    "--model.init_args.n_head=2",
-    "--model.init_args.n_embd=32",
-    "--model.init_args.block_size=32",
-    "--data=src.data.TextDataModule",
-    "--data.init_args.block_size=32",
-    "--data.init_args.corpus_chars=40000",
-    "--data.init_args.batch_size=16",
-    "--checkpoint.monitor=val/loss",
-    "--checkpoint.mode=min",
-]
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -113,16 +88,3 @@ def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     diff = sum(((a[k].double() - b[k].double()) ** 2).sum() for k in keys).sqrt()
     norm = sum((a[k].double() ** 2).sum() for k in keys).sqrt()
     return (diff / norm).item()
-
-
-def write_cifar10(root: Path, per_file: int = 20) -> Path:
-    """Write CIFAR-10's python format (pickled dicts of bytes keys) with ``per_file`` random images per batch."""
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    g = torch.Generator().manual_seed(0)
-    for offset, name in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
-        data = torch.randint(0, 256, (per_file, 3072), generator=g, dtype=torch.uint8).numpy()
-        labels = [(offset * per_file + i) % 10 for i in range(per_file)]
-        with open(folder / name, "wb") as handle:
-            pickle.dump({b"data": data, b"labels": labels, b"batch_label": name.encode()}, handle)
-    return folder

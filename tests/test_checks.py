@@ -25,7 +25,7 @@ from src.errors import (
     from_spawned_traceback,
     lost_peer,
 )
-from src.models import ImageClassifier
+from tests.fixtures.workload import TinyClassifier
 
 
 def test_yaml_problem_names_file_line_and_column(tmp_path):
@@ -60,7 +60,7 @@ def optimizer_callable(class_path: str, **init_args):
 
 
 def test_optimizer_and_scheduler_are_built_before_launch():
-    model = ImageClassifier(widths=(8,), optimizer=optimizer_callable("torch.optim.SGD", lr=0.1))
+    model = TinyClassifier(hidden=8, optimizer=optimizer_callable("torch.optim.SGD", lr=0.1))
     check_optimizer(model)
     model.optimizer_factory = optimizer_callable("torch.optim.SGD", lr=-0.1)
     with pytest.raises(ConfigurationError, match=r"--model.init_args.optimizer .*Invalid learning rate"):
@@ -77,17 +77,17 @@ def save_checkpoint(path, model: L.LightningModule, **extra) -> None:
 
 
 def test_checkpoint_checks(tmp_path):
-    model = ImageClassifier(widths=(8, 16))
+    model = TinyClassifier(hidden=16)
     same = tmp_path / "same.ckpt"
-    save_checkpoint(same, model, hyper_parameters={"_class_path": "src.models.ImageClassifier"})
+    save_checkpoint(same, model, hyper_parameters={"_class_path": "tests.fixtures.TinyClassifier"})
     check_checkpoint_fits(model, same)
-    check_checkpoint_model(same, "src.models.ImageClassifier")
-    check_checkpoint_model(same, "src.models.image_classifier.ImageClassifier")  # the same class, another path
-    with pytest.raises(ConfigurationError, match=r"ImageClassifier, but the config builds a Other"):
+    check_checkpoint_model(same, "tests.fixtures.TinyClassifier")
+    check_checkpoint_model(same, "tests.fixtures.workload.TinyClassifier")  # the same class, another path
+    with pytest.raises(ConfigurationError, match=r"TinyClassifier, but the config builds a Other"):
         check_checkpoint_model(same, "Other")
 
     wider = tmp_path / "wider.ckpt"
-    save_checkpoint(wider, ImageClassifier(widths=(8, 32)))
+    save_checkpoint(wider, TinyClassifier(hidden=32))
     with pytest.raises(ConfigurationError, match="of another shape") as error:
         check_checkpoint_fits(model, wider)
     assert len(str(error.value)) < 800  # one paragraph, not one line per tensor
@@ -128,12 +128,12 @@ def test_errors_are_classified_by_the_hook_they_come_from():
 def test_building_error_names_the_class_and_option():
     def build():
         try:
-            ImageClassifier(widths=())
+            TinyClassifier(hidden=-1)
         except Exception as error:
             raise ValueError("Does not validate against any of the Union subtypes") from error  # as jsonargparse does
 
     error = building_error(raised(build))
-    assert "building ImageClassifier" in str(error) and "--model" in str(error)
+    assert "building TinyClassifier" in str(error) and "--model" in str(error)
 
 
 def test_spawned_worker_traceback_is_read_back():

@@ -14,7 +14,7 @@ from src.callbacks.compile import compile_refusal
 from src.cli import main
 from src.data.base import GlobalBatchDataModule
 from src.strategies import DataParallelStrategy
-from tests.conftest import TINY_IMAGE, load_state, relative_difference
+from tests.conftest import TINY, load_state, relative_difference
 
 
 class TinyRegression(L.LightningModule):
@@ -94,7 +94,7 @@ def test_compiled_fit_trains_like_eager_with_the_same_checkpoint_keys_and_resume
 
 def test_dp_is_refused_in_one_paragraph_with_exit_status_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
-        main(["fit", *TINY_IMAGE, "--trainer.strategy=dp", "--compile=true", "--progress_bar=none",
+        main(["fit", *TINY, "--trainer.strategy=dp", "--compile=true", "--progress_bar=none",
               f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]

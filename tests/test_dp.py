@@ -29,9 +29,8 @@ from torch.autograd import Function
 from torchmetrics import MeanMetric
 
 import src.strategies.dp as dp
-from src.data import CIFAR10DataModule
-from src.models import ImageClassifier
 from src.strategies import DataParallelStrategy
+from tests.fixtures.workload import TinyClassifier, TinyData
 
 CPU = torch.device("cpu")
 
@@ -401,12 +400,12 @@ def two_cpu_devices(cpu_primitives, monkeypatch) -> DataParallelStrategy:
     return DataParallelStrategy(parallel_devices=[CPU, CPU])
 
 
-def train(strategy: Any, threads: set[int] | None = None) -> ImageClassifier:
+def train(strategy: Any, threads: set[int] | None = None) -> TinyClassifier:
     L.seed_everything(0)
-    model = ImageClassifier(widths=(8, 16))
+    model = TinyClassifier()
     if threads is not None:  # hooks are shared with the replicas: record the threads the network ran in
         model.net.register_forward_hook(lambda *_: threads.add(threading.get_ident()))
-    data = CIFAR10DataModule(synthetic_train_size=256, synthetic_val_size=64, batch_size=32)
+    data = TinyData(train_size=256, val_size=64, batch_size=32)
     # fp64: in fp32, AdamW turns the rounding differences of a split batch into ~1e-5 differences in 6 steps
     trainer = L.Trainer(accelerator="cpu", devices=1, strategy=strategy, max_steps=6, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -23,10 +23,10 @@ import torch
 
 from src.cli import main
 from src.errors import DEBUG_ENV, MAIN_PID_ENV
-from tests.conftest import REPO, TINY_GPT, TINY_IMAGE, cli_env, write_cifar10
+from tests.conftest import REPO, TINY, cli_env
+from tests.fixtures.workload import TinyClassifier
 
-TINY_RUN = [*TINY_IMAGE, "--trainer.limit_val_batches=1"]
-TINY_TEXT = [*TINY_GPT, "--data.init_args.corpus_chars=4000", "--trainer.max_steps=1", "--trainer.limit_val_batches=1"]
+TINY_RUN = [*TINY, "--trainer.limit_val_batches=1"]
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
@@ -59,8 +59,8 @@ def fails_cleanly(capsys, args: list[str], *needles: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def image_run(tmp_path_factory) -> Path:
-    """A finished two-step run of the tiny image workload: checkpoints, logs and config."""
+def tiny_run(tmp_path_factory) -> Path:
+    """A finished two-step run of the tests' workload: checkpoints, logs and config."""
     run_dir = tmp_path_factory.mktemp("errors") / "run"
     sys_argv = sys.argv
     sys.argv = ["src.cli"]
@@ -75,11 +75,11 @@ def image_run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def untouched(image_run):
-    """The image run's directory; the test fails if any of its files changed."""
-    before = tree_digest(image_run)
-    yield image_run
-    assert tree_digest(image_run) == before
+def untouched(tiny_run):
+    """The tiny run's directory; the test fails if any of its files changed."""
+    before = tree_digest(tiny_run)
+    yield tiny_run
+    assert tree_digest(tiny_run) == before
 
 
 def resume(run_dir: Path, *args: str) -> list[str]:
@@ -163,14 +163,19 @@ def test_missing_and_corrupt_checkpoints(tmp_path, capsys, untouched):
     assert corrupt.read_bytes() == b"PK\x03\x04 truncated"
 
 
+class OtherClassifier(TinyClassifier):
+    """Another model class, with the same options and weights as the one the run trained."""
+
+
 def test_checkpoint_of_another_model(capsys, untouched, tmp_path):
     ckpt = untouched / "checkpoints" / "last.ckpt"
+    other = ["--model=tests.test_errors.OtherClassifier", f"--trainer.default_root_dir={tmp_path / 'other'}"]
     err = fails_cleanly(
         capsys,
-        ["fit", *TINY_TEXT, f"--trainer.default_root_dir={tmp_path / 'gpt'}", f"--ckpt_path={ckpt}"],
+        ["fit", *TINY_RUN, *other, f"--ckpt_path={ckpt}"],
         f"--ckpt_path={ckpt}",
-        "holds a src.models.ImageClassifier",
-        "builds a src.models.CausalLanguageModel",
+        "holds a tests.fixtures.workload.TinyClassifier",
+        "builds a tests.test_errors.OtherClassifier",
     )
     assert len(err) < 1200
 
@@ -187,7 +192,7 @@ def test_checkpoint_with_other_shapes(capsys, untouched, tmp_path):
             "validate",
             *TINY_RUN,
             f"--trainer.default_root_dir={tmp_path}",
-            "--model.init_args.widths=[8,32]",
+            "--model.init_args.hidden=64",
             f"--ckpt_path={stripped}",
         ],
         "weights of another model",
@@ -237,7 +242,7 @@ def test_resume_loads_with_weights_only(tmp_path, capsys, untouched, monkeypatch
 # -- building the objects --------------------------------------------------------------------------------------
 
 BUILD_MISTAKES = {
-    "model constructor": (["--model.init_args.widths=[]"], ["building ImageClassifier", "--model"]),
+    "model constructor": (["--model.init_args.hidden=-1"], ["building TinyClassifier", "--model"]),
     "trainer constructor": (["--trainer.limit_train_batches=-1"], ["building Trainer", "--trainer"]),
     "callback constructor": (["--checkpoint.every_n_train_steps=-1"], ["building RunCheckpoint", "callbacks"]),
     "negative learning rate": (
@@ -268,55 +273,6 @@ def test_object_building_mistakes(mistake, capsys, tmp_path, untouched):
     # a fresh run beside the existing one: a --model flag would first be compared with the checkpoint's
     fails_cleanly(capsys, ["fit", *TINY_RUN, f"--trainer.default_root_dir={tmp_path / 'run'}", *args], *needles)
     assert not list(tmp_path.rglob("*"))  # nothing written
-
-
-def test_gpt_shape_mistakes(capsys, tmp_path):
-    args = ["fit", *TINY_TEXT, f"--trainer.default_root_dir={tmp_path}"]
-    fails_cleanly(capsys, [*args, "--model.init_args.n_embd=31"], "building CausalLanguageModel", "n_embd=31")
-    fails_cleanly(capsys, [*args, "--data.init_args.block_size=64"], "--data.init_args.block_size=64", "block_size=32")
-    assert not list(tmp_path.rglob("*"))
-
-
-# -- data: prepare_data and setup ------------------------------------------------------------------------------
-
-
-def text_file(tmp_path: Path, content: bytes) -> Path:
-    path = tmp_path / "corpus.txt"
-    path.write_bytes(content)
-    return path
-
-
-def test_text_data_mistakes(tmp_path, capsys):
-    def fails(*args: str, needles: tuple[str, ...]) -> None:
-        fails_cleanly(capsys, ["fit", *TINY_TEXT, f"--trainer.default_root_dir={tmp_path / 'run'}", *args], *needles)
-
-    fails("--data.init_args.path=" + str(tmp_path / "none.txt"), needles=("none.txt", "is not a file"))
-    empty = text_file(tmp_path, b"")
-    fails(f"--data.init_args.path={empty}", needles=("is empty", "Fix:"))
-    short = text_file(tmp_path, b"A short text. " * 5)
-    fails(f"--data.init_args.path={short}", needles=("--data.init_args.block_size=32", "longer than"))
-    latin1 = text_file(tmp_path, "caf\xe9 ".encode("latin-1") * 200)
-    fails(f"--data.init_args.path={latin1}", needles=("not UTF-8", "iconv"))
-    fails("--data.init_args.val_fraction=1.5", needles=("--data.init_args.val_fraction=1.5",))
-    fails("--data.init_args.corpus_chars=0", needles=("--data.init_args.corpus_chars=0", "empty"))
-    assert not list(tmp_path.rglob("*.ckpt"))
-
-
-def test_image_data_mistakes(tmp_path, capsys, untouched):
-    fails_cleanly(
-        capsys,
-        resume(untouched, f"--data.init_args.data_dir={tmp_path / 'no_such_folder'}"),
-        "--data.init_args.data_dir=",
-        "no CIFAR-10 batches",
-    )
-    fails_cleanly(capsys, resume(untouched, "--data.init_args.synthetic_train_size=0"), "synthetic_train_size=0")
-    write_cifar10(tmp_path / "cifar", per_file=8)  # 40 training images
-    fails_cleanly(
-        capsys,
-        resume(untouched, f"--data.init_args.data_dir={tmp_path / 'cifar'}", "--data.init_args.val_size=5000"),
-        "--data.init_args.val_size=5000",
-        "40 images",
-    )
 
 
 USER_MODULE = textwrap.dedent(
@@ -421,7 +377,7 @@ def run_cli(*args: str, timeout: int = 90, **env: str) -> tuple[subprocess.Compl
     ("mistake", "needle"),
     [
         ("--data.init_args.data_dir=/no/such/folder", "--data.init_args.data_dir=/no/such/folder"),  # rank 0 only
-        ("--data.init_args.synthetic_val_size=0", "synthetic_val_size=0"),  # every rank, in setup
+        ("--data.init_args.val_size=0", "--data.init_args.val_size=0"),  # every rank, in setup
     ],
 )
 def test_ddp_configuration_error_is_reported_once_without_a_gloo_traceback(tmp_path, mistake, needle):
@@ -503,13 +459,13 @@ def test_no_environment_secret_reaches_any_file_a_run_writes(tmp_path):
     run_dir = tmp_path / "run"
     result, _ = run_cli(
         "fit",
+        *TINY_RUN,
         "--config",
         "configs/logger/wandb.yaml",
-        *TINY_RUN,
-        "--data.init_args.synthetic_train_size=128",
+        "--data.init_args.train_size=128",
         f"--trainer.default_root_dir={run_dir}",
         PL_FIT__TRAINER__MAX_STEPS="2",
-        PL_FIT__MODEL="{class_path: src.models.ImageClassifier, init_args: {widths: [8, 16]}}",
+        PL_FIT__MODEL="{class_path: tests.fixtures.workload.TinyClassifier, init_args: {hidden: 8}}",
         **FAKE_SECRETS,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -526,9 +482,9 @@ def test_collective_timeout_reaches_the_ddp_strategy():
     from src.cli import COLLECTIVE_TIMEOUT_S, TemplateCLI
 
     args = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn", "--trainer.devices=2"]
-    cli = TemplateCLI(args=[*args, "--collective_timeout=42"], run=False)
+    cli = TemplateCLI(args=[*TINY, *args, "--collective_timeout=42"], run=False)
     # DDPStrategy keeps the timeout it passes to init_process_group in `_timeout` (Lightning 2.6)
     assert cli.trainer.strategy._timeout.total_seconds() == 42
     assert cli.trainer.strategy._start_method == "spawn" and cli.trainer.world_size == 2
-    cli = TemplateCLI(args=args, run=False)
+    cli = TemplateCLI(args=[*TINY, *args], run=False)
     assert cli.trainer.strategy._timeout.total_seconds() == COLLECTIVE_TIMEOUT_S

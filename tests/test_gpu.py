@@ -20,11 +20,10 @@ import pytest
 import torch
 from torch import nn
 
-from src.data import CIFAR10DataModule
-from src.models import ImageClassifier
 from src.strategies import DataParallelStrategy, register_dp_strategy
 from tests import test_dp
-from tests.conftest import TINY_IMAGE, relative_difference
+from tests.conftest import TINY, relative_difference
+from tests.fixtures.workload import TinyClassifier, TinyData
 
 pytestmark = [
     pytest.mark.gpu,
@@ -83,7 +82,7 @@ def test_dp_supports_manual_optimization_and_inference_mode_validation(dp_strate
     test_dp.check_manual_optimization(dp_strategy, "gpu")
 
 
-# -- in Lightning's loop, with the template's model ----------------------------------------------------------------
+# -- in Lightning's loop, with the tests' model ----------------------------------------------------------------
 
 
 class Recorder:
@@ -101,12 +100,12 @@ class Recorder:
             )  # fmt: skip
 
 
-def train(strategy, precision: str = "32-true", steps: int = 6, hook: Recorder | None = None) -> ImageClassifier:
+def train(strategy, precision: str = "32-true", steps: int = 6, hook: Recorder | None = None) -> TinyClassifier:
     L.seed_everything(0)
-    model = ImageClassifier(widths=(8, 16), optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
+    model = TinyClassifier(optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
     if hook is not None:
-        model.net.stem[0].register_forward_hook(hook)
-    data = CIFAR10DataModule(synthetic_train_size=256, synthetic_val_size=64, batch_size=32)
+        model.net[0].register_forward_hook(hook)  # the first layer: runs under autocast in every replica
+    data = TinyData(train_size=256, val_size=64, batch_size=32)
     trainer = L.Trainer(accelerator="gpu", devices=1, strategy=strategy, precision=precision, max_steps=steps,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=2)  # fmt: skip
@@ -152,7 +151,7 @@ PRESET_RUNS = [("gpu", "16-mixed"), ("dp", "bf16-mixed"), ("ddp", "32"), ("ddp_s
 def test_gpu_presets_train(preset, precision, run_cli, tmp_path):
     configs = ["--config", f"configs/trainer/{preset}.yaml", "--config", f"configs/precision/{precision}.yaml"]
     run_cli(
-        "fit", *TINY_IMAGE, *configs, "--trainer.accelerator=gpu", "--trainer.devices=1", "--trainer.max_steps=5",
+        "fit", *TINY, *configs, "--trainer.accelerator=gpu", "--trainer.devices=1", "--trainer.max_steps=5",
         "--trainer.limit_val_batches=2", f"--trainer.default_root_dir={tmp_path}",
     )  # fmt: skip
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)

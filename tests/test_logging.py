@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_IMAGE
+from tests.conftest import TINY
 
 QUICK = ["--trainer.max_steps=4", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2"]
 
@@ -16,7 +16,7 @@ def wandb_runs(run_dir: Path) -> list[Path]:
 @pytest.mark.slow
 def test_wandb_offline_logs_one_run_per_job_and_continues_it_on_resume(tmp_path, run_cli):
     run_dir = tmp_path / "run"
-    common = [*TINY_IMAGE, "--config", "configs/logger/wandb.yaml", f"--trainer.default_root_dir={run_dir}", *QUICK]
+    common = [*TINY, "--config", "configs/logger/wandb.yaml", f"--trainer.default_root_dir={run_dir}", *QUICK]
     run_cli("fit", *common, "--trainer.strategy=ddp", "--trainer.devices=2")
     run_id = (run_dir / "wandb_run_id").read_text().strip()
     runs = wandb_runs(run_dir)
@@ -30,12 +30,12 @@ def test_wandb_offline_logs_one_run_per_job_and_continues_it_on_resume(tmp_path,
 
 
 def test_plain_progress_lines_when_not_on_a_terminal(tmp_path, run_cli):
-    result = run_cli("fit", *TINY_IMAGE, *QUICK, "--trainer.max_epochs=1", f"--trainer.default_root_dir={tmp_path}")
+    result = run_cli("fit", *TINY, *QUICK, "--trainer.max_epochs=1", f"--trainer.default_root_dir={tmp_path}")
     lines = [line for line in result.stdout.splitlines() if line.startswith(("val ", "done "))]
     assert lines and "val/loss=" in lines[0]
     assert "\r" not in result.stdout and "━" not in result.stdout  # no redrawn bars in log files
 
 
 def test_rich_progress_bar_on_request(tmp_path, run_cli):
-    result = run_cli("fit", *TINY_IMAGE, *QUICK, "--progress_bar=rich", f"--trainer.default_root_dir={tmp_path}")
+    result = run_cli("fit", *TINY, *QUICK, "--progress_bar=rich", f"--trainer.default_root_dir={tmp_path}")
     assert "━" in result.stdout

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 
 from src.callbacks.nan_guard import NonFiniteLoss
 from src.cli import main
-from tests.conftest import TINY_IMAGE, load_state
+from tests.conftest import TINY, load_state
 
 CORRUPT_STEP = 12  # the 12th optimizer step, in the second epoch: the first ends with a checkpoint at step 8
 
@@ -21,8 +21,8 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-class NaNImagesAtStep(Callback):
-    """Fills the images of optimizer step ``step`` (counting from 1) with NaN; records last.ckpt's hash then."""
+class NaNInputsAtStep(Callback):
+    """Fills the inputs of optimizer step ``step`` (counting from 1) with NaN; records last.ckpt's hash then."""
 
     seen_digest: str | None = None  # the CLI builds the instance, so the test reads the class
 
@@ -34,7 +34,7 @@ class NaNImagesAtStep(Callback):
         if trainer.global_step + 1 == self.step and self.rank in (None, trainer.global_rank):
             batch[0].fill_(float("nan"))
             last = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-            NaNImagesAtStep.seen_digest = digest(last) if last.is_file() else None
+            NaNInputsAtStep.seen_digest = digest(last) if last.is_file() else None
 
 
 @pytest.mark.parametrize(("check_every", "stopped_after"), [(0, CORRUPT_STEP - 1), (100, 16)])
@@ -43,9 +43,9 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(check_every,
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as stop:
         main([
-            "fit", *TINY_IMAGE, "--trainer.limit_train_batches=8", "--trainer.limit_val_batches=1",
+            "fit", *TINY, "--trainer.limit_train_batches=8", "--trainer.limit_val_batches=1",
             "--trainer.max_epochs=2", "--progress_bar=none", f"--nan_guard.check_every_n_steps={check_every}",
-            "--trainer.callbacks+=tests.test_nan_guard.NaNImagesAtStep", f"--trainer.callbacks.step={CORRUPT_STEP}",
+            "--trainer.callbacks+=tests.test_nan_guard.NaNInputsAtStep", f"--trainer.callbacks.step={CORRUPT_STEP}",
             f"--trainer.default_root_dir={run_dir}",
         ])  # fmt: skip
     last = run_dir / "checkpoints" / "last.ckpt"
@@ -54,7 +54,7 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(check_every,
     assert "error: the training loss was NaN" in message and "Traceback" not in message
     assert f"NaN or infinite at optimizer step {CORRUPT_STEP} " in message
     assert f"after {stopped_after} applied steps" in message and str(last) in message and "Fix:" in message
-    assert digest(last) == NaNImagesAtStep.seen_digest  # not rewritten after the bad step
+    assert digest(last) == NaNInputsAtStep.seen_digest  # not rewritten after the bad step
     checkpoint = torch.load(last, weights_only=False)
     assert checkpoint["global_step"] == 8
     assert all(torch.isfinite(t).all() for t in load_state(last).values() if t.is_floating_point())
@@ -63,9 +63,9 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(check_every,
 def test_training_through_nan_when_disabled(tmp_path):
     run_dir = tmp_path / "run"
     main([
-        "fit", *TINY_IMAGE, "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1",
+        "fit", *TINY, "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1",
         "--trainer.max_epochs=1", "--progress_bar=none", "--nan_guard.enabled=false",
-        "--trainer.callbacks+=tests.test_nan_guard.NaNImagesAtStep", "--trainer.callbacks.step=2",
+        "--trainer.callbacks+=tests.test_nan_guard.NaNInputsAtStep", "--trainer.callbacks.step=2",
         f"--trainer.default_root_dir={run_dir}",
     ])  # fmt: skip
     weights = load_state(run_dir / "checkpoints" / "last.ckpt")
@@ -76,9 +76,9 @@ def test_nan_on_one_ddp_rank_stops_every_rank_at_the_next_logging_step(tmp_path,
     """Under ddp the ranks agree on the record every log_every_n_steps (not every step: a blocking all-reduce)."""
     run_dir = tmp_path / "run"
     result = run_cli(
-        "fit", *TINY_IMAGE, "--config=configs/trainer/ddp_cpu.yaml", "--trainer.limit_train_batches=8",
+        "fit", *TINY, "--config=configs/trainer/ddp_cpu.yaml", "--trainer.limit_train_batches=8",
         "--trainer.limit_val_batches=1", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=5",
-        "--progress_bar=none", "--trainer.callbacks+=tests.test_nan_guard.NaNImagesAtStep",
+        "--progress_bar=none", "--trainer.callbacks+=tests.test_nan_guard.NaNInputsAtStep",
         f"--trainer.callbacks.step={CORRUPT_STEP}", "--trainer.callbacks.rank=1",
         f"--trainer.default_root_dir={run_dir}", check=False, timeout=300,
     )  # fmt: skip

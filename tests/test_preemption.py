@@ -1,6 +1,6 @@
 """Every stop saves, and every resume continues exactly: weights, every validation row and the best checkpoint.
 
-Each case trains the tiny image workload in fp64, once without interruption and once stopped by a signal and
+Each case trains the tests' workload in fp64, once without interruption and once stopped by a signal and
 resumed with ``--ckpt_path=last``, and compares the two: the weights bit for bit, every logged validation row
 (step and value), and the best checkpoint's name and score. The schedules cover integer, fractional and
 time-based ``val_check_interval``, ``check_val_every_n_epoch`` null and N, gradient accumulation and loader
@@ -24,11 +24,11 @@ from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
 from src.checkpoint_io import atomic_torch_save, is_intact
 from src.cli import main
-from tests.conftest import REPO, TINY_IMAGE, cli_env, load_state, read_metrics
+from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics
 
 STEPS = 40  # 16 optimizer steps per epoch: two and a half epochs
 COMMON = [
-    *TINY_IMAGE,
+    *TINY,
     "--progress_bar=none",
     "--trainer.precision=64-true",
     f"--trainer.max_steps={STEPS}",

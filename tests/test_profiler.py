@@ -7,7 +7,7 @@ import json
 import pytest
 
 from src.cli import main
-from tests.conftest import TINY_IMAGE
+from tests.conftest import TINY
 
 SHORT = ["--trainer.limit_train_batches=6", "--trainer.limit_val_batches=1", "--progress_bar=none"]
 
@@ -21,7 +21,7 @@ def test_lightning_profiler_preset_writes_its_report_into_the_run_directory(pres
     main(
         [
             "fit",
-            *TINY_IMAGE,
+            *TINY,
             "--config",
             f"configs/debug/{preset}.yaml",
             *SHORT,
@@ -34,9 +34,7 @@ def test_lightning_profiler_preset_writes_its_report_into_the_run_directory(pres
 
 def test_pytorch_profiler_trace_holds_the_training_steps_in_chrome_trace_format(tmp_path):
     run_dir = tmp_path / "run"
-    main(
-        ["fit", *TINY_IMAGE, "--config", "configs/debug/profiler.yaml", *SHORT, f"--trainer.default_root_dir={run_dir}"]
-    )
+    main(["fit", *TINY, "--config", "configs/debug/profiler.yaml", *SHORT, f"--trainer.default_root_dir={run_dir}"])
     log_dir = run_dir / "logs" / "version_0"
     assert "aten::" in (log_dir / "fit-profile.txt").read_text()  # the operator table
     (trace,) = log_dir.glob("*.pt.trace.json")

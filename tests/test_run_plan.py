@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from src.cli import main
-from tests.conftest import TINY_IMAGE
+from tests.conftest import TINY
 
 PLAN = [
-    *TINY_IMAGE,  # global batch 32 over 512 samples
+    *TINY,  # global batch 32 over 512 samples
     "--trainer.accumulate_grad_batches=2",
     "--trainer.limit_train_batches=8",
     "--trainer.limit_val_batches=2",

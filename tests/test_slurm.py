@@ -26,14 +26,14 @@ import torch
 
 from src import checks
 from src.errors import ConfigurationError
-from tests.conftest import REPO, TINY_IMAGE, cli_env, load_state, read_metrics, relative_difference
+from tests.conftest import REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
 
 MAX_STEPS = 40  # 16 steps per epoch: the run crosses two epoch ends (validation, best-*.ckpt)
 PREEMPT_AFTER = 8  # signal the job once it has done this many steps
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
-#: arguments shared by every training job; fp64 so that equal math gives equal weights to ~1e-14
+#: arguments shared by every training job (after the tests' config, which Jobs.submit passes as CONFIG); fp64 so
+#: that equal math gives equal weights to ~1e-14
 TRAIN_ARGS = [
-    *TINY_IMAGE,
     f"--trainer.max_steps={MAX_STEPS}",
     "--trainer.max_epochs=100",
     "--trainer.precision=64-true",
@@ -99,7 +99,10 @@ class Jobs:
         self.submitted: list[str] = []
 
     def submit(self, script: str, *sbatch_args: str, **env: str) -> str:
-        """``sbatch SBATCH_ARGS SCRIPT`` (or ``--wrap=COMMAND`` as the script) with ENV added to the environment."""
+        """``sbatch SBATCH_ARGS SCRIPT`` (or ``--wrap=COMMAND`` as the script) with ENV added to the environment.
+
+        The scripts read CONFIG right after ``fit``: the tests' workload, unless ENV names another config."""
+        env = {"CONFIG": str(TINY_CONFIG), **env}
         # the environment travels with the job (sbatch --export=ALL, the default): values may contain commas
         output = self.folder / ("%x-%A_%a.out" if any(a.startswith("--array") for a in sbatch_args) else "%x-%j.out")
         result = subprocess.run(
@@ -273,7 +276,6 @@ def test_multi_node_script_trains_the_same_model_on_two_nodes(jobs: Jobs, refere
         "--cpus-per-task=1",
         RUN_DIR=str(run_dir),
         ACCELERATOR="cpu",
-        CONFIG="",
         EXTRA_ARGS=" ".join(TRAIN_ARGS),
     )
     (record,) = jobs.wait(job)
@@ -296,7 +298,7 @@ def test_array_job_runs_every_task(jobs: Jobs) -> None:
         "--cpus-per-task=1",
         RUN_DIR=str(run_root),
         ACCELERATOR="cpu",
-        EXTRA_ARGS=" ".join([*TINY_IMAGE, "--trainer.max_steps=8", "--trainer.limit_val_batches=2"]),
+        EXTRA_ARGS=" ".join(["--trainer.max_steps=8", "--trainer.limit_val_batches=2"]),
     )
     records = jobs.wait(job, timeout=240)
     completed(records, jobs)
@@ -324,7 +326,7 @@ def test_torchrun_inside_a_slurm_job(jobs: Jobs) -> None:
     run_dir = jobs.folder / "run"
     torchrun = Path(sys.executable).with_name("torchrun")
     command = (
-        f"srun {torchrun} --standalone --nproc_per_node=2 -m src.cli fit {' '.join(TINY_IMAGE)}"
+        f"srun {torchrun} --standalone --nproc_per_node=2 -m src.cli fit {' '.join(TINY)}"
         " --trainer.max_steps=8 --trainer.limit_val_batches=2 --progress_bar=none"
         f" --trainer.strategy=ddp --trainer.devices=2 --trainer.default_root_dir={run_dir}"
     )

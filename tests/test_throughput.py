@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from src.callbacks.progress import progress_bar
 from src.callbacks.throughput import SpeedMonitor, dense_peak_flops, first_tensor
 from src.cli import main
-from tests.conftest import TINY_GPT, read_metrics
+from tests.conftest import TINY, read_metrics
 
 LOAD_SECONDS = 0.02  # per batch, in the loader of the user workload below
 FLOPS_PER_BATCH = 3.0e9
@@ -91,23 +91,23 @@ def test_user_module_gets_throughput_mfu_memory_and_data_wait(tmp_path, capsys):
     assert "perf/samples_per_s=" in line and "perf/mfu=" in line and "perf/data_wait=" in line
 
 
-def test_language_model_logs_tokens_and_its_own_flop_count(tmp_path):
+def test_tokens_on_request_and_the_figures_at_the_step_of_the_loss(tmp_path):
+    """``--throughput.count=tokens`` counts every element of the batch's first tensor (the language model example
+    counts its token ids by itself, tests/examples/test_gpt.py)."""
     run_dir = tmp_path / "run"
     main([
-        "fit", *TINY_GPT, "--trainer.max_steps=6", "--trainer.log_every_n_steps=3", "--trainer.limit_val_batches=1",
-        "--progress_bar=none", f"--trainer.default_root_dir={run_dir}",
+        "fit", *TINY, "--throughput.count=tokens", "--trainer.max_steps=6", "--trainer.log_every_n_steps=3",
+        "--trainer.limit_val_batches=1", "--progress_bar=none", f"--trainer.default_root_dir={run_dir}",
     ])  # fmt: skip
     rows = read_metrics(run_dir)
     samples, tokens = logged(rows, "perf/samples_per_s"), logged(rows, "perf/tokens_per_s")
-    assert len(samples) == 2 and tokens == pytest.approx([32 * s for s in samples], rel=1e-5)  # block_size 32
+    assert len(samples) == 2 and tokens == pytest.approx([16 * s for s in samples], rel=1e-5)  # 16 features each
     # written straight to the logger, at the step Lightning gives the loss logged on the same optimizer step (if a
     # Lightning release counts its logging steps differently, lightning_logging_step must follow)
     assert [row["step"] for row in rows if row.get("perf/samples_per_s")] == ["2", "5"]
     assert [row["step"] for row in rows if row.get("train/loss")] == ["2", "5"]
-    model = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["hyper_parameters"]
-    assert model["block_size"] == 32
-    flops = logged(rows, "perf/tflops_per_device")
-    assert all(f > 0 for f in flops)
+    flops_per_sample = 6 * (16 * 32 + 32 * 4)  # TinyClassifier.flops_per_sample: 6 per weight
+    assert logged(rows, "perf/tflops_per_device") == pytest.approx([s * flops_per_sample / 1e12 for s in samples])
     assert "perf/mfu" not in rows[0]  # a CPU has no known peak unless one is given
 
 

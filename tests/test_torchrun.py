@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY_IMAGE, cli_env, load_state, relative_difference
+from tests.conftest import REPO, TINY, cli_env, load_state, relative_difference
 
 pytestmark = pytest.mark.slow
 
 MAX_STEPS = 24
 ARGS = [
-    *TINY_IMAGE,
+    *TINY,
     f"--trainer.max_steps={MAX_STEPS}",
     "--trainer.max_epochs=100",
     "--trainer.precision=64-true",

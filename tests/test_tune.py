@@ -11,13 +11,13 @@ from torch import Tensor
 
 from src.cli import main
 from src.data.sampling import per_process_batch_size
-from src.models import ImageClassifier
 from src.tuning import global_batch_size, scaled_lr
-from tests.conftest import TINY_IMAGE
+from tests.conftest import TINY
+from tests.fixtures.workload import TinyClassifier
 
 
-class MemoryLimitedClassifier(ImageClassifier):
-    """The image classifier on a simulated device that holds ``memory_limit`` samples per training step: a larger
+class MemoryLimitedClassifier(TinyClassifier):
+    """The tests' classifier on a simulated device that holds ``memory_limit`` samples per training step: a larger
     micro-batch raises the error CUDA raises when it runs out of memory (Lightning tells it by its message)."""
 
     def __init__(self, memory_limit: int = 20, **kwargs) -> None:
@@ -30,7 +30,12 @@ class MemoryLimitedClassifier(ImageClassifier):
         return super().training_step(batch, batch_idx)
 
 
-LIMITED = ["--model=tests.test_tune.MemoryLimitedClassifier", *TINY_IMAGE, "--model.init_args.memory_limit=20"]
+LIMITED = [
+    *TINY,
+    "--model=tests.test_tune.MemoryLimitedClassifier",
+    "--model.init_args.hidden=24",
+    "--model.init_args.memory_limit=20",
+]
 
 
 def test_tune_under_ddp_finds_the_largest_power_of_two_that_fits_and_its_config_trains(tmp_path, capsys):
@@ -59,7 +64,7 @@ def test_tune_under_ddp_finds_the_largest_power_of_two_that_fits_and_its_config_
     assert plan["global_batch"] == 32 and plan["micro_batch_per_process"] == 16
     resolved = yaml.safe_load((fit_dir / "logs" / "version_0" / "config.yaml").read_text())
     assert resolved["model"]["init_args"]["optimizer"]["init_args"]["lr"] == lr
-    assert resolved["model"]["init_args"]["widths"] == [8, 16]  # the other options are kept
+    assert resolved["model"]["init_args"]["hidden"] == 24  # the other options are kept
     assert (fit_dir / "checkpoints" / "last.ckpt").is_file()
 
 

@@ -1,0 +1,50 @@
+"""The example workloads' tests (the image classifier and the GPT): their small settings and a fake CIFAR-10.
+
+Everything under tests/examples/ belongs to the examples (src/models/image_classifier.py, src/models/gpt.py,
+src/data/images.py, text.py, corpus.py, configs/experiment/): deleting them means deleting this folder too.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import torch
+
+#: a small but complete image workload: a few seconds per run on a 2-core CPU
+TINY_IMAGE = [
+    "--trainer.accelerator=cpu",
+    "--trainer.enable_model_summary=false",
+    "--model.init_args.widths=[8,16]",
+    "--data.init_args.synthetic_train_size=512",
+    "--data.init_args.synthetic_val_size=128",
+    "--data.init_args.batch_size=32",
+]
+TINY_GPT = [
+    "--trainer.accelerator=cpu",
+    "--trainer.enable_model_summary=false",
+    "--model=src.models.CausalLanguageModel",
+    "--model.init_args.n_layer=2",
+    "--model.init_args.n_head=2",
+    "--model.init_args.n_embd=32",
+    "--model.init_args.block_size=32",
+    "--data=src.data.TextDataModule",
+    "--data.init_args.block_size=32",
+    "--data.init_args.corpus_chars=40000",
+    "--data.init_args.batch_size=16",
+    "--checkpoint.monitor=val/loss",
+    "--checkpoint.mode=min",
+]
+
+
+def write_cifar10(root: Path, per_file: int = 20) -> Path:
+    """Write CIFAR-10's python format (pickled dicts of bytes keys) with ``per_file`` random images per batch."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    for offset, name in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
+        data = torch.randint(0, 256, (per_file, 3072), generator=g, dtype=torch.uint8).numpy()
+        labels = [(offset * per_file + i) % 10 for i in range(per_file)]
+        with open(folder / name, "wb") as handle:
+            pickle.dump({b"data": data, b"labels": labels, b"batch_label": name.encode()}, handle)
+    return folder

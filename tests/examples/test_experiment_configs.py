@@ -1,0 +1,56 @@
+"""The examples' presets, configs/experiment/*.yaml: each parses to what it says, and runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from src.cli import main
+from tests.conftest import REPO, last_value, read_metrics
+from tests.examples.conftest import write_cifar10
+from tests.test_configs import assert_contains, resolved
+
+EXPERIMENTS = sorted((REPO / "configs" / "experiment").glob("*.yaml"))
+
+
+def test_both_presets_are_tested():
+    assert [p.name for p in EXPERIMENTS] == ["gpt.yaml", "image.yaml"]
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_experiment_parses_to_what_it_says(path, capsys):
+    config = resolved(capsys, "--config", str(path))
+    assert_contains(yaml.safe_load(path.read_text()), config)
+
+
+def test_print_config_of_a_preset_round_trips(tmp_path, capsys):
+    first = resolved(capsys, "--config", "configs/experiment/gpt.yaml", "--trainer.max_steps=7")
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(yaml.safe_dump(first))
+    assert resolved(capsys, "--config", str(saved)) == first
+    assert first["model"]["class_path"] == "src.models.CausalLanguageModel"
+    assert first["trainer"]["max_steps"] == 7
+
+
+def test_image_experiment_on_cifar_format_files(tmp_path):
+    write_cifar10(tmp_path / "cifar", per_file=40)
+    run_dir = tmp_path / "run"
+    main([
+        "fit", "--config", "configs/experiment/image.yaml", "--trainer.accelerator=cpu",
+        f"--data.init_args.data_dir={tmp_path / 'cifar'}", "--data.init_args.download=false",
+        "--data.init_args.val_size=40", "--data.init_args.batch_size=32", "--data.init_args.num_workers=2",
+        "--model.init_args.widths=[8,16]", "--trainer.max_epochs=1", "--progress_bar=none",
+        f"--trainer.default_root_dir={run_dir}",
+    ])  # fmt: skip
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 160 // 32
+
+
+def test_gpt_experiment(tmp_path):
+    run_dir = tmp_path / "run"
+    main([
+        "fit", "--config", "configs/experiment/gpt.yaml", "--trainer.accelerator=cpu", "--trainer.max_steps=4",
+        "--trainer.val_check_interval=2", "--trainer.limit_val_batches=2", "--model.init_args.n_layer=1",
+        "--progress_bar=none", f"--trainer.default_root_dir={run_dir}",
+    ])  # fmt: skip
+    assert last_value(read_metrics(run_dir), "val/perplexity") > 1
