@@ -144,7 +144,7 @@ def resolved(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
     return yaml.safe_load(capsys.readouterr().out)
 
 
-def test_a_later_config_overrides_an_earlier_flag_and_a_later_flag_overrides_a_config(capsys, monkeypatch):
+def test_a_later_config_overrides_an_earlier_flag_and_a_later_flag_overrides_a_config(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
     before = resolved(capsys, "--trainer.accelerator=cpu", "--config", "configs/trainer/dp.yaml")["trainer"]
     assert (before["accelerator"], before["devices"], before["strategy"]) == ("gpu", -1, "dp")
@@ -154,7 +154,9 @@ def test_a_later_config_overrides_an_earlier_flag_and_a_later_flag_overrides_a_c
     # environment variables come before every argument: a --config file overrides them too
     monkeypatch.setenv("PL_FIT__TRAINER__MAX_STEPS", "33")
     assert resolved(capsys)["trainer"]["max_steps"] == 33
-    assert resolved(capsys, "--config", "configs/experiment/gpt.yaml")["trainer"]["max_steps"] == 600
+    steps_file = tmp_path / "steps.yaml"
+    steps_file.write_text("trainer:\n  max_steps: 600\n")
+    assert resolved(capsys, "--config", str(steps_file))["trainer"]["max_steps"] == 600
 
 
 def test_help_says_how_config_files_combine_with_flags(capsys):

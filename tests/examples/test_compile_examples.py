@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY_GPT, TINY_IMAGE
+from tests.conftest import REPO
+from tests.examples.conftest import TINY_GPT, TINY_IMAGE
 
 WORKLOADS = {
     # the ResNet's steps update torchmetrics objects: a compiled step recompiled on each update until torch's limit
