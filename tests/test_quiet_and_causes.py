@@ -1,0 +1,164 @@
+"""Errors name their real cause, and a default run prints nothing a newcomer must learn to ignore.
+
+A network or file-system failure in a data module or a constructor is reported as what it is (no network with
+the host; disk full, permission denied or file not found with the path), exit status 1, and never as a wrong
+option. The runs of the second half capture a real run's stdout and stderr without the test suite's warning
+filters and look for each line of Lightning's and PyTorch's that said nothing about the run.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from src.cli import main
+from src.errors import DEBUG_ENV, EnvironmentFailure, from_spawned_traceback
+from tests.conftest import REPO, TINY, cli_env
+from tests.fixtures.workload import TinyClassifier, TinyData
+
+#: a host that never resolves (RFC 2606 reserves .invalid), so the download fails with or without a network
+UNREACHABLE_URL = "http://data.invalid/dataset.tar.gz"
+
+
+class FailingData(TinyData):
+    """Test-only: the tests' data module whose ``prepare_data`` fails the way a real download or file write does.
+
+    Args:
+        failure: ``network`` (fetch from a host that does not resolve), ``disk_full`` (write to /dev/full),
+            ``permission`` (a PermissionError naming a path), ``missing`` (open a file that does not exist),
+            ``value`` (a plain ValueError, which stays a configuration error).
+        path: The file ``missing`` opens.
+    """
+
+    def __init__(self, failure: str = "network", path: str = "/no/such/folder/set.bin", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.failure, self.path = failure, path
+
+    def prepare_data(self) -> None:
+        if self.failure == "network":
+            urllib.request.urlopen(UNREACHABLE_URL, timeout=10)
+        elif self.failure == "disk_full":
+            with open("/dev/full", "wb") as handle:  # every write fails with ENOSPC, as on a full disk
+                handle.write(b"x" * 2**20)
+        elif self.failure == "permission":
+            raise PermissionError(errno.EACCES, "Permission denied", "/srv/shared/dataset.tar.gz")
+        elif self.failure == "missing":
+            open(self.path, "rb").close()
+        elif self.failure == "value":
+            raise ValueError("threshold must be positive")
+
+
+class DownloadingModel(TinyClassifier):
+    """Test-only: a model whose constructor downloads pretrained weights, from a host that does not resolve."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        urllib.request.urlopen(UNREACHABLE_URL, timeout=10)
+
+
+def run_in_process(capsys, args: list[str]) -> tuple[int, str]:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    return stop.value.code, capsys.readouterr().err
+
+
+def fails_with(capsys, args: list[str], *needles: str) -> str:
+    """Run the CLI in-process; expect exit status 1 and one paragraph with every needle and no blamed option."""
+    code, err = run_in_process(capsys, args)
+    assert code == 1, err
+    assert "Traceback" not in err, err
+    message = err[err.index("error: ") :]
+    assert len(message.strip().splitlines()) == 1, message
+    assert "Fix: " in message and "correct those" not in message, message
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in:\n{message}"
+    return message
+
+
+def data_args(tmp_path: Path, failure: str, *extra: str) -> list[str]:
+    return [
+        "fit",
+        *TINY,
+        "--data=tests.test_quiet_and_causes.FailingData",
+        f"--data.init_args.failure={failure}",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+        *extra,
+    ]
+
+
+def test_a_failed_download_in_prepare_data_is_no_network_with_the_host(tmp_path, capsys):
+    message = fails_with(capsys, data_args(tmp_path, "network"), "no network", "data.invalid", UNREACHABLE_URL)
+    assert "This is not a wrong option" in message
+    assert not list((tmp_path / "run").rglob("*.ckpt"))
+
+
+def test_a_full_disk_is_disk_full(tmp_path, capsys):
+    fails_with(capsys, data_args(tmp_path, "disk_full"), "disk full", "No space left on device", "df -h")
+
+
+def test_permission_denied_names_the_path(tmp_path, capsys):
+    fails_with(capsys, data_args(tmp_path, "permission"), "permission denied", "/srv/shared/dataset.tar.gz")
+
+
+def test_a_missing_file_names_the_path(tmp_path, capsys):
+    missing = tmp_path / "nowhere" / "set.bin"
+    fails_with(
+        capsys, data_args(tmp_path, "missing", f"--data.init_args.path={missing}"), "file not found", str(missing)
+    )
+
+
+def test_a_constructor_that_downloads_is_no_network_not_a_bad_option(tmp_path, capsys):
+    args = [
+        "fit",
+        *TINY,
+        "--model=tests.test_quiet_and_causes.DownloadingModel",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    message = fails_with(capsys, args, "no network", "data.invalid")
+    assert "building DownloadingModel" not in message
+
+
+def test_other_errors_of_a_hook_stay_configuration_errors_and_do_not_claim_the_options_are_wrong(tmp_path, capsys):
+    code, err = run_in_process(capsys, data_args(tmp_path, "value"))
+    assert code == 2, err
+    assert "FailingData.prepare_data" in err and "ValueError: threshold must be positive" in err, err
+    assert "Fix: check the --data.init_args.* options it uses" in err and "correct those" not in err, err
+
+
+def test_the_debug_switch_shows_the_network_errors_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv(DEBUG_ENV, "true")
+    with pytest.raises(OSError, match="urlopen error"):  # URLError, raised as it was
+        main(data_args(tmp_path, "network"))
+
+
+@pytest.mark.slow
+def test_ddp_reports_a_failed_download_once_with_exit_status_1(tmp_path):
+    args = data_args(tmp_path, "network", "--trainer.strategy=ddp", "--trainer.devices=2")
+    result = subprocess.run(
+        [sys.executable, "-m", "src.cli", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("error: ") == 1, result.stderr
+    assert "no network: cannot reach data.invalid" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_ddp_spawn_workers_network_and_disk_errors_are_read_back_from_its_traceback():
+    """``ddp_spawn`` hands the parent only the text of a worker's traceback."""
+    network = from_spawned_traceback(
+        'Traceback (most recent call last):\n  File "x.py", line 1, in prepare_data\n'
+        "urllib.error.URLError: <urlopen error [Errno -2] Name or service not known>\n"
+    )
+    assert isinstance(network, EnvironmentFailure) and str(network).startswith("no network"), network
+    disk = from_spawned_traceback(
+        'Traceback (most recent call last):\n  File "x.py", line 1, in training_step\n'
+        "OSError: [Errno 28] No space left on device: '/runs/a/checkpoints/last.ckpt'\n"
+    )
+    assert isinstance(disk, EnvironmentFailure) and "disk full: writing /runs/a/checkpoints/last.ckpt" in str(disk)
+    assert os.strerror(errno.ENOSPC) in str(disk)
