@@ -9,6 +9,7 @@ filters and look for each line of Lightning's and PyTorch's that said nothing ab
 from __future__ import annotations
 
 import errno
+import io
 import os
 import subprocess
 import sys
@@ -16,9 +17,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
+from src import checkpoint_io
 from src.cli import main
-from src.errors import DEBUG_ENV, EnvironmentFailure, from_spawned_traceback
+from src.errors import DEBUG_ENV, EnvironmentFailure, environment_failure_of, from_spawned_traceback
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier, TinyData
 
@@ -232,7 +235,8 @@ def test_a_run_a_stop_a_resume_and_an_evaluation_print_no_noise(tmp_path, newcom
     stopped = run_quietly(newcomer_env, "fit", *args, *stop, code=75)
     assert "preempted: SIGUSR1: saved" in stopped
     # the summary: no FLOPs column, and the model's own training FLOPs per sample: 6 x (16 x 32 + 32 x 4)
-    assert "FLOPs ┃" not in stopped and "Training FLOPs per sample (the model's flops_per_sample): 3.8 K" in stopped
+    header = next(line for line in stopped.splitlines() if "┃ Name" in line)
+    assert "FLOPs" not in header and "Training FLOPs per sample (the model's flops_per_sample): 3.8 K" in stopped
     resumed = run_quietly(newcomer_env, "fit", *args, "--ckpt_path=last")
     assert "Restored all states from the checkpoint" in resumed and MISSING_MONITOR not in resumed
     checkpoint = str(run_dir / "checkpoints" / "last.ckpt")
@@ -260,3 +264,62 @@ def test_real_warnings_still_show(tmp_path, newcomer_env):
     output = run_quietly(newcomer_env, "fit", *args, "--trainer.precision=16-mixed", "--checkpoint.monitor=val/nope")
     assert "AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'` instead." in output
     assert f"--checkpoint.monitor=val/nope {MISSING_MONITOR}" in output
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file: permission denied cannot happen")
+def test_an_unreadable_text_file_is_permission_denied_not_a_missing_file(tmp_path, capsys):
+    folder = tmp_path / "private"
+    folder.mkdir()
+    text = folder / "corpus.txt"
+    text.write_text("A short text. " * 100)
+    for locked, needle in ((text, "readable for this user"), (folder, "permission denied")):
+        locked.chmod(0)
+        try:
+            args = ["fit", *TINY, "--model=src.models.CausalLanguageModel", "--data=src.data.TextDataModule"]
+            message = fails_with(
+                capsys, [*args, f"--data.init_args.path={text}", f"--trainer.default_root_dir={tmp_path}"]
+            )
+            assert "permission denied" in message and needle in message and "is not a file" not in message, message
+        finally:
+            locked.chmod(0o755)
+
+
+def test_a_text_file_that_cannot_be_read_is_permission_denied_with_the_option(tmp_path, capsys, monkeypatch):
+    """The same, where the tests run as root: the read itself fails as it does for another user's file."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("A short text. " * 100)
+    read_text = Path.read_text
+
+    def denied(self: Path, *args, **kwargs) -> str:
+        if self == text:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    args = ["fit", *TINY, "--model=src.models.CausalLanguageModel", "--data=src.data.TextDataModule"]
+    message = fails_with(capsys, [*args, f"--data.init_args.path={text}", f"--trainer.default_root_dir={tmp_path}"])
+    assert f"permission denied: {text}" in message and f"make --data.init_args.path={text} readable" in message
+
+
+class FullDisk(io.FileIO):
+    """A file on a disk that fills up after ``room`` bytes: later writes fail with ENOSPC, as a real disk's do."""
+
+    room = 4096
+
+    def write(self, data) -> int:
+        if self.tell() + len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(data)
+
+
+def test_a_checkpoint_save_on_a_full_disk_is_disk_full_with_the_checkpoints_path(tmp_path, monkeypatch):
+    """torch's zip writer turns the file's ENOSPC into ``RuntimeError: unexpected pos``; the save says disk full."""
+    monkeypatch.setattr(checkpoint_io.os, "fdopen", lambda handle, mode: FullDisk(handle, mode.replace("b", "")))
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    with pytest.raises(OSError) as raised:
+        checkpoint_io.atomic_torch_save({"weights": torch.zeros(10_000)}, path)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+    assert isinstance(raised.value.__cause__, RuntimeError)  # what torch raised
+    assert list(path.parent.iterdir()) == []  # no temporary file left
+    failure = environment_failure_of(raised.value)
+    assert str(failure).startswith(f"disk full: writing {path} failed (No space left on device)"), failure

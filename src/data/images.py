@@ -167,9 +167,9 @@ def _md5(path: Path) -> str:
 
 def _no_download_fix(url: str, target: Path) -> str:
     return (
-        f"download {url} where there is a network (on a cluster, the login node), unpack it into {target}"
-        f" (`tar -xzf cifar-10-python.tar.gz -C {target}`), and run again; or leave --data.init_args.data_dir unset"
-        " to train on the embedded synthetic set"
+        f"run the same command once where there is a network (on a cluster, the login node) to download into"
+        f" {target}, or download {url} there and unpack it into {target} (`tar -xzf cifar-10-python.tar.gz -C"
+        f" {target}`); or leave --data.init_args.data_dir unset to train on the embedded synthetic set"
     )
 
 
