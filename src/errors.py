@@ -366,7 +366,7 @@ def lost_peer(exception: BaseException) -> bool:
     """True for the error a rank gets in a collective when another process of the run exited or was killed."""
     if isinstance(exception, getattr(dist, "DistNetworkError", ())):
         return True
-    return isinstance(exception, RuntimeError) and _LOST_PEER.search(str(exception)) is not None
+    return isinstance(exception, (RuntimeError, ConnectionError)) and _LOST_PEER.search(str(exception)) is not None
 
 
 def configuration_error_of(exception: BaseException) -> ConfigurationError | None:
@@ -393,6 +393,13 @@ def report(exception: BaseException) -> int:
     """
     if debug_mode():
         raise exception
+    if lost_peer(exception):  # before the network failures: the connection lost is to another rank, not a server
+        print(
+            f"stopped: rank {_rank()} lost contact with another process of this run, which failed or was killed"
+            " (its own error, if it could print one, is above).",
+            file=sys.stderr,
+        )
+        return 1
     error = configuration_error_of(exception)
     if error is not None:
         exit_code = getattr(error, "exit_code", 2)
@@ -407,13 +414,6 @@ def report(exception: BaseException) -> int:
         else:
             print(f"error: {error}", file=sys.stderr)
         return exit_code
-    if lost_peer(exception):
-        print(
-            f"stopped: rank {_rank()} lost contact with another process of this run, which failed or was killed"
-            " (its own error, if it could print one, is above).",
-            file=sys.stderr,
-        )
-        return 1
     if isinstance(exception, ProcessExitedException):
         print(f"stopped: {one_paragraph(str(exception))}", file=sys.stderr)
         return 1

@@ -21,7 +21,7 @@ import torch
 
 from src import checkpoint_io
 from src.cli import main
-from src.errors import DEBUG_ENV, EnvironmentFailure, environment_failure_of, from_spawned_traceback
+from src.errors import DEBUG_ENV, EnvironmentFailure, environment_failure_of, from_spawned_traceback, report
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier, TinyData
 
@@ -323,3 +323,9 @@ def test_a_checkpoint_save_on_a_full_disk_is_disk_full_with_the_checkpoints_path
     assert list(path.parent.iterdir()) == []  # no temporary file left
     failure = environment_failure_of(raised.value)
     assert str(failure).startswith(f"disk full: writing {path} failed (No space left on device)"), failure
+
+
+def test_a_connection_lost_to_another_rank_is_not_called_a_failed_download(capsys):
+    assert report(ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")) == 1
+    err = capsys.readouterr().err
+    assert "lost contact with another process of this run" in err and "download" not in err, err
