@@ -40,8 +40,8 @@ def silence_known_noise() -> None:
     for name in RANK_ZERO_LOGGERS:
         if _LITLOGGER_TIP not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_LITLOGGER_TIP)
-    # torch 2.10+ deprecated `LeafSpec`, which Lightning 2.6's own _pytree helper still uses, once per process
-    # and run; nothing a user can change (Lightning's code, not theirs).
+    # PyTorch deprecates `LeafSpec` (2.13 warns), which Lightning 2.6's own _pytree helper still uses: once per
+    # process, in Lightning's code, nothing a user can change.
     warnings.filterwarnings(
         "ignore",
         message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
@@ -65,9 +65,9 @@ def silence_known_noise() -> None:
         message=r"Checkpoint directory .* exists and is not empty\.",
         module=r"lightning\.pytorch\.callbacks\.model_checkpoint",
     )
-    # DDP on the CPU: the gradient of a 1x1 convolution comes back with other strides than DDP's bucket on its two
-    # dimensions of size 1, where strides do not change the memory layout, and DDP copies it as it would anyway.
-    # Only that case: the same warning for any other shape (a real layout mismatch) still shows.
+    # DDP (on the CPU, for one): the gradient of a 1x1 convolution comes back with other strides than DDP's bucket
+    # only on its two dimensions of size 1, where strides do not change the memory layout, and DDP copies it into
+    # the bucket as it does any gradient. Only that case: the warning for any other shape still shows.
     warnings.filterwarnings(
         "ignore",
         message=r"Grad strides do not match bucket view strides(?s:.*)grad\.sizes\(\) = \[\d+, \d+, 1, 1\],",

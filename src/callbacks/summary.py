@@ -26,7 +26,7 @@ class ModelSummary(RichModelSummary):
     _declared: tuple[str, float] | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._max_depth and trainer.is_global_zero:
+        if trainer.is_global_zero:  # the one process that prints the summary
             self._declared = module_flops(pl_module)
         super().on_fit_start(trainer, pl_module)
 
