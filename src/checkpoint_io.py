@@ -36,10 +36,22 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)  # atomic within one file system
-    except BaseException:
+    except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
+        cause = _file_error(error)
+        if cause is not None:  # a full disk or a read-only folder: say so, with the checkpoint's path
+            raise OSError(cause.errno, cause.strerror, str(path)) from error
         raise
     _fsync_directory(path.parent)  # the rename itself survives a power loss
+
+
+def _file_error(error: BaseException) -> OSError | None:
+    """The file system's error behind a failed save. torch's zip writer reports a failed write of the file as
+    ``RuntimeError: ... unexpected pos``, with the ``OSError`` (``ENOSPC``: disk full) only as its context."""
+    for candidate in (error, error.__context__):
+        if isinstance(candidate, OSError) and candidate.errno is not None and not candidate.filename:
+            return candidate
+    return None
 
 
 def _fsync_directory(folder: Path) -> None:

@@ -34,7 +34,7 @@ import yaml
 from jsonargparse import ActionConfigFile, Namespace
 from jsonargparse._common import debug_mode_active
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import DoublePrecision, HalfPrecision
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -46,6 +46,7 @@ from src.callbacks.compile import CompileModel
 from src.callbacks.precision import Float64Metrics
 from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
 from src.callbacks.spawn import UnshareSpawnedTensors
+from src.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from src.checkpoint_io import AtomicCheckpointIO, is_intact, newest_intact_checkpoint
 from src.checks import (
     check_checkpoint_fits,
@@ -65,6 +66,7 @@ from src.errors import (
     building_error,
     report,
 )
+from src.quiet import silence_known_noise
 from src.strategies import register_dp_strategy
 from src.tuning import Trainer as TuningTrainer
 
@@ -229,6 +231,7 @@ class TemplateCLI(LightningCLI):
     """LightningCLI with this template's defaults, checks and run-directory layout (see the module docstring)."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        silence_known_noise()  # src/quiet.py: the lines every run printed that say nothing about the run
         register_dp_strategy()
         per_subcommand = {"default_config_files": [str(DEFAULT_CONFIG)], "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
@@ -474,6 +477,10 @@ class TemplateCLI(LightningCLI):
                 kwargs["enable_progress_bar"] = False
             else:
                 callbacks.append(bar)
+        summary = trainer_config.get("enable_model_summary") is not False and not trainer_config.get("barebones")
+        if summary and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.append(FlopsAwareModelSummary())  # no column of zero FLOPs (src/callbacks/summary.py)
+            kwargs["enable_model_summary"] = False  # Lightning's own is replaced (else it logs that it skips it)
         if self._get(self.config, "compile", default=False):
             callbacks.append(CompileModel())
         kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"))
@@ -532,3 +539,6 @@ def main(args: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+elif __name__ == "__mp_main__":
+    # a ddp_spawn worker: multiprocessing runs this module under that name instead of calling main()
+    silence_known_noise()

@@ -8,6 +8,7 @@ from typing import Any
 import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 
@@ -38,6 +39,7 @@ class RunCheckpoint(ModelCheckpoint):
         super().__init__(*args, **kwargs)
         self._missing_monitor_reported = False
         self._logged_before_validation: set[str] = set()
+        self._validated = False  # a validation ran (not the sanity check): its metrics are known
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.fast_dev_run:
@@ -52,11 +54,17 @@ class RunCheckpoint(ModelCheckpoint):
         # what validation adds to these is what the warning suggests monitoring
         self._logged_before_validation = set(trainer.callback_metrics)
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._validated = self._validated or not trainer.sanity_checking
+        super().on_validation_end(trainer, pl_module)
+
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
         # ModelCheckpoint's one place that decides on the monitored metric (private; tests/test_zoo.py checks
         # that a missing metric still reaches it): skip the best-k when the metric is absent, say so once
         if self.monitor is not None and self.save_top_k != 0 and self.monitor not in monitor_candidates:
-            if not self._missing_monitor_reported:
+            # before the first validation a validation metric is missing because it was not computed yet
+            validates = trainer.limit_val_batches != 0 and is_overridden("validation_step", trainer.lightning_module)
+            if not self._missing_monitor_reported and (self._validated or not validates):
                 self._missing_monitor_reported = True
                 logged = sorted(name for name in monitor_candidates if name not in ("epoch", "step"))
                 from_validation = [name for name in logged if name not in self._logged_before_validation]

@@ -288,7 +288,9 @@ class PreemptionCheckpoint(Callback):
 
     def _save(self, trainer: L.Trainer) -> None:
         self._saved_path = self.checkpoint_path(trainer)
-        trainer.save_checkpoint(self._saved_path)  # every rank calls it; rank 0 writes
+        # every rank calls it; rank 0 writes. weights_only=False (a full, resumable checkpoint) said explicitly:
+        # left unset, Lightning logs that it defaulted to it at every save
+        trainer.save_checkpoint(self._saved_path, weights_only=False)
         trainer.strategy.barrier("preemption")  # every rank is done before a requeue can end the job step
 
     def _stop(self, trainer: L.Trainer) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import pickle
+import shutil
 import tarfile
 import tempfile
 import urllib.request
@@ -21,11 +23,20 @@ from torch.utils.data import Dataset
 
 from src.data.base import GlobalBatchDataModule, seeded_generator
 from src.data.sampling import global_seed
-from src.errors import ConfigurationError
+from src.errors import (
+    FILE_SYSTEM_ERRNOS,
+    ConfigurationError,
+    EnvironmentFailure,
+    file_system_failure,
+    is_network_error,
+    network_failure,
+)
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 CIFAR10_FOLDER = "cifar-10-batches-py"
+CIFAR10_ARCHIVE = "cifar-10-python.tar.gz"
+DOWNLOAD_TIMEOUT_S = 60  # seconds without a byte before a download fails (urllib's default is to wait forever)
 CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST_FILES = ("test_batch",)
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -108,6 +119,21 @@ def find_cifar10_folder(data_dir: str | Path) -> Path | None:
     return None
 
 
+def check_no_partial_cifar10(data_dir: str | Path) -> None:
+    """Refuse a ``cifar-10-batches-py`` folder that lacks some batch files: an interrupted unpacking of an older
+    version of this module left it, and unpacking a new archive must not mix with it."""
+    folder = Path(data_dir) / CIFAR10_FOLDER
+    if not folder.is_dir():
+        return
+    missing = [name for name in CIFAR10_TRAIN_FILES + CIFAR10_TEST_FILES if not (folder / name).is_file()]
+    if missing:
+        raise ConfigurationError(
+            f"{folder} is incomplete (no {', '.join(missing)}): an interrupted download or unpacking left it."
+            f" Fix: delete it (`rm -r {folder}`) and run again with --data.init_args.download=true, or copy an"
+            " intact cifar-10-batches-py there."
+        )
+
+
 def read_cifar10_batches(folder: Path, files: tuple[str, ...]) -> IndexedImages:
     """Read CIFAR-10 batch files (pickled dicts with ``data`` (N, 3072) uint8 and ``labels``).
 
@@ -115,32 +141,122 @@ def read_cifar10_batches(folder: Path, files: tuple[str, ...]) -> IndexedImages:
     """
     images, labels = [], []
     for name in files:
-        with open(folder / name, "rb") as handle:
-            batch = pickle.load(handle, encoding="bytes")
-        data = batch[b"data"] if b"data" in batch else batch["data"]
-        targets = batch[b"labels"] if b"labels" in batch else batch["labels"]
-        images.append(torch.as_tensor(data, dtype=torch.uint8).reshape(-1, 3, 32, 32))
-        labels.append(torch.as_tensor(targets, dtype=torch.long))
+        try:
+            with open(folder / name, "rb") as handle:
+                batch = pickle.load(handle, encoding="bytes")
+            data = batch[b"data"] if b"data" in batch else batch["data"]
+            targets = batch[b"labels"] if b"labels" in batch else batch["labels"]
+            images.append(torch.as_tensor(data, dtype=torch.uint8).reshape(-1, 3, 32, 32))
+            labels.append(torch.as_tensor(targets, dtype=torch.long))
+        except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise ConfigurationError(
+                f"{folder / name} is not a readable CIFAR-10 batch file ({type(error).__name__}: {error}): it is"
+                f" truncated or damaged, e.g. by an interrupted download or copy. Fix: delete it (`rm -r {folder}`)"
+                " and run again with --data.init_args.download=true, or copy an intact cifar-10-batches-py there."
+            ) from None
     return IndexedImages(torch.cat(images), torch.cat(labels))
 
 
-def download_cifar10(data_dir: str | Path, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5) -> Path:
-    """Download and unpack the official CIFAR-10 python archive into ``data_dir``; return the batch folder."""
-    target = Path(data_dir)
-    target.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target, suffix=".tar.gz") as archive:
-        urllib.request.urlretrieve(url, archive.name)
-        digest = hashlib.md5(Path(archive.name).read_bytes()).hexdigest()
-        if digest != md5:
-            raise RuntimeError(f"downloaded {url} has MD5 {digest}, expected {md5}; the download is corrupt")
-        with tarfile.open(archive.name) as tar:
+def _md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _no_download_fix(url: str, target: Path) -> str:
+    return (
+        f"run the same command once where there is a network (on a cluster, the login node) to download into"
+        f" {target}, or download {url} there and unpack it into {target} (`tar -xzf cifar-10-python.tar.gz -C"
+        f" {target}`); or leave --data.init_args.data_dir unset to train on the embedded synthetic set"
+    )
+
+
+def _fetch(url: str, archive: Path, md5: str) -> None:
+    """Download ``url`` to ``archive``: into a temporary file in the same folder, renamed into place only once it
+    is complete and its MD5 matches, so a failed or killed download leaves no file that looks like the archive."""
+    handle, partial = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.", suffix=".part")
+    try:
+        try:
+            digest = hashlib.md5()
+            with os.fdopen(handle, "wb") as file, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+                for chunk in iter(lambda: response.read(1 << 20), b""):
+                    file.write(chunk)
+                    digest.update(chunk)
+        except Exception as error:
+            if is_network_error(error):
+                raise network_failure(error, url, fix=_no_download_fix(url, archive.parent)) from error
+            if isinstance(error, OSError) and error.errno in FILE_SYSTEM_ERRNOS:
+                raise file_system_failure(error, error.filename or archive) from error
+            raise
+        if digest.hexdigest() != md5:
+            raise EnvironmentFailure(
+                f"download failed: {url} arrived damaged (MD5 {digest.hexdigest()}, expected {md5}); nothing was"
+                " kept. Fix: run again; if it repeats, download it by hand and check it (`md5sum`)."
+            )
+        os.replace(partial, archive)  # atomic within one file system
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+
+
+def _unpack(archive: Path, target: Path) -> None:
+    """Unpack ``archive`` into a temporary folder in ``target`` and move its batch folder into place whole."""
+    staging = Path(tempfile.mkdtemp(dir=target, prefix=".unpack-"))
+    try:
+        with tarfile.open(archive) as tar:
             if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12: refuse links and paths outside target
-                tar.extractall(target, filter="data")
+                tar.extractall(staging, filter="data")
             else:
-                tar.extractall(target)
+                tar.extractall(staging)
+        unpacked = find_cifar10_folder(staging)
+        if unpacked is None:
+            raise ConfigurationError(
+                f"{archive} holds no CIFAR-10 batch files. Fix: delete it (`rm {archive}`) and run again."
+            )
+        if find_cifar10_folder(target) is None:  # another node sharing the folder may have finished first
+            os.replace(unpacked, target / CIFAR10_FOLDER)
+    except OSError as error:
+        if error.errno not in FILE_SYSTEM_ERRNOS:
+            raise
+        raise file_system_failure(error, error.filename or target) from error
+    except (tarfile.TarError, EOFError) as error:
+        raise ConfigurationError(
+            f"{archive} is not a readable archive ({type(error).__name__}: {error}). Fix: delete it (`rm {archive}`)"
+            " and run again."
+        ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def download_cifar10(data_dir: str | Path, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5) -> Path:
+    """Download and unpack the official CIFAR-10 python archive into ``data_dir``; return the batch folder.
+
+    Nothing is left behind that a later run would mistake for data: the archive appears only once complete and
+    verified, and the batch folder only once unpacked in full. An archive left by a run that failed while
+    unpacking is checked and used instead of downloading again.
+    """
+    target = Path(data_dir)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        if error.errno not in FILE_SYSTEM_ERRNOS:
+            raise
+        raise file_system_failure(error, error.filename or target) from error
+    check_no_partial_cifar10(target)
+    archive = target / CIFAR10_ARCHIVE
+    if archive.is_file() and _md5(archive) != md5:
+        raise ConfigurationError(
+            f"{archive} is not the CIFAR-10 archive (MD5 {_md5(archive)}, expected {md5}): an interrupted or damaged"
+            f" download. Fix: delete it (`rm {archive}`) and run again."
+        )
+    if not archive.is_file():
+        _fetch(url, archive, md5)
+    _unpack(archive, target)
+    archive.unlink(missing_ok=True)  # unpacked and moved into place: the batches are all that is kept
     folder = find_cifar10_folder(target)
-    if folder is None:
-        raise RuntimeError(f"the archive from {url} did not contain the CIFAR-10 batch files")
+    assert folder is not None
     return folder
 
 
@@ -226,6 +342,7 @@ class CIFAR10DataModule(GlobalBatchDataModule):
                 )
         if self.data_dir is None or find_cifar10_folder(self.data_dir) is not None:
             return
+        check_no_partial_cifar10(self.data_dir)
         if self.download:
             download_cifar10(self.data_dir)
             return

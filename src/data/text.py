@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import torch
@@ -10,7 +11,7 @@ from torch.utils.data import Dataset
 
 from src.data.base import GlobalBatchDataModule
 from src.data.corpus import embedded_corpus
-from src.errors import ConfigurationError
+from src.errors import FILE_SYSTEM_ERRNOS, ConfigurationError, file_system_failure
 
 VOCAB_SIZE = 256  # byte-level: every UTF-8 text is covered, and there is no tokenizer file to ship
 
@@ -103,13 +104,30 @@ class TextDataModule(GlobalBatchDataModule):
                 " default (300000) or at least a few thousand characters."
             )
 
+    def _unreadable(self, error: OSError) -> ConfigurationError:
+        """Permission denied (or another file-system failure) on the text file, named as such."""
+        if error.errno not in FILE_SYSTEM_ERRNOS:
+            raise error
+        return file_system_failure(
+            error,
+            error.filename or self.path,
+            fix=f"make --data.init_args.path={self.path} readable for this user (`ls -l {self.path}`), or copy it"
+            " somewhere you can read",
+        )
+
     def _check_file(self, path: Path) -> None:
-        if not path.is_file():
+        try:
+            status = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            status = None
+        except OSError as error:  # e.g. a folder on the way that this user may not enter: not "no such file"
+            raise self._unreadable(error) from error
+        if status is None or not stat.S_ISREG(status.st_mode):
             raise ConfigurationError(
                 f"--data.init_args.path={self.path} is not a file. Fix: give the path of a UTF-8 text file, or"
                 " leave path unset to train on the embedded corpus."
             )
-        if path.stat().st_size == 0:
+        if status.st_size == 0:
             raise ConfigurationError(
                 f"--data.init_args.path={self.path} is empty. Fix: point it at a UTF-8 text file with the training"
                 " text, or leave path unset to train on the embedded corpus."
@@ -121,6 +139,8 @@ class TextDataModule(GlobalBatchDataModule):
         self._check_file(Path(self.path))
         try:
             return Path(self.path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise self._unreadable(error) from error
         except UnicodeDecodeError as error:
             raise ConfigurationError(
                 f"--data.init_args.path={self.path} is not UTF-8 text (byte {error.start} cannot be decoded)."

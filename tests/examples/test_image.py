@@ -96,7 +96,7 @@ def test_download_checks_the_archive_and_unpacks_it(tmp_path):
     md5 = hashlib.md5(archive.read_bytes()).hexdigest()
     folder = download_cifar10(tmp_path / "data", url=archive.as_uri(), md5=md5)
     assert folder == tmp_path / "data" / CIFAR10_FOLDER
-    with pytest.raises(RuntimeError, match="MD5"):
+    with pytest.raises(ConfigurationError, match="MD5"):
         download_cifar10(tmp_path / "bad", url=archive.as_uri(), md5="0" * 32)
 
 
