@@ -17,6 +17,7 @@ import torch
 import yaml
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
+from src.callbacks.run_plan import batch_norm_layers
 from src.data.sampling import per_process_batch_size
 from src.errors import DEBUG_ENV, ConfigurationError, describe
 
@@ -515,24 +516,6 @@ def check_sequence_length(model: Any, datamodule: Any) -> None:
             f"{model_block}: its position table has no entry past {model_block} tokens. Fix: set both to the same"
             f" value (e.g. --data.init_args.block_size={model_block}), or raise the model's."
         )
-
-
-#: torch's BatchNorm layers (the lazy ones become BatchNormNd once they see an input); the common base class of
-#: them all is private, so they are listed
-BATCH_NORMS = (
-    torch.nn.BatchNorm1d,
-    torch.nn.BatchNorm2d,
-    torch.nn.BatchNorm3d,
-    torch.nn.LazyBatchNorm1d,
-    torch.nn.LazyBatchNorm2d,
-    torch.nn.LazyBatchNorm3d,
-    torch.nn.SyncBatchNorm,
-)
-
-
-def batch_norm_layers(module: torch.nn.Module) -> list[str]:
-    """Names of the module's BatchNorm layers, whose training statistics depend on how a batch is split."""
-    return [name for name, child in module.named_modules() if isinstance(child, BATCH_NORMS)]
 
 
 def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: bool) -> None:

@@ -17,9 +17,24 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from src.checks import batch_norm_layers
-
 PLAN_FILE = "run_plan.json"
+
+#: torch's BatchNorm layers (the lazy ones become BatchNormNd once they see an input); the common base class of
+#: them all is private, so they are listed
+BATCH_NORMS = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.LazyBatchNorm1d,
+    nn.LazyBatchNorm2d,
+    nn.LazyBatchNorm3d,
+    nn.SyncBatchNorm,
+)
+
+
+def batch_norm_layers(module: nn.Module) -> list[str]:
+    """Names of the module's BatchNorm layers, whose training statistics depend on how a batch is split."""
+    return [name for name, child in module.named_modules() if isinstance(child, BATCH_NORMS)]
 
 
 def _micro_batch(loader: Any) -> int | None:

@@ -23,7 +23,8 @@ from src.data.images import (
     find_cifar10_folder,
 )
 from src.errors import ConfigurationError, EnvironmentFailure
-from tests.conftest import REPO, write_cifar10
+from tests.conftest import REPO
+from tests.examples.conftest import write_cifar10
 
 IMAGE = ["--config", str(REPO / "configs" / "experiment" / "image.yaml"), "--trainer.accelerator=cpu"]
 
