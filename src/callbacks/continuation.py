@@ -7,9 +7,9 @@ continued run would start the next epoch, skipping the rest of the interrupted o
 validation. At the end of training, ``ExactContinuation`` makes the saved loop state say what a stop signal's
 checkpoint says (``src/callbacks/preemption.py``): the epoch is in progress and the last step's batch is done, so
 the continued run resumes at the next batch, with the same data order, validations and best checkpoint as an
-uninterrupted run. A run that stopped at an epoch's end under ``max_steps`` saves the next epoch's start, and its
-continuation starts that epoch afresh (Lightning would otherwise restart the finished epoch's loop and skip the new
-epoch). ``RunTimer`` is ``max_time``'s timer, stopping at an optimizer-step boundary like ``max_steps`` does.
+uninterrupted run. A run that stopped at an epoch's end saves the next epoch's start, and its continuation starts
+that epoch afresh, also under ``max_steps`` (where Lightning would restart the finished epoch's loop and skip the
+new epoch). ``RunTimer`` is ``max_time``'s timer, stopping at an optimizer-step boundary like ``max_steps`` does.
 """
 
 from __future__ import annotations
