@@ -131,13 +131,14 @@ def test_max_steps_extended_equals_an_uninterrupted_run(stop, straight_40, tmp_p
 
 
 @pytest.mark.slow
-def test_max_steps_extended_twice_and_without_a_step_limit(straight_40, tmp_path):
-    """20 -> 30 -> 40 steps, the last leg under max_epochs alone (Lightning then does not restart every resume)."""
+def test_a_run_extended_twice_by_different_limits_equals_an_uninterrupted_run(straight_40, tmp_path):
+    """20 steps, then to the end of epoch 2 by max_epochs alone (Lightning restarts loops only mid-epoch then),
+    then to 40 steps."""
     run_dir = tmp_path / "run"
     args = ["fit", *FP64, *MID_EPOCH_VALIDATION, f"--trainer.default_root_dir={run_dir}"]
     main([*args, "--trainer.max_steps=20"])
-    main([*args, "--trainer.max_steps=30", "--ckpt_path=last"])
-    assert saved(run_dir)["global_step"] == 30
+    main([*args, "--trainer.max_steps=-1", "--trainer.max_epochs=2", "--ckpt_path=last"])
+    assert saved(run_dir)["global_step"] == 2 * STEPS_PER_EPOCH
     main([*args, "--trainer.max_steps=40", "--ckpt_path=last"])
     assert_same_run(run_dir, straight_40)
 
