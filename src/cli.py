@@ -34,7 +34,7 @@ import yaml
 from jsonargparse import ActionConfigFile, Namespace
 from jsonargparse._common import debug_mode_active
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.callbacks import ModelSummary, ProgressBar
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import DoublePrecision, HalfPrecision
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -43,6 +43,7 @@ from torch.multiprocessing import ProcessExitedException
 
 from src.callbacks import NonFiniteLossGuard, PreemptionCheckpoint, RunCheckpoint, RunPlan, SpeedMonitor, progress_bar
 from src.callbacks.compile import CompileModel
+from src.callbacks.continuation import ExactContinuation, RunTimer
 from src.callbacks.precision import Float64Metrics
 from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
 from src.callbacks.spawn import UnshareSpawnedTensors
@@ -483,6 +484,12 @@ class TemplateCLI(LightningCLI):
             kwargs["enable_model_summary"] = False  # Lightning's own is replaced (else it logs that it skips it)
         if self._get(self.config, "compile", default=False):
             callbacks.append(CompileModel())
+        callbacks.append(ExactContinuation())
+        max_time = trainer_config.get("max_time")
+        if max_time is not None and not any(isinstance(c, Timer) for c in callbacks):
+            # the same limit, stopping at a step boundary without an extra validation (src/callbacks/continuation.py)
+            callbacks.append(RunTimer(duration=max_time))
+            kwargs["max_time"] = None
         kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"))
         timeout = self._get(self.config, "collective_timeout", default=None)
         kwargs.update(_strategy_with_timeout(trainer_config.get("strategy"), timeout))

@@ -11,6 +11,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
+from src.callbacks.continuation import epoch_interrupted
+
 
 def missing_monitor_message(monitor: str, logged: list[str], from_validation: list[str]) -> str:
     """The one-paragraph warning for a ``--checkpoint.monitor`` that the model never logs."""
@@ -30,6 +32,8 @@ class RunCheckpoint(ModelCheckpoint):
     - ``last.ckpt`` is rewritten when training ends. Stock ``ModelCheckpoint`` only writes ``last`` at the end
       of training if it never wrote it before, so a run that stops on ``max_steps`` between two validations
       leaves a ``last.ckpt`` from an earlier step, and ``--ckpt_path=last`` would silently retrain those steps.
+      No checkpoint is decided at the epoch end Lightning adds when ``max_steps`` / ``max_time`` stop mid-epoch:
+      an uninterrupted run has none there (see ``src/callbacks/continuation.py``).
     - A ``monitor`` that the model does not log (the template's default ``val/loss`` with a model that logs
       ``val/mse``) gives one warning at the first validation, naming the metrics that are logged, and the run
       keeps training and writing ``last.ckpt``. Stock ``ModelCheckpoint`` raises after the first epoch.
@@ -49,6 +53,11 @@ class RunCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         else:
             super().on_train_end(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if epoch_interrupted(trainer):
+            return  # Lightning ends a max_steps / max_time stop with an epoch end that an uninterrupted run lacks
+        super().on_train_epoch_end(trainer, pl_module)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # what validation adds to these is what the warning suggests monitoring
