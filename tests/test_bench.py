@@ -38,7 +38,7 @@ def test_every_table_shows_the_template_beside_bare_lightning_and_plain_pytorch(
     args = argparse.Namespace(
         quick=True, workload=["image"], strategies=["ddp"], devices=[2], precisions=None, batch_sizes=[8]
     )
-    rows, _ = plan(args, "cpu", {"image": 32})
+    rows, _ = plan(args, "cpu", {"image": 32}, workloads=["image"])  # the plan only: nothing is built
     assert {(r.strategy, r.processes) for r in rows} == {
         ("single", 1),
         ("bare-lightning", 1),
@@ -48,7 +48,7 @@ def test_every_table_shows_the_template_beside_bare_lightning_and_plain_pytorch(
         ("plain-ddp", 2),
     }
     with pytest.raises(SystemExit, match="Fix: choose from"):
-        plan(argparse.Namespace(**{**vars(args), "strategies": ["dpp"]}), "cpu", {"image": 32})
+        plan(argparse.Namespace(**{**vars(args), "strategies": ["dpp"]}), "cpu", {"image": 32}, workloads=["image"])
 
 
 def _run(step_ms: float, loss: float) -> dict:
