@@ -68,8 +68,8 @@ def _copy_without_examples(target: Path) -> Path:
     shutil.copytree(REPO / "src", target / "src", ignore=ignore)
     shutil.copytree(REPO / "configs", target / "configs", ignore=ignore)
     for path in EXAMPLE_PATHS:
-        (target / path).unlink()
-    shutil.rmtree(target / "configs" / "experiment")
+        (target / path).unlink(missing_ok=True)  # a copy made it yours has none of them already
+    shutil.rmtree(target / "configs" / "experiment", ignore_errors=True)
     return target
 
 
