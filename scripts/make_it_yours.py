@@ -3,11 +3,11 @@
     python scripts/make_it_yours.py --model=my_project.models.MyModel --data=my_project.data.MyData
 
 Removes the examples (the image classifier and the GPT: src/models/image_classifier.py and gpt.py,
-src/data/images.py, text.py and corpus.py, their presets in configs/experiment/ and their tests in tests/examples/),
-drops their exports from src/models/__init__.py and src/data/__init__.py, points configs/default.yaml at the given
-classes (its trainer and checkpoint sections are kept), makes configs/default.yaml the SLURM scripts' default
-config, and cuts the documentation's example sections (between ``<!-- example -->`` and ``<!-- /example -->``;
-a comment ``<!-- yours: TEXT -->`` becomes TEXT).
+src/data/images.py, text.py and corpus.py, their presets in configs/experiment/ and their tests in tests/examples/)
+and this script's own test, drops their exports from src/models/__init__.py and src/data/__init__.py, points
+configs/default.yaml at the given classes (its trainer and checkpoint sections are kept), makes
+configs/default.yaml the SLURM scripts' default config, and cuts the documentation's example sections (between
+``<!-- example -->`` and ``<!-- /example -->``; a comment ``<!-- yours: TEXT -->`` becomes TEXT).
 
 Before touching anything it applies the same changes to a scratch copy of the project and imports both classes
 there: if either cannot be imported without the examples, nothing is changed. A second run refuses: the examples
@@ -32,9 +32,10 @@ EXAMPLE_FILES = [
     "src/data/images.py",
     "src/data/text.py",
     "src/data/corpus.py",
+    "tests/test_make_it_yours.py",  # the test of this script, which has nothing left to remove afterwards
 ]
 EXAMPLE_DIRS = ["configs/experiment", "tests/examples"]
-EXAMPLE_MODULES = [path.removesuffix(".py").replace("/", ".") for path in EXAMPLE_FILES]
+EXAMPLE_MODULES = [path.removesuffix(".py").replace("/", ".") for path in EXAMPLE_FILES if path.startswith("src/")]
 PACKAGE_INITS = ["src/models/__init__.py", "src/data/__init__.py"]
 SBATCH_CONFIG = re.compile(r"\$\{CONFIG-configs/experiment/[^}]*\}")  # a script's default config: an example preset
 BLOCK = re.compile(r"\n<!-- example -->\n.*?\n<!-- /example -->\n", re.DOTALL)  # marked lines of their own
