@@ -74,3 +74,10 @@ def silence_known_noise() -> None:
         category=UserWarning,
         module=r"torch\.autograd\.graph",
     )
+    # A resume in the middle of an epoch with a loader Lightning cannot position: the template's own note
+    # (src/callbacks/continuation.py) says the same, with the epoch, the batch and the fix.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not",
+        module=r"lightning\.pytorch\.loops\.training_epoch_loop",
+    )
