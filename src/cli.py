@@ -65,6 +65,7 @@ from src.errors import (
     StopOtherRanksOnError,
     TrainingStopped,
     building_error,
+    notice,
     report,
 )
 from src.quiet import silence_known_noise
@@ -111,12 +112,6 @@ def _stable_wandb_id(run_dir: str) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(run_id + "\n")
     return run_id
-
-
-@rank_zero_only
-def _notice(message: str) -> None:
-    """A line for the person running the command (stderr, rank 0): not a Python warning with its source line."""
-    print(f"note: {message}", file=sys.stderr, flush=True)
 
 
 def _check_checkpoint_file(path: Path, option: str) -> None:
@@ -407,7 +402,7 @@ class TemplateCLI(LightningCLI):
                         f"--ckpt_path=last: {candidates[-1]} is damaged and {folder} holds no intact checkpoint."
                         " Fix: start a new run without --ckpt_path in another --trainer.default_root_dir."
                     )
-                _notice(
+                notice(
                     f"--ckpt_path=last: {candidates[-1]} is damaged (truncated or corrupt); resuming from the newest"
                     f" intact checkpoint, {fallback}, instead. The damaged file is left as it is."
                 )

@@ -36,6 +36,13 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
+
+@rank_zero_only
+def notice(message: str) -> None:
+    """A line for the person running the command (stderr, rank 0): not a Python warning with its source line."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
 #: the debug switch jsonargparse already reads; it turns every one-paragraph error back into a traceback
 DEBUG_ENV = "JSONARGPARSE_DEBUG"
 #: hooks of a LightningModule / LightningDataModule that only act on values from the config

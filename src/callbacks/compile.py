@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -17,9 +16,8 @@ from lightning.pytorch.strategies import (
     Strategy,
     XLAStrategy,
 )
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from src.errors import ConfigurationError
+from src.errors import ConfigurationError, notice
 
 #: subclasses of the supported strategies that copy or shard the module in ways a compiled forward does not survive
 _REFUSED_SUBCLASSES = (DeepSpeedStrategy, XLAStrategy, SingleDeviceXLAStrategy)
@@ -40,11 +38,6 @@ def compile_refusal(strategy: Strategy) -> str | None:
         f"--compile=true does not work with this strategy: {why}. Fix: train with --trainer.strategy=ddp (or"
         " ddp_spawn, or a single device) to compile, or drop --compile to keep this strategy."
     )
-
-
-@rank_zero_only
-def _notice(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr, flush=True)
 
 
 class CompileModel(Callback):
@@ -89,7 +82,7 @@ class CompileModel(Callback):
             raise ConfigurationError(refusal)
         if self._compiled is not None and pl_module.__dict__.get("forward") is self._compiled:
             return  # compiled for an earlier stage of the same module
-        _notice(
+        notice(
             f"compiling {type(pl_module).__name__}.forward with torch.compile (backend {self.backend}):"
             " the first steps of each stage run slower while it compiles"
         )

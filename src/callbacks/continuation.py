@@ -14,22 +14,15 @@ new epoch). ``RunTimer`` is ``max_time``'s timer, stopping at an optimizer-step 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 import lightning as L
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback, Timer
 
 from src.callbacks.preemption import validation_follows
-
-
-@rank_zero_only
-def _notice(message: str) -> None:
-    """A line for the person running the command (stderr, rank 0): not a Python warning with its source line."""
-    print(f"note: {message}", file=sys.stderr, flush=True)
+from src.errors import notice
 
 
 def epoch_interrupted(trainer: L.Trainer) -> bool:
@@ -125,7 +118,7 @@ class ExactContinuation(Callback):
             plain = [type(loader).__name__ for loader in train_loaders(trainer) if not resumable(loader)]
             if plain:
                 done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # completed lags by one here
-                _notice(
+                notice(
                     f"resuming in the middle of epoch {trainer.current_epoch} (after {done} training batches), but"
                     f" the training {', '.join(plain)} has no state_dict/load_state_dict, so Lightning restarts that"
                     " epoch's data from its first batch and ends the epoch after the batches it has left: some"
