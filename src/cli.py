@@ -46,6 +46,7 @@ from src.callbacks.compile import CompileModel
 from src.callbacks.continuation import ExactContinuation, RunTimer
 from src.callbacks.precision import Float64Metrics
 from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
+from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.callbacks.spawn import UnshareSpawnedTensors
 from src.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from src.checkpoint_io import AtomicCheckpointIO, is_intact, newest_intact_checkpoint
@@ -436,6 +437,8 @@ class TemplateCLI(LightningCLI):
             self.trainer.callbacks.append(StopOtherRanksOnError())
             # ddp_spawn workers would otherwise add into one shared copy of each metric state (src/callbacks/spawn.py)
             self.trainer.callbacks.append(UnshareSpawnedTensors())
+            # gloo can abort a rank at interpreter exit if its process group is still alive (process_group.py)
+            self.trainer.callbacks.append(DestroyProcessGroupAtExit())
         if self.subcommand is None:
             return
         check_optimizer(self.model)
