@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -104,3 +105,28 @@ class Ballast(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"ballast": self.ballast}
+
+
+class RecordComputeDtypes(Callback):
+    """Writes ``{"precision", "activation", "weight"}`` (rank 0) to ``path`` after the first training step: the
+    dtype the model's first layer computed in, the dtype its weights are kept in, and the Trainer's precision."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seen: dict[str, str] = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        layer = next(m for m in pl_module.modules() if isinstance(m, torch.nn.Linear))
+        self.handle = layer.register_forward_hook(self._record)
+        self.seen["weight"] = str(layer.weight.dtype)
+
+    def _record(self, module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        self.seen.setdefault("activation", str(output.dtype))
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        if batch_idx == 0 and trainer.is_global_zero:
+            self.handle.remove()
+            with open(self.path, "w") as file:
+                json.dump({**self.seen, "precision": str(trainer.precision)}, file)

@@ -1,6 +1,8 @@
 """Every file in configs/ parses to what it says, and runs where this machine allows (the example workloads' own
 presets, configs/experiment/, are tested in tests/examples/test_experiment_configs.py)."""
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -101,10 +103,22 @@ def test_dp_preset_on_the_cpu_runs_as_one_device(tmp_path):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
-@pytest.mark.parametrize("preset", ["32", "16-mixed", "bf16-mixed"])
-def test_precision_presets(preset, tmp_path):
-    run_dir = fit(tmp_path, "--config", f"configs/precision/{preset}.yaml", *QUICK)
-    assert last_value(read_metrics(run_dir), "train/loss_epoch") > 0
+# on the CPU Lightning runs 16-mixed as bf16-mixed (fp16 autocast is for GPUs); weights stay fp32 in every preset
+@pytest.mark.parametrize(
+    ("preset", "precision", "activation"),
+    [("32", "32-true", "torch.float32"), ("16-mixed", "bf16-mixed", "torch.bfloat16"),
+     ("bf16-mixed", "bf16-mixed", "torch.bfloat16")],
+)  # fmt: skip
+def test_precision_presets_compute_in_their_dtype(preset, precision, activation, tmp_path):
+    record = tmp_path / "dtypes.json"
+    recorder = json.dumps({"class_path": "tests.helpers.RecordComputeDtypes", "init_args": {"path": str(record)}})
+    run_dir = fit(tmp_path, "--config", f"configs/precision/{preset}.yaml", *QUICK, f"--trainer.callbacks+={recorder}")
+    assert json.loads(record.read_text()) == {
+        "precision": precision,
+        "activation": activation,
+        "weight": "torch.float32",
+    }
+    assert math.isfinite(last_value(read_metrics(run_dir), "train/loss_epoch"))
 
 
 def test_csv_logger_preset(tmp_path):

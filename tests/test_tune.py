@@ -12,7 +12,7 @@ from torch import Tensor
 from src.cli import main
 from src.data.sampling import per_process_batch_size
 from src.tuning import global_batch_size, scaled_lr
-from tests.conftest import TINY
+from tests.conftest import TINY, read_metrics
 from tests.fixtures.workload import TinyClassifier
 
 
@@ -66,6 +66,17 @@ def test_tune_under_ddp_finds_the_largest_power_of_two_that_fits_and_its_config_
     assert resolved["model"]["init_args"]["optimizer"]["init_args"]["lr"] == lr
     assert resolved["model"]["init_args"]["hidden"] == 24  # the other options are kept
     assert (fit_dir / "checkpoints" / "last.ckpt").is_file()
+
+    # the suggested learning rate trains: over the same 12 steps it lowers the loss more than a 100x smaller one
+    def loss_drop(lr: float, name: str) -> float:
+        run = tmp_path / name
+        main(["fit", *LIMITED, "--config", str(tuned_path), f"--model.init_args.optimizer.init_args.lr={lr}",
+              "--trainer.accumulate_grad_batches=2", "--trainer.max_steps=12", "--trainer.log_every_n_steps=1",
+              "--trainer.limit_val_batches=0", "--progress_bar=none", f"--trainer.default_root_dir={run}"])  # fmt: skip
+        losses = [float(row["train/loss"]) for row in read_metrics(run) if row.get("train/loss")]
+        return losses[0] - losses[-1]
+
+    assert loss_drop(lr, "suggested") > 2 * max(loss_drop(lr / 100, "smaller"), 0.0) > 0
 
 
 def test_binsearch_bisects_to_the_limit_and_keeps_lightnings_margin_without_a_learning_rate(tmp_path, capsys):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import yaml
@@ -53,4 +55,15 @@ def test_gpt_experiment(tmp_path):
         "--trainer.val_check_interval=2", "--trainer.limit_val_batches=2", "--model.init_args.n_layer=1",
         "--progress_bar=none", f"--trainer.default_root_dir={run_dir}",
     ])  # fmt: skip
-    assert last_value(read_metrics(run_dir), "val/perplexity") > 1
+    rows = read_metrics(run_dir)
+    loss, perplexity = last_value(rows, "val/loss"), last_value(rows, "val/perplexity")
+    assert perplexity == pytest.approx(math.exp(loss), rel=1e-5)  # of the mean loss, not a mean of exps
+    assert loss < math.log(256)  # four steps already beat guessing uniformly among the 256 byte values
+
+
+def test_image_schedule_lasts_exactly_the_run():
+    # OneCycleLR must end on the run's last step: the sampler drops the incomplete last batch of each epoch
+    config = yaml.safe_load((REPO / "configs" / "experiment" / "image.yaml").read_text())
+    data, schedule = config["data"]["init_args"], config["model"]["init_args"]["lr_scheduler"]["init_args"]
+    steps_per_epoch = (50000 - 5000) // data["batch_size"]  # CIFAR-10's training images less the default val_size
+    assert schedule["total_steps"] == config["trainer"]["max_epochs"] * steps_per_epoch

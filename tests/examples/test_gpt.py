@@ -83,7 +83,10 @@ def test_text_module_reads_a_file_and_holds_out_its_end(tmp_path):
     dm.prepare_data()
     dm.setup()
     assert len(dm.train_set) == (4000 - 1) // 16
-    assert len(dm.val_set) + len(dm.test_set) > 0
+    # the last 20% (1000 bytes) is held out: 500 for validation, then 500 for test, in windows of 16 + 1
+    assert len(dm.val_set) == len(dm.test_set) == (500 - 1) // 16
+    text = path.read_bytes()
+    assert bytes(dm.val_set[0][0].tolist()) == text[4000:4016] and bytes(dm.test_set[0][1].tolist()) == text[4501:4517]
     with pytest.raises(ConfigurationError, match=r"--data.init_args.path=.*missing.txt is not a file"):
         TextDataModule(path=str(tmp_path / "missing.txt")).prepare_data()
 
