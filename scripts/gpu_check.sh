@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check, for a machine with at least one CUDA GPU (about 8 minutes on one GPU):
-#   1. the GPU tests (tests/test_gpu.py): dp with real replicas (two on one GPU when there is only one),
+#   1. the GPU tests (tests/workflows/test_gpu.py): dp with real replicas (two on one GPU when there is only one),
 #      the autocast dtype inside the replicas for 16-mixed and bf16-mixed, manual optimization under dp,
 #      and every GPU preset (gpu, dp, ddp, ddp_spawn) and precision preset;
 #   2. a throughput line per strategy and precision: the image workload under single, dp, ddp, ddp_spawn and a
@@ -20,7 +20,7 @@ status=0
 } 2>&1 | tee "$out/machine.txt"
 
 echo "== GPU tests"
-timeout "${TEST_TIMEOUT:-240}" python -m pytest -m gpu -v -p no:cacheprovider -s tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log"
+timeout "${TEST_TIMEOUT:-240}" python -m pytest -m gpu -v -p no:cacheprovider -s tests/workflows/test_gpu.py 2>&1 | tee "$out/gpu_tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== throughput per strategy and precision"

@@ -32,7 +32,7 @@ EXAMPLE_FILES = [
     "src/data/images.py",
     "src/data/text.py",
     "src/data/corpus.py",
-    "tests/test_make_it_yours.py",  # the test of this script, which has nothing left to remove afterwards
+    "tests/workflows/test_make_it_yours.py",  # the test of this script, which has nothing left to remove afterwards
 ]
 EXAMPLE_DIRS = ["configs/experiment", "tests/examples"]
 EXAMPLE_MODULES = [path.removesuffix(".py").replace("/", ".") for path in EXAMPLE_FILES if path.startswith("src/")]

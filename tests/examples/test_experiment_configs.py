@@ -11,7 +11,7 @@ import yaml
 from src.cli import main
 from tests.conftest import REPO, last_value, read_metrics
 from tests.examples.conftest import write_cifar10
-from tests.test_configs import assert_contains, resolved
+from tests.workflows.test_configs import assert_contains, resolved
 
 EXPERIMENTS = sorted((REPO / "configs" / "experiment").glob("*.yaml"))
 

@@ -13,10 +13,10 @@ from src.data import TextDataModule
 from src.data.text import TokenWindows, decode, encode
 from src.errors import ConfigurationError
 from src.models import CausalLanguageModel
+from tests.callbacks.test_throughput import logged
 from tests.conftest import last_value, load_state, read_metrics, relative_difference
 from tests.examples.conftest import TINY_GPT
 from tests.test_errors import fails_cleanly
-from tests.test_throughput import logged
 
 TINY_TEXT = [*TINY_GPT, "--data.init_args.corpus_chars=4000", "--trainer.max_steps=1", "--trainer.limit_val_batches=1"]
 

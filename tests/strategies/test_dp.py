@@ -7,7 +7,7 @@ few pieces are replaced by CPU ones with the same contract, and everything aroun
 (replica 0 gets the originals, the others copies whose gradients flow back and are summed, as ``Broadcast``
 does), ``gather`` concatenates. ``parallel_apply`` is a copy of torch's thread logic: it re-enters grad mode and
 autocast (with its default dtype) in each thread, and not inference mode, exactly as torch does, so what the
-strategy must add is tested. ``tests/test_gpu.py`` runs the same models with torch's CUDA primitives.
+strategy must add is tested. ``tests/workflows/test_gpu.py`` runs the same models with torch's CUDA primitives.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def assert_same_grads(model: nn.Module, reference: nn.Module) -> None:
         torch.testing.assert_close(param.grad, expected.grad, msg=name)
 
 
-# -- the parallel forward, as checks shared with tests/test_gpu.py (which runs them with torch's CUDA primitives) --
+# -- the parallel forward, as checks shared with tests/workflows/test_gpu.py (with torch's CUDA primitives there) --
 
 #: (batch, devices, chunk sizes): even, uneven, fewer samples than devices, a single sample
 BATCHES = [(8, 2, [4, 4]), (5, 2, [3, 2]), (5, 4, [2, 2, 1]), (3, 4, [1, 1, 1]), (1, 2, [1])]

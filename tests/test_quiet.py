@@ -89,7 +89,7 @@ def data_args(tmp_path: Path, failure: str, *extra: str) -> list[str]:
     return [
         "fit",
         *TINY,
-        "--data=tests.test_quiet_and_causes.FailingData",
+        "--data=tests.test_quiet.FailingData",
         f"--data.init_args.failure={failure}",
         f"--trainer.default_root_dir={tmp_path / 'run'}",
         *extra,
@@ -121,7 +121,7 @@ def test_a_constructor_that_downloads_is_no_network_not_a_bad_option(tmp_path, c
     args = [
         "fit",
         *TINY,
-        "--model=tests.test_quiet_and_causes.DownloadingModel",
+        "--model=tests.test_quiet.DownloadingModel",
         f"--trainer.default_root_dir={tmp_path}",
     ]
     message = fails_with(capsys, args, "no network", "data.invalid")

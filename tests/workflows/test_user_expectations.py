@@ -71,7 +71,7 @@ def test_batchnorm_under_ddp_is_reported_and_does_train_another_model(tmp_path, 
     assert "does not train" not in one_printed and one in one_printed
 
     # what the plan says is true: the same data, seed and global batch end in other weights (without BatchNorm the
-    # two agree to 1e-10 in fp64, tests/test_strategies.py)
+    # two agree to 1e-10 in fp64, tests/strategies/test_same_model.py)
     one_state, ddp_state = (
         {key: value for key, value in load_state(tmp_path / run / "checkpoints" / "last.ckpt").items() if "net." in key}
         for run in ("one", "ddp")
@@ -180,7 +180,7 @@ QUICK = ["--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--progress_b
 #: what each preset does on a machine without a GPU; the ones that need a GPU fail before anything starts
 PRESETS_WITHOUT_A_GPU = {
     "cpu.yaml": "runs",
-    "ddp_cpu.yaml": "runs",  # two processes: tests/test_configs.py trains with it
+    "ddp_cpu.yaml": "runs",  # two processes: tests/workflows/test_configs.py trains with it
     "gpu.yaml": "needs a GPU",
     "dp.yaml": "needs a GPU",
     "ddp.yaml": "needs a GPU",

@@ -32,7 +32,7 @@ class MemoryLimitedClassifier(TinyClassifier):
 
 LIMITED = [
     *TINY,
-    "--model=tests.test_tune.MemoryLimitedClassifier",
+    "--model=tests.tuning.test_tune.MemoryLimitedClassifier",
     "--model.init_args.hidden=24",
     "--model.init_args.memory_limit=20",
 ]

@@ -3,7 +3,8 @@
 ``limit_val_batches=k`` / ``limit_test_batches=k`` mean the first ``k`` global batches of the set in order, on one
 process as under ``ddp``; every sample is counted once and every rank runs as many batches. Under ``ddp_spawn``
 each worker has its own metric states (they arrive in shared memory), so the first validation after a resume is
-the one an uninterrupted run logs (``tests/test_preemption.py``) and ``validate`` equals the single-device result.
+the one an uninterrupted run logs (``tests/callbacks/test_preemption.py``) and ``validate`` equals the single-device
+result.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ class CountedSamples(L.Callback):
         self._log(pl_module, "test")
 
 
-COUNTED = ["--progress_bar=none", "--trainer.callbacks+=tests.test_evaluation_order.CountedSamples"]
+COUNTED = ["--progress_bar=none", "--trainer.callbacks+=tests.data.test_evaluation_order.CountedSamples"]
 FP64 = ["--trainer.precision=64-true", *COUNTED]
 #: sizes that do not divide by the global batch of 32 or by 2 processes: unequal slices in the last batch
 SETS = ["--data.init_args.val_size=101", "--data.init_args.test_size=99"]

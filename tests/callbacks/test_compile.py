@@ -57,8 +57,8 @@ class TinyRegressionData(GlobalBatchDataModule):
 
 
 TINY_USER = [
-    "--model=tests.test_compile.TinyRegression",
-    "--data=tests.test_compile.TinyRegressionData",
+    "--model=tests.callbacks.test_compile.TinyRegression",
+    "--data=tests.callbacks.test_compile.TinyRegressionData",
     "--trainer.accelerator=cpu",
     "--trainer.precision=64-true",  # compiled and eager agree to rounding, which fp64 keeps far below 1e-10
     "--trainer.enable_model_summary=false",

@@ -81,7 +81,7 @@ EXAMPLES = [
     "src/data/corpus.py",
     "configs/experiment",
     "tests/examples",
-    "tests/test_make_it_yours.py",
+    "tests/workflows/test_make_it_yours.py",
 ]
 
 

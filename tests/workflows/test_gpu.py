@@ -6,7 +6,7 @@ throughput line per strategy and precision). On a machine without a CUDA GPU eve
 dp is exercised with two replicas: on GPUs 0 and 1, or on a single GPU with two replicas on the same device
 (``parallel_devices=[cuda:0, cuda:0]``): the scatter, the replicas running in two threads, the gather and the
 gradient reduction all run as they do across GPUs; only the copies between devices are trivial. The dp checks
-are those of ``tests/test_dp.py`` (which runs them on the CPU), called here on CUDA devices.
+are those of ``tests/strategies/test_dp.py`` (which runs them on the CPU), called here on CUDA devices.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from src.strategies import DataParallelStrategy, register_dp_strategy
-from tests import test_dp
 from tests.conftest import TINY, relative_difference
 from tests.fixtures.workload import TinyClassifier, TinyData
+from tests.strategies import test_dp
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,7 +36,7 @@ CUDA0 = torch.device("cuda", 0)
 def dp_devices(monkeypatch) -> list[torch.device]:
     """Two dp devices: GPUs 0 and 1, or GPU 0 twice on a one-GPU machine.
 
-    On GPU 0 twice, torch's broadcast (made for distinct GPUs) is replaced by tests/test_dp.py's, so that the
+    On GPU 0 twice, torch's broadcast (made for distinct GPUs) is replaced by tests/strategies/test_dp.py's, so that the
     second replica still gets real copies of the parameters, on GPU 0; everything else is torch's CUDA code.
     """
     if torch.cuda.device_count() > 1:
@@ -52,7 +52,7 @@ def dp_strategy(dp_devices) -> DataParallelStrategy:
     return DataParallelStrategy(parallel_devices=dp_devices)
 
 
-# -- the checks of tests/test_dp.py, with torch's CUDA scatter / replicate / parallel_apply / gather ---------------
+# -- the checks of tests/strategies/test_dp.py, with torch's CUDA scatter / replicate / parallel_apply / gather --
 
 
 @pytest.mark.parametrize(("batch", "chunks"), [(batch, chunks) for batch, n, chunks in test_dp.BATCHES if n == 2])
