@@ -1,0 +1,83 @@
+"""The architecture drawn from the imports of ``src/``: no cycles, and no module imports a layer above its own.
+
+Layers, bottom to top: the libraries' private names, errors and quiet (0); the user's rooms and what they build on,
+data, models, strategies and checkpoint files (1); the callbacks (2); the checks before launch and ``tune`` (3);
+the command line (4); the commands built on it (5). A new module of ``src/`` must be given its layer here.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from tests.conftest import REPO
+
+LAYERS = {
+    "src.compat": 0,
+    "src.errors": 0,
+    "src.quiet": 0,
+    "src.data": 1,
+    "src.models": 1,
+    "src.strategies": 1,
+    "src.checkpoint_io": 1,
+    "src.callbacks": 2,
+    "src.checks": 3,
+    "src.tuning": 3,
+    "src.cli": 4,
+    "src.sweep": 5,
+    "src.consolidate": 5,
+    "src.bench": 5,
+}
+
+
+def module_name(path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int:
+    for prefix, number in LAYERS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return number
+    raise AssertionError(f"{module} has no layer: add its package to LAYERS in {__file__}")
+
+
+def imports_of_src() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in sorted((REPO / "src").rglob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            imported |= {name for name in names if name == "src" or name.startswith("src.")}
+        graph[module_name(path)] = imported
+    return graph
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    graph = imports_of_src()
+    assert len(graph) > 20  # the walk found the package
+    upward = [f"{a} -> {b}" for a, targets in graph.items() if a != "src" for b in targets if layer(b) > layer(a)]
+    assert not upward, f"imports pointing up the layers: {upward}"
+
+
+def test_the_imports_have_no_cycle():
+    graph = imports_of_src()
+    # a package's __init__ importing its own modules is the package's table of contents, not a cycle
+    edges = {a: {b for b in targets if not a.startswith(b + ".") and b in graph} for a, targets in graph.items()}
+    visiting, done, cycles = set(), set(), []
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in visiting:
+            cycles.append(" -> ".join([*path[path.index(module) :], module]))
+            return
+        if module in done:
+            return
+        visiting.add(module)
+        for target in sorted(edges.get(module, ())):
+            visit(target, [*path, module])
+        visiting.discard(module)
+        done.add(module)
+
+    for module in sorted(edges):
+        visit(module, [])
+    assert not cycles, f"import cycles: {cycles}"
