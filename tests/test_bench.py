@@ -7,10 +7,10 @@ import argparse
 
 import pytest
 
-from src.bench.__main__ import plan
-from src.bench.report import build_table, markdown
-from src.bench.runner import Row
-from src.bench.stats import scaling_efficiency, summarise_run
+from benchmarks.__main__ import plan
+from benchmarks.report import build_table, markdown
+from benchmarks.runner import Row
+from benchmarks.stats import scaling_efficiency, summarise_run
 
 
 def test_summary_leaves_out_warm_up_and_epoch_boundaries():
@@ -88,7 +88,7 @@ def test_report_splits_the_overhead_into_lightnings_and_the_templates():
     assert template["same_loss_as_bare"] and template["same_loss_as_plain"]
     results = {
         "environment": {
-            "command": "python -m src.bench --quick",
+            "command": "python -m benchmarks --quick",
             "cpu": "cpu",
             "cpu_cores": 2,
             "cpu_cores_usable": 2,

@@ -1,6 +1,6 @@
 """The benchmark's outputs: derived figures per row, then JSON, CSV, a Markdown report and PNG plots.
 
-``python -m src.bench.report DIR`` rewrites the report and plots from ``DIR/results.json``.
+``python -m benchmarks.report DIR`` rewrites the report and plots from ``DIR/results.json``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from src.bench.runner import STRATEGY_LABELS, Row, note, row_dict
-from src.bench.startup import HELP_TARGET_RATIO
-from src.bench.stats import aggregate, overhead, scaling_efficiency
+from benchmarks.runner import STRATEGY_LABELS, Row, note, row_dict
+from benchmarks.startup import HELP_TARGET_RATIO
+from benchmarks.stats import aggregate, overhead, scaling_efficiency
 
 #: ddp throughput must reach this share of plain PyTorch DDP's (a target of the project); at a small per-process
 #: batch the fixed cost of a step weighs more: (workload, samples per process) -> a lower share there
@@ -401,7 +401,7 @@ def write_all(out: Path, results: dict[str, Any], plots: bool = True) -> list[Pa
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m src.bench.report", description="Rewrite a benchmark's report.")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description="Rewrite a benchmark's report.")
     parser.add_argument("out", type=Path, help="folder with results.json")
     args = parser.parse_args(argv)
     results = json.loads((args.out / "results.json").read_text())

@@ -1,12 +1,12 @@
-"""``python -m src.bench``: the template's strategies against bare Lightning and plain PyTorch, in one command.
+"""``python -m benchmarks``: the template's strategies against bare Lightning and plain PyTorch, in one command.
 
 Examples::
 
-    python -m src.bench --quick                      # about two minutes on a 2-core CPU
-    python -m src.bench                              # both workloads, every strategy, 1..N devices, 3 repeats
-    python -m src.bench --workload image --strategies ddp,plain-ddp --devices 1,2 --batch-sizes 16,64,256
-    python -m src.bench --model=my_project.models.Net --data=my_project.data.Data --quick   # your own model
-    python -m src.bench --config configs/experiment/mine.yaml --devices 1,2                 # ... from a config
+    python -m benchmarks --quick                      # about two minutes on a 2-core CPU
+    python -m benchmarks                              # both workloads, every strategy, 1..N devices, 3 repeats
+    python -m benchmarks --workload image --strategies ddp,plain-ddp --devices 1,2 --batch-sizes 16,64,256
+    python -m benchmarks --model=my_project.models.Net --data=my_project.data.Data --quick   # your own model
+    python -m benchmarks --config configs/experiment/mine.yaml --devices 1,2                 # ... from a config
 
 Rows: ``single`` (one device), ``dp``, ``ddp``, ``ddp_spawn`` (the template through ``python -m src.cli fit``),
 ``bare-lightning``, ``bare-lightning-ddp`` (a minimal LightningModule and a plain ``L.Trainer``) and
@@ -33,9 +33,9 @@ from typing import Any, NoReturn
 
 import torch
 
-from src.bench.environment import load_average, machine_info
-from src.bench.report import build_table, write_all
-from src.bench.runner import (
+from benchmarks.environment import load_average, machine_info
+from benchmarks.report import build_table, write_all
+from benchmarks.runner import (
     MULTIPROCESS,
     MULTIPROCESS_BASELINES,
     ONE_DEVICE_ROWS,
@@ -45,8 +45,8 @@ from src.bench.runner import (
     run_all,
     run_env,
 )
-from src.bench.startup import measure_startup
-from src.bench.workloads import (
+from benchmarks.startup import measure_startup
+from benchmarks.workloads import (
     EXAMPLE_FILES,
     WORKLOADS,
     Workload,
@@ -90,7 +90,7 @@ def _names(text: str) -> list[str]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m src.bench",
+        prog="python -m benchmarks",
         description="Training throughput of the template's strategies against bare Lightning and plain PyTorch.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
@@ -147,9 +147,9 @@ def supported(precision: str, accelerator: str) -> str | None:
 
 
 HOW_TO_NAME_ONE = (
-    "Fix: name your own model, as `python -m src.cli fit` takes it: `python -m src.bench --model=PKG.Class"
+    "Fix: name your own model, as `python -m src.cli fit` takes it: `python -m benchmarks --model=PKG.Class"
     " --data=PKG.Class` (a LightningModule and a LightningDataModule with a batch_size argument) or"
-    " `python -m src.bench --config FILE` (a config naming model and data), with --quick for a short run."
+    " `python -m benchmarks --config FILE` (a config naming model and data), with --quick for a short run."
 )
 
 

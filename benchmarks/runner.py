@@ -1,7 +1,7 @@
 """Runs the rows of the benchmark, each in fresh processes, and collects what their timers wrote.
 
 Each run is one subprocess tree: ``python -m src.cli fit`` with the ``StepTimer`` callback for the template rows,
-``python -m src.bench.plain`` for the baselines (plain PyTorch and bare Lightning). Every process gets the same,
+``python -m benchmarks.plain`` for the baselines (plain PyTorch and bare Lightning). Every process gets the same,
 fixed thread count through ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` (Lightning leaves the count alone when it is
 set). Repeats go round robin over the rows, so slow drift of a shared machine spreads over all rows instead of
 landing on one.
@@ -21,10 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from src.bench.clock import T0_ENV, rank_path
-from src.bench.environment import load_average
-from src.bench.stats import summarise_run
-from src.bench.workloads import REPO, WORKLOADS, Workload, cli_flags
+from benchmarks import REPO
+from benchmarks.clock import T0_ENV, rank_path
+from benchmarks.environment import load_average
+from benchmarks.stats import summarise_run
+from benchmarks.workloads import WORKLOADS, Workload, cli_flags
 
 #: what each strategy of a row means; "bare-*" and "plain-*" are the baselines
 STRATEGY_LABELS = {
@@ -41,7 +42,7 @@ STRATEGY_LABELS = {
 ONE_DEVICE_ROWS = ("single", "bare-lightning", "plain-loop")
 MULTIPROCESS_BASELINES = ("bare-lightning-ddp", "plain-ddp")
 MULTIPROCESS = ("ddp", "ddp_spawn", *MULTIPROCESS_BASELINES)
-#: how ``python -m src.bench.plain`` runs each baseline (``--mode``)
+#: how ``python -m benchmarks.plain`` runs each baseline (``--mode``)
 BASELINE_MODES = {
     "plain-loop": "loop",
     "plain-ddp": "ddp",
@@ -128,7 +129,7 @@ def template_command(row: Row, settings: Settings, json_path: Path, run_dir: Pat
         "--trainer.limit_val_batches=0",
         "--trainer.num_sanity_val_steps=0",
         f"--trainer.default_root_dir={run_dir}",
-        "--trainer.callbacks+=src.bench.timing.StepTimer",
+        "--trainer.callbacks+=benchmarks.timing.StepTimer",
         f"--trainer.callbacks.path={json_path}",
     ]
 
@@ -138,7 +139,7 @@ def baseline_command(row: Row, settings: Settings, json_path: Path) -> list[str]
     command = [
         sys.executable,
         "-m",
-        "src.bench.plain",
+        "benchmarks.plain",
         *workload.arguments(),
         f"--mode={BASELINE_MODES[row.strategy]}",
         f"--devices={row.processes}",

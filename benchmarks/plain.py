@@ -1,13 +1,13 @@
 """The baselines: a plain PyTorch loop, plain PyTorch DDP (``torch.multiprocessing.spawn``) and bare Lightning.
 
-``python -m src.bench.plain --workload image --mode ddp --devices 2 --batch-size 32 --steps 20 --out run.json``
+``python -m benchmarks.plain --workload image --mode ddp --devices 2 --batch-size 32 --steps 20 --out run.json``
 builds the workload through the template's CLI (``TemplateCLI(run=False)``: the same model class, seed, data
 module, optimizer, LR scheduler and gradient clipping as ``python -m src.cli fit``) and trains its ``model.net``
 on the same data: the same global batch order (``GlobalBatchSampler``), per-process batch, augmentation,
 normalisation and precision. ``--mode loop`` runs one process without DDP; ``--mode ddp`` spawns ``--devices``
 processes that wrap the network in ``DistributedDataParallel`` (gloo on CPU, NCCL on GPU), as in the article this
 template grew from. What both leave out is Lightning and the template. ``--mode lightning`` is the third
-baseline, bare Lightning (``src/bench/bare.py``): Lightning's loop without the template.
+baseline, bare Lightning (``benchmarks/bare.py``): Lightning's loop without the template.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from src.bench.clock import StepClock
-from src.bench.workloads import WORKLOADS, add_workload_arguments, build_cli, optimizer_and_scheduler
+from benchmarks.clock import StepClock
+from benchmarks.workloads import WORKLOADS, add_workload_arguments, build_cli, optimizer_and_scheduler
 
 # the CLI, src.data and src.models import Lightning: only the training processes import them, so the launcher of
 # plain DDP starts as fast as a plain PyTorch script does.
@@ -151,7 +151,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> No
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m src.bench.plain", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="image")
     add_workload_arguments(parser)  # a user's model: bare Lightning only (the plain loop is the built-ins' own)
     parser.add_argument(
@@ -185,7 +185,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.mode == "lightning":
-        from src.bench.bare import train_bare_lightning
+        from benchmarks.bare import train_bare_lightning
 
         train_bare_lightning(args)
     elif args.mode == "loop":
