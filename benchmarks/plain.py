@@ -75,55 +75,64 @@ def text_step(device: torch.device) -> Callable[[Any, int], tuple[Tensor, Tensor
     return prepare
 
 
-def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> None:
-    """One process of the baseline: build, then ``args.steps`` optimizer steps, then write the timings."""
-    from src.data.sampling import GlobalBatchSampler
-
+def join(rank: int, world_size: int, args: argparse.Namespace, port: int) -> torch.device:
+    """This process's device; under ``--mode ddp`` it joins the process group first (gloo on CPU, NCCL on GPU)."""
     torch.set_num_threads(args.threads)
     use_cuda = args.accelerator == "gpu"
     device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    distributed = args.mode == "ddp"
-    if distributed:
+    if args.mode == "ddp":
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
+    return device
 
-    cli = build_cli(WORKLOADS[args.workload], args.quick, args.batch_size)
-    seed = int(cli.config.get("seed_everything") or 0)
-    net: nn.Module = cli.model.net.to(device)
-    model: nn.Module = DistributedDataParallel(net, device_ids=[rank] if use_cuda else None) if distributed else net
-    optimizer, scheduler = optimizer_and_scheduler(cli.model)  # over the model's parameters: those of its .net
-    clip = cli.trainer.gradient_clip_val
 
-    datamodule = cli.datamodule
+def loader(datamodule: Any, global_batch: int, world_size: int, rank: int, seed: int, pin: bool) -> DataLoader:
+    """The data module's training set, in the template's global batch order (``GlobalBatchSampler``)."""
+    from src.data.sampling import GlobalBatchSampler
+
     datamodule.setup("fit")
-    dataset = datamodule.train_set
-    sampler = GlobalBatchSampler(dataset, args.batch_size, num_replicas=world_size, rank=rank, seed=seed)
+    sampler = GlobalBatchSampler(datamodule.train_set, global_batch, num_replicas=world_size, rank=rank, seed=seed)
     workers = datamodule.num_workers
-    loader = DataLoader(
-        dataset,
+    return DataLoader(
+        datamodule.train_set,
         batch_size=sampler.micro_batch_size,
         sampler=sampler,
         num_workers=workers,
-        pin_memory=use_cuda and datamodule.pin_memory,
+        pin_memory=pin and datamodule.pin_memory,
         persistent_workers=workers > 0,
     )
-    image = "CIFAR10" in type(datamodule).__name__
-    prepare = image_step(seed, device) if image else text_step(device)
 
-    precision = args.precision
-    dtype = AUTOCAST.get("bf16-mixed" if precision == "16-mixed" and not use_cuda else precision)
+
+def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """The built-in workloads' loss, in fp32: over classes (image) or over every token (language model)."""
+    return F.cross_entropy(logits.float().flatten(0, -2) if logits.ndim > 2 else logits.float(), targets.flatten())
+
+
+def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> None:
+    """One process of the baseline: build, then ``args.steps`` optimizer steps, then write the timings."""
+    device = join(rank, world_size, args, port)
+    distributed = args.mode == "ddp"
+    cli = build_cli(WORKLOADS[args.workload], args.quick, args.batch_size)
+    seed = int(cli.config.get("seed_everything") or 0)
+    net: nn.Module = cli.model.net.to(device)
+    model = DistributedDataParallel(net, device_ids=[rank] if device.type == "cuda" else None) if distributed else net
+    optimizer, scheduler = optimizer_and_scheduler(cli.model)  # over the model's parameters: those of its .net
+    clip = cli.trainer.gradient_clip_val
+    data = loader(cli.datamodule, args.batch_size, world_size, rank, seed, pin=device.type == "cuda")
+    image = "CIFAR10" in type(cli.datamodule).__name__
+    prepare = image_step(seed, device) if image else text_step(device)
+    dtype = AUTOCAST.get("bf16-mixed" if args.precision == "16-mixed" and device.type == "cpu" else args.precision)
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
 
     clock = StepClock(device)
     model.train()
-    for step, (epoch, new_epoch, batch) in enumerate(batches(loader, sampler), start=1):
+    for step, (epoch, new_epoch, batch) in enumerate(batches(data, data.sampler), start=1):
         inputs, targets = prepare(batch, epoch)
-        autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-        with autocast:
+        with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
             logits = model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, -2) if logits.ndim > 2 else logits.float(), targets.flatten())
+        loss = cross_entropy(logits, targets)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         if clip:
@@ -138,13 +147,9 @@ def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> No
             clock.record_loss("first" if step == 1 else "last", loss)  # after the clock read: not timed
         if step == args.steps:
             break
+    strategy = "plain DDP" if distributed else "plain loop"
     clock.write(
-        args.out,
-        rank,
-        world_size=world_size,
-        strategy="plain DDP" if distributed else "plain loop",
-        precision=precision,
-        accumulate_grad_batches=1,
+        args.out, rank, world_size=world_size, strategy=strategy, precision=args.precision, accumulate_grad_batches=1
     )
     if distributed:
         dist.destroy_process_group()

@@ -38,8 +38,10 @@ STRATEGY_LABELS = {
     "plain-loop": "plain PyTorch loop",
     "plain-ddp": "plain PyTorch DDP (mp.spawn)",
 }
-#: the 1-device rows every table shows side by side, and their multi-process counterparts
-ONE_DEVICE_ROWS = ("single", "bare-lightning", "plain-loop")
+#: each implementation's 1-device row, which every table shows and its scaling efficiency is measured against;
+#: then the baselines' multi-process rows
+ONE_DEVICE_ROW = {"template": "single", "bare": "bare-lightning", "plain": "plain-loop"}
+ONE_DEVICE_ROWS = tuple(ONE_DEVICE_ROW.values())
 MULTIPROCESS_BASELINES = ("bare-lightning-ddp", "plain-ddp")
 MULTIPROCESS = ("ddp", "ddp_spawn", *MULTIPROCESS_BASELINES)
 #: how ``python -m benchmarks.plain`` runs each baseline (``--mode``)
@@ -169,6 +171,25 @@ def run_env(threads: int) -> dict[str, str]:
     return env
 
 
+def launch(command: list[str], settings: Settings, log: Path) -> int | None:
+    """Run one command tree from the repository root, its output to ``log``; its exit code, None if timed out."""
+    env = run_env(settings.threads)
+    env[T0_ENV] = repr(time.time())
+    with open(log, "w") as handle:
+        # a session of its own, so that a run past its timeout is ended with all the processes it started
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return process.wait(timeout=settings.timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            if process.poll() is None:  # timed out, or the benchmark itself was interrupted
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
 def run_once(row: Row, repeat: int, settings: Settings) -> dict[str, Any]:
     """Run one repeat of a row; returns its figures, or ``{"error": ...}`` with the end of its log."""
     run_dir = settings.out / "runs" / f"{row.key}-r{repeat}"
@@ -180,22 +201,8 @@ def run_once(row: Row, repeat: int, settings: Settings) -> dict[str, Any]:
     else:
         command = baseline_command(row, settings, json_path)
     (run_dir / "command.txt").write_text(" ".join(command) + "\n")
-    env = run_env(settings.threads)
-    env[T0_ENV] = repr(time.time())
     started = time.perf_counter()
-    with open(run_dir / "output.log", "w") as log:
-        # a session of its own, so that a run past its timeout is ended with all the processes it started
-        process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            returncode = process.wait(timeout=settings.timeout_s)
-        except subprocess.TimeoutExpired:
-            returncode = None
-        finally:
-            if process.poll() is None:  # timed out, or the benchmark itself was interrupted
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    returncode = launch(command, settings, run_dir / "output.log")
     wall_s = time.perf_counter() - started
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # not results, and written after the timed window
     result: dict[str, Any] = {"repeat": repeat, "wall_s": wall_s, "run_dir": str(run_dir), "load_after": load_average()}
@@ -204,12 +211,13 @@ def run_once(row: Row, repeat: int, settings: Settings) -> dict[str, Any]:
         tail = (run_dir / "output.log").read_text(errors="replace")[-2000:]
         reason = "timed out" if returncode is None else f"exit code {returncode}"
         return {**result, "error": f"{reason}; log: {run_dir / 'output.log'}", "log_tail": tail}
-    ranks = [json.loads(path.read_text()) for path in paths]
     try:
-        figures = summarise_run(ranks, settings.warmup, row.batch_size)
+        return {
+            **result,
+            **summarise_run([json.loads(path.read_text()) for path in paths], settings.warmup, row.batch_size),
+        }
     except ValueError as error:
         return {**result, "error": str(error)}
-    return {**result, **figures}
 
 
 def run_all(

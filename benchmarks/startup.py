@@ -15,9 +15,6 @@ from typing import Any
 
 from benchmarks import REPO
 
-#: ``--help`` may take this many times as long as importing Lightning (the project's target)
-HELP_TARGET_RATIO = 1.5
-
 COMMANDS = {
     "cli_help": [sys.executable, "-m", "src.cli", "fit", "--help"],
     "import_lightning": [sys.executable, "-c", "import lightning.pytorch"],
