@@ -35,7 +35,7 @@ class NoExamples(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NoExamples())
-import benchmarks.bare, benchmarks.plain, benchmarks.report, benchmarks.runner, benchmarks.workloads
+import benchmarks.bare, benchmarks.plain, benchmarks.plots, benchmarks.report, benchmarks.runner, benchmarks.workloads
 sys.argv = ["python -m benchmarks", *sys.argv[1:]]
 runpy.run_module("benchmarks", run_name="__main__")
 """
