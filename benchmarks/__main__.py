@@ -332,8 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = run_settings(args, accelerator, rows, workloads)
     repeats = args.repeats or (1 if args.quick else 3)
     environment = machine_info(argv)
-    print(f"{len(rows)} rows x {repeats} repeat(s) on {accelerator}, {settings.threads} thread(s) per process", end="")
-    print(f" -> {settings.out}")
+    print(
+        f"{len(rows)} rows x {repeats} repeat(s) on {accelerator}, {settings.threads} thread(s) per process ->",
+        settings.out,
+    )
     for reason in skipped:
         print(f"skipped: {reason}")
     device = torch.device("cuda", 0) if accelerator == "gpu" else torch.device("cpu")
@@ -360,10 +362,15 @@ def main(argv: list[str] | None = None) -> int:
         "startup": startup,
         "runs": {row.key: runs for row, runs in results.items()},
     }
-    written = write_all(settings.out, output, plots=not args.no_plots)
-    print((settings.out / "results.md").read_text())
+    return finish(settings.out, output, plots=not args.no_plots)
+
+
+def finish(out: Path, output: dict[str, Any], plots: bool) -> int:
+    """Write the results and print the report; exit status 1 if a row failed."""
+    written = write_all(out, output, plots=plots)
+    print((out / "results.md").read_text())
     print("wrote " + ", ".join(str(path) for path in written))
-    failed = [row["key"] for row in table if row["status"] == "failed"]
+    failed = [row["key"] for row in output["rows"] if row["status"] == "failed"]
     if failed:
         print(f"FAILED rows: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
