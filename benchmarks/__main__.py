@@ -1,6 +1,6 @@
 """``python -m benchmarks``: the template's strategies against bare Lightning and plain PyTorch, in one command.
 
-Examples::
+Examples, run from the repository root (the folder that holds benchmarks/ and src/)::
 
     python -m benchmarks --quick                      # about two minutes on a 2-core CPU
     python -m benchmarks                              # both workloads, every strategy, 1..N devices, 3 repeats
@@ -12,7 +12,8 @@ Rows: ``single`` (one device), ``dp``, ``ddp``, ``ddp_spawn`` (the template thro
 ``bare-lightning``, ``bare-lightning-ddp`` (a minimal LightningModule and a plain ``L.Trainer``) and
 ``plain-loop``, ``plain-ddp`` (hand-written PyTorch). On a CPU, devices are processes with a fixed number of
 threads each, DDP uses gloo, and ``dp`` is a pass-through (one process). Results go to ``--out``:
-``results.json``, ``results.csv``, ``results.md`` and two PNG plots.
+``results.json``, ``results.csv``, ``results.md`` and two PNG plots: figures, without verdicts (the project's
+targets for its own workloads are in docs/benchmarks.md).
 
 Your own model (``--model``, ``--data``, ``--config``, as ``python -m src.cli fit`` takes them) gets the same rows,
 with your LightningModule and data module in a plain ``L.Trainer`` as bare Lightning; its plain PyTorch rows read
