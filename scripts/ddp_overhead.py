@@ -21,9 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from src.bench.clock import T0_ENV, rank_path  # noqa: E402
-from src.bench.runner import Row, Settings, baseline_command, run_env, template_command  # noqa: E402
-from src.bench.stats import summarise_run  # noqa: E402
+from benchmarks.clock import T0_ENV, rank_path  # noqa: E402
+from benchmarks.runner import Row, Settings, baseline_command, run_env, template_command  # noqa: E402
+from benchmarks.stats import summarise_run  # noqa: E402
 
 NO_VOTE = (
     "from src.callbacks import preemption\npreemption.PreemptionCheckpoint.on_train_batch_end = lambda *a, **k: None\n"

@@ -4,7 +4,7 @@
 #      the autocast dtype inside the replicas for 16-mixed and bf16-mixed, manual optimization under dp,
 #      and every GPU preset (gpu, dp, ddp, ddp_spawn) and precision preset;
 #   2. a throughput line per strategy and precision: the image workload under single, dp, ddp, ddp_spawn and a
-#      plain PyTorch loop, in 32, bf16-mixed and 16-mixed (python -m src.bench; BENCH_ARGS replaces the selection).
+#      plain PyTorch loop, in 32, bf16-mixed and 16-mixed (python -m benchmarks; BENCH_ARGS replaces the selection).
 # Usage: bash scripts/gpu_check.sh [OUTPUT_DIR]      (default: gpu_check/)
 # Each part runs even if an earlier one fails; the exit status is non-zero if any failed.
 set -uo pipefail
@@ -26,7 +26,7 @@ timeout "${TEST_TIMEOUT:-240}" python -m pytest -m gpu -v -p no:cacheprovider -s
 echo "== throughput per strategy and precision"
 bench_args=${BENCH_ARGS:---workload image --strategies single,dp,ddp,ddp_spawn --precisions 32,bf16-mixed,16-mixed --repeats 1 --steps 50 --warmup 10}
 # shellcheck disable=SC2086  # bench_args is a word list
-timeout "${BENCH_TIMEOUT:-360}" python -m src.bench --accelerator gpu $bench_args --out "$out/bench" 2>&1 | tee "$out/bench.log"
+timeout "${BENCH_TIMEOUT:-360}" python -m benchmarks --accelerator gpu $bench_args --out "$out/bench" 2>&1 | tee "$out/bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 exit $status

@@ -7,7 +7,9 @@ src/data/images.py, text.py and corpus.py, their presets in configs/experiment/ 
 and this script's own test, drops their exports from src/models/__init__.py and src/data/__init__.py, points
 configs/default.yaml at the given classes (its trainer and checkpoint sections are kept), makes
 configs/default.yaml the SLURM scripts' default config, and cuts the documentation's example sections (between
-``<!-- example -->`` and ``<!-- /example -->``; a comment ``<!-- yours: TEXT -->`` becomes TEXT).
+``<!-- example -->`` and ``<!-- /example -->``; a comment ``<!-- yours: TEXT -->`` becomes TEXT). The benchmark
+(benchmarks/) stays as it is: its built-in workloads were the examples, so afterwards it measures the classes it
+is given (``python -m benchmarks --model=... --data=...``) and says so when none is.
 
 Before touching anything it applies the same changes to a scratch copy of the project and imports both classes
 there: if either cannot be imported without the examples, nothing is changed. A second run refuses: the examples
@@ -196,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         print(line)
     print(f"kept     {KEPT_DOCS}")
     print("next     python -m src.cli fit; python -m pytest -m 'not slow'")
+    print(f"         python -m benchmarks --quick --model={args.model} --data={args.data}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
-from src.bench.workloads import WORKLOADS, cli_flags  # noqa: E402
+from benchmarks.workloads import WORKLOADS, cli_flags  # noqa: E402
 from src.cli import TemplateCLI  # noqa: E402
 
 #: the callback hooks Lightning calls on every optimizer step of automatic optimization

@@ -4,13 +4,14 @@ tests/examples/test_bench_workloads.py)."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from src.bench.__main__ import plan
-from src.bench.report import build_table, markdown
-from src.bench.runner import Row
-from src.bench.stats import scaling_efficiency, summarise_run
+from benchmarks.__main__ import plan
+from benchmarks.report import build_table, markdown, write_all
+from benchmarks.runner import Row
+from benchmarks.stats import scaling_efficiency, summarise_run
 
 
 def test_summary_leaves_out_warm_up_and_epoch_boundaries():
@@ -20,17 +21,18 @@ def test_summary_leaves_out_warm_up_and_epoch_boundaries():
         "cpu_times_s": [9.0, 0.010, 0.010, 5.0, 0.010],
         "steps": 6,
         "first_step_s": 3.0,
-        "peak_memory_bytes": 2**20,
-        "memory_kind": "max_rss",
+        "peak_memory": {"perf/memory_rss_gb": 0.25},  # what src.callbacks.throughput.peak_memory returns on a CPU
         "threads": 1,
         "device": "cpu",
     }
-    figures = summarise_run([rank, {**rank, "first_step_s": 3.5}], warmup=2, global_batch=32)
+    other = {**rank, "first_step_s": 3.5, "peak_memory": {"perf/memory_rss_gb": 0.5}}
+    figures = summarise_run([rank, other], warmup=2, global_batch=32)
     assert figures["timed_steps"] == 3 and figures["epoch_boundaries_excluded"] == 1
     assert figures["step_ms_median"] == pytest.approx(11.0)
     assert figures["samples_per_s"] == pytest.approx(32 / 0.011)
     assert figures["startup_s"] == 3.5  # the slowest rank
     assert (figures["step_ms_p25"], figures["step_ms_p75"]) == pytest.approx((10.5, 11.5))  # as numpy's default
+    assert figures["peak_memory_mb"] == pytest.approx(500.0) and figures["memory_kind"] == "perf/memory_rss_gb"
     assert scaling_efficiency(150.0, 2, 100.0) == pytest.approx(0.75)
 
 
@@ -62,7 +64,7 @@ def _run(step_ms: float, loss: float) -> dict:
         "samples_per_s": 8000 / step_ms,
         "startup_s": 4.0,
         "peak_memory_mb": 500.0,
-        "memory_kind": "max_rss",
+        "memory_kind": "perf/memory_rss_gb",
         "threads_per_process": [1],
         "processes": 1,
         "device": "cpu",
@@ -73,14 +75,17 @@ def _run(step_ms: float, loss: float) -> dict:
     }
 
 
-def test_report_splits_the_overhead_into_lightnings_and_the_templates():
+def test_report_splits_the_overhead_into_lightnings_and_the_templates(tmp_path):
     rows = {
         Row("image", "single", 1, "32-true", 8): [_run(7.5, 2.0)],
         Row("image", "bare-lightning", 1, "32-true", 8): [_run(7.0, 2.0)],
         Row("image", "plain-loop", 1, "32-true", 8): [_run(6.0, 2.0)],
+        Row("image", "ddp", 2, "32-true", 8): [_run(4.0, 2.0)],
+        Row("image", "bare-lightning-ddp", 2, "32-true", 8): [_run(4.2, 2.0)],
+        Row("image", "plain-ddp", 2, "32-true", 8): [_run(3.9, 2.0)],
     }
     table = build_table(rows, "cpu", {"image": {}}, {})
-    template, bare, plain = table
+    template, bare, plain, ddp = table[:4]
     assert template["overhead_ms_per_step"] == pytest.approx(1.5)  # Lightning's and the template's
     assert template["overhead_vs_bare_ms_per_step"] == pytest.approx(0.5)  # the template's own
     assert bare["overhead_ms_per_step"] == pytest.approx(1.0)  # Lightning's own
@@ -88,7 +93,7 @@ def test_report_splits_the_overhead_into_lightnings_and_the_templates():
     assert template["same_loss_as_bare"] and template["same_loss_as_plain"]
     results = {
         "environment": {
-            "command": "python -m src.bench --quick",
+            "command": "python -m benchmarks --quick",
             "cpu": "cpu",
             "cpu_cores": 2,
             "cpu_cores_usable": 2,
@@ -107,7 +112,20 @@ def test_report_splits_the_overhead_into_lightnings_and_the_templates():
         "startup": {"cli_help_s": 3.0, "import_lightning_s": 2.5, "help_vs_import": 1.2, "repeats": 3},
     }
     report = markdown(results)
-    assert (
-        "the template over bare Lightning +0.50 ms/step (+7.1%" in report and "over the target (0.3 ms/step)" in report
-    )
-    assert "ratio 1.20: within the target (1.5x)" in report
+    assert "image 32-true b8 template, 1 device x1: the template over bare Lightning +0.50 ms/step (+7.1%" in report
+    assert "the template's loop over the plain loop +1.50 ms/step (+25.0%" in report
+    assert "`--help` over the import: 1.20x" in report and "peak resident set of each process" in report
+    assert "97.5% of plain DDP's throughput; scaling efficiency 94% vs plain DDP's 77%" in report
+    assert ddp["bare_key"] == "image-bare-lightning-ddp-2dev-32-true-b8" and ddp["per_process_batch"] == 4
+    assert "target" not in report.lower()  # the project's targets are stated in docs/benchmarks.md, not here
+
+    written = write_all(tmp_path, results)  # the JSON, CSV, report and both plots (matplotlib: a dev dependency)
+    assert [path.name for path in written] == [
+        "results.json",
+        "results.csv",
+        "results.md",
+        "throughput_vs_devices.png",
+        "lightning_vs_plain.png",
+    ]
+    assert all(path.read_bytes()[:4] == b"\x89PNG" for path in written[3:])
+    assert json.loads(written[0].read_text())["rows"][3]["key"] == "image-ddp-2dev-32-true-b8"

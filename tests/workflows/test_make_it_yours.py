@@ -3,6 +3,7 @@ user's model trains, lints and passes the fast tests there (README "Make it your
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -167,6 +168,18 @@ def test_make_it_yours_leaves_a_project_that_trains_lints_and_passes_its_tests(t
     saved = yaml.safe_load((run_dir / "logs" / "version_0" / "config.yaml").read_text())
     assert saved["model"]["class_path"] == "my_project.Regressor"
     shutil.rmtree(copy / "runs")
+
+    # the benchmark, whose built-in workloads were the examples: it says so, and measures the user's classes
+    bench = [sys.executable, "-m", "benchmarks", "--quick", "--startup-repeats=0", "--no-plots"]
+    alone = run(copy, *bench)
+    assert alone.returncode == 2 and "were removed" in alone.stderr and "--model=PKG.Class" in alone.stderr
+    assert f"python -m benchmarks --quick {model} {data}" in done.stdout
+    out = tmp_path / "bench"
+    measured = run(copy, *bench, model, data, "--strategies=single", "--steps=2", "--warmup=1", f"--out={out}")
+    assert measured.returncode == 0, measured.stdout[-3000:] + measured.stderr[-3000:]
+    rows = {row["strategy"]: row for row in json.loads((out / "results.json").read_text())["rows"]}
+    assert {rows[s]["status"] for s in ("single", "bare-lightning")} == {"ok"} and rows["single"]["samples_per_s"] > 0
+    assert rows["single"]["workload"] == "Regressor" and rows["plain-loop"]["status"].startswith("n/a")
 
     lint = run(copy, sys.executable, "-m", "ruff", "check", ".")
     assert lint.returncode == 0, lint.stdout + lint.stderr

@@ -1,13 +1,13 @@
 """The baselines: a plain PyTorch loop, plain PyTorch DDP (``torch.multiprocessing.spawn``) and bare Lightning.
 
-``python -m src.bench.plain --workload image --mode ddp --devices 2 --batch-size 32 --steps 20 --out run.json``
+``python -m benchmarks.plain --workload image --mode ddp --devices 2 --batch-size 32 --steps 20 --out run.json``
 builds the workload through the template's CLI (``TemplateCLI(run=False)``: the same model class, seed, data
 module, optimizer, LR scheduler and gradient clipping as ``python -m src.cli fit``) and trains its ``model.net``
 on the same data: the same global batch order (``GlobalBatchSampler``), per-process batch, augmentation,
 normalisation and precision. ``--mode loop`` runs one process without DDP; ``--mode ddp`` spawns ``--devices``
 processes that wrap the network in ``DistributedDataParallel`` (gloo on CPU, NCCL on GPU), as in the article this
 template grew from. What both leave out is Lightning and the template. ``--mode lightning`` is the third
-baseline, bare Lightning (``src/bench/bare.py``): Lightning's loop without the template.
+baseline, bare Lightning (``benchmarks/bare.py``): Lightning's loop without the template.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from src.bench.clock import StepClock
-from src.bench.workloads import WORKLOADS, add_workload_arguments, build_cli, optimizer_and_scheduler
+from benchmarks.clock import StepClock
+from benchmarks.workloads import WORKLOADS, add_workload_arguments, build_cli, optimizer_and_scheduler
 
 # the CLI, src.data and src.models import Lightning: only the training processes import them, so the launcher of
 # plain DDP starts as fast as a plain PyTorch script does.
@@ -75,55 +75,64 @@ def text_step(device: torch.device) -> Callable[[Any, int], tuple[Tensor, Tensor
     return prepare
 
 
-def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> None:
-    """One process of the baseline: build, then ``args.steps`` optimizer steps, then write the timings."""
-    from src.data.sampling import GlobalBatchSampler
-
+def join(rank: int, world_size: int, args: argparse.Namespace, port: int) -> torch.device:
+    """This process's device; under ``--mode ddp`` it joins the process group first (gloo on CPU, NCCL on GPU)."""
     torch.set_num_threads(args.threads)
     use_cuda = args.accelerator == "gpu"
     device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    distributed = args.mode == "ddp"
-    if distributed:
+    if args.mode == "ddp":
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
+    return device
 
-    cli = build_cli(WORKLOADS[args.workload], args.quick, args.batch_size)
-    seed = int(cli.config.get("seed_everything") or 0)
-    net: nn.Module = cli.model.net.to(device)
-    model: nn.Module = DistributedDataParallel(net, device_ids=[rank] if use_cuda else None) if distributed else net
-    optimizer, scheduler = optimizer_and_scheduler(cli.model)  # over the model's parameters: those of its .net
-    clip = cli.trainer.gradient_clip_val
 
-    datamodule = cli.datamodule
+def loader(datamodule: Any, global_batch: int, world_size: int, rank: int, seed: int, pin: bool) -> DataLoader:
+    """The data module's training set, in the template's global batch order (``GlobalBatchSampler``)."""
+    from src.data.sampling import GlobalBatchSampler
+
     datamodule.setup("fit")
-    dataset = datamodule.train_set
-    sampler = GlobalBatchSampler(dataset, args.batch_size, num_replicas=world_size, rank=rank, seed=seed)
+    sampler = GlobalBatchSampler(datamodule.train_set, global_batch, num_replicas=world_size, rank=rank, seed=seed)
     workers = datamodule.num_workers
-    loader = DataLoader(
-        dataset,
+    return DataLoader(
+        datamodule.train_set,
         batch_size=sampler.micro_batch_size,
         sampler=sampler,
         num_workers=workers,
-        pin_memory=use_cuda and datamodule.pin_memory,
+        pin_memory=pin and datamodule.pin_memory,
         persistent_workers=workers > 0,
     )
-    image = "CIFAR10" in type(datamodule).__name__
-    prepare = image_step(seed, device) if image else text_step(device)
 
-    precision = args.precision
-    dtype = AUTOCAST.get("bf16-mixed" if precision == "16-mixed" and not use_cuda else precision)
+
+def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """The built-in workloads' loss, in fp32: over classes (image) or over every token (language model)."""
+    return F.cross_entropy(logits.float().flatten(0, -2) if logits.ndim > 2 else logits.float(), targets.flatten())
+
+
+def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> None:
+    """One process of the baseline: build, then ``args.steps`` optimizer steps, then write the timings."""
+    device = join(rank, world_size, args, port)
+    distributed = args.mode == "ddp"
+    cli = build_cli(WORKLOADS[args.workload], args.quick, args.batch_size)
+    seed = int(cli.config.get("seed_everything") or 0)
+    net: nn.Module = cli.model.net.to(device)
+    model = DistributedDataParallel(net, device_ids=[rank] if device.type == "cuda" else None) if distributed else net
+    optimizer, scheduler = optimizer_and_scheduler(cli.model)  # over the model's parameters: those of its .net
+    clip = cli.trainer.gradient_clip_val
+    data = loader(cli.datamodule, args.batch_size, world_size, rank, seed, pin=device.type == "cuda")
+    image = "CIFAR10" in type(cli.datamodule).__name__
+    prepare = image_step(seed, device) if image else text_step(device)
+    dtype = AUTOCAST.get("bf16-mixed" if args.precision == "16-mixed" and device.type == "cpu" else args.precision)
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
 
     clock = StepClock(device)
     model.train()
-    for step, (epoch, new_epoch, batch) in enumerate(batches(loader, sampler), start=1):
+    for step, (epoch, new_epoch, batch) in enumerate(batches(data, data.sampler), start=1):
         inputs, targets = prepare(batch, epoch)
-        autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-        with autocast:
+        with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
             logits = model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, -2) if logits.ndim > 2 else logits.float(), targets.flatten())
+        loss = cross_entropy(logits, targets)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         if clip:
@@ -138,20 +147,16 @@ def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> No
             clock.record_loss("first" if step == 1 else "last", loss)  # after the clock read: not timed
         if step == args.steps:
             break
+    strategy = "plain DDP" if distributed else "plain loop"
     clock.write(
-        args.out,
-        rank,
-        world_size=world_size,
-        strategy="plain DDP" if distributed else "plain loop",
-        precision=precision,
-        accumulate_grad_batches=1,
+        args.out, rank, world_size=world_size, strategy=strategy, precision=args.precision, accumulate_grad_batches=1
     )
     if distributed:
         dist.destroy_process_group()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m src.bench.plain", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="image")
     add_workload_arguments(parser)  # a user's model: bare Lightning only (the plain loop is the built-ins' own)
     parser.add_argument(
@@ -185,7 +190,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.mode == "lightning":
-        from src.bench.bare import train_bare_lightning
+        from benchmarks.bare import train_bare_lightning
 
         train_bare_lightning(args)
     elif args.mode == "loop":

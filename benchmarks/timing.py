@@ -1,7 +1,7 @@
 """``StepTimer``: the callback that times every optimizer step of a ``python -m src.cli fit`` run.
 
-It only reads the clock at each step end (``src/bench/clock.py``); the launcher (``src/bench/runner.py``) adds
-it with ``--trainer.callbacks+=src.bench.timing.StepTimer --trainer.callbacks.path=FILE``.
+It only reads the clock at each step end (``benchmarks/clock.py``); the launcher (``benchmarks/runner.py``) adds
+it with ``--trainer.callbacks+=benchmarks.timing.StepTimer --trainer.callbacks.path=FILE``.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from src.bench.clock import StepClock
+from benchmarks.clock import StepClock
 
 
 class StepTimer(Callback):
     """Times every optimizer step of a ``python -m src.cli fit`` run; each rank writes ``rank_path(path, rank)``.
 
-    Add it on the command line: ``--trainer.callbacks+=src.bench.timing.StepTimer
+    Add it on the command line: ``--trainer.callbacks+=benchmarks.timing.StepTimer
     --trainer.callbacks.path=out.json``. The launcher sets ``BENCH_T0`` for the time to first step.
 
     Args:

@@ -1,7 +1,7 @@
 """The benchmark's workloads: named sets of ``python -m src.cli fit`` flags, read by every row through the CLI.
 
-The template rows pass ``cli_flags`` to ``python -m src.cli fit``; the baselines (``src/bench/plain.py``,
-``src/bench/bare.py``) pass the same flags to ``TemplateCLI(run=False)`` and take its model, data module,
+The template rows pass ``cli_flags`` to ``python -m src.cli fit``; the baselines (``benchmarks/plain.py``,
+``benchmarks/bare.py``) pass the same flags to ``TemplateCLI(run=False)`` and take its model, data module,
 optimizer and trainer options. One config system builds all rows, so they train the same network, with the same
 initialisation, optimizer, scheduler, gradient clipping and data.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks import REPO
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Workload:
         return [path for path in (*self.requires, *self.configs) if not (REPO / path).exists()]
 
     def arguments(self) -> list[str]:
-        """How ``python -m src.bench.plain`` is told to build this workload."""
+        """How ``python -m benchmarks.plain`` is told to build this workload."""
         if self.builtin:
             return [f"--workload={self.name}"]
         flags = [f"--config={path}" for path in self.configs]

@@ -5,14 +5,14 @@ per step counts (loading, transfer, augmentation, forward, backward, optimizer, 
 callbacks), wherever in the loop it happens. The main thread's CPU time per step is kept beside it: on a
 machine shared with other jobs it shows the work a step costs, where the wall time also holds the waiting. On a
 GPU the step ends are CUDA events read after training, so no host synchronisation is added inside the timed
-window. Each process writes its own file (``rank_path``); the launcher reads them all.
+window. Peak memory is the template's own probe, the one every training run logs (``peak_memory`` of
+``src/callbacks/throughput.py``). Each process writes its own file (``rank_path``); the launcher reads them all.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -83,22 +83,18 @@ class StepClock:
         """CPU seconds the calling thread spent per step: unlike wall time, not inflated by other jobs on the cores."""
         return [end - start for start, end in zip(self.cpu_ends, self.cpu_ends[1:], strict=False)]
 
-    def peak_memory(self) -> tuple[int, str]:
-        """(bytes, what they are): the CUDA allocator's peak on a GPU, the process's peak resident set on a CPU."""
-        if self.cuda:
-            return torch.cuda.max_memory_allocated(self.device), "cuda_max_allocated"
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "max_rss"
-
     def result(self, **extra: Any) -> dict[str, Any]:
-        memory, memory_kind = self.peak_memory()
+        # the template's own probe, as every training run logs it (imported here: it imports Lightning, which the
+        # launcher of plain DDP does not need)
+        from src.callbacks.throughput import peak_memory
+
         return {
             "step_times_s": self.step_times(),
             "cpu_times_s": self.cpu_times(),
             "new_epoch": self.new_epoch[1:],
             "steps": self.steps,
             "first_step_s": self.first_step_s,
-            "peak_memory_bytes": memory,
-            "memory_kind": memory_kind,
+            "peak_memory": peak_memory(self.device),
             "threads": torch.get_num_threads(),
             "device": torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
             "losses": self.losses,

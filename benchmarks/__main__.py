@@ -1,18 +1,19 @@
-"""``python -m src.bench``: the template's strategies against bare Lightning and plain PyTorch, in one command.
+"""``python -m benchmarks``: the template's strategies against bare Lightning and plain PyTorch, in one command.
 
-Examples::
+Examples, run from the repository root (the folder that holds benchmarks/ and src/)::
 
-    python -m src.bench --quick                      # about two minutes on a 2-core CPU
-    python -m src.bench                              # both workloads, every strategy, 1..N devices, 3 repeats
-    python -m src.bench --workload image --strategies ddp,plain-ddp --devices 1,2 --batch-sizes 16,64,256
-    python -m src.bench --model=my_project.models.Net --data=my_project.data.Data --quick   # your own model
-    python -m src.bench --config configs/experiment/mine.yaml --devices 1,2                 # ... from a config
+    python -m benchmarks --quick                      # about two minutes on a 2-core CPU
+    python -m benchmarks                              # both workloads, every strategy, 1..N devices, 3 repeats
+    python -m benchmarks --workload image --strategies ddp,plain-ddp --devices 1,2 --batch-sizes 16,64,256
+    python -m benchmarks --model=my_project.models.Net --data=my_project.data.Data --quick   # your own model
+    python -m benchmarks --config configs/experiment/mine.yaml --devices 1,2                 # ... from a config
 
 Rows: ``single`` (one device), ``dp``, ``ddp``, ``ddp_spawn`` (the template through ``python -m src.cli fit``),
 ``bare-lightning``, ``bare-lightning-ddp`` (a minimal LightningModule and a plain ``L.Trainer``) and
 ``plain-loop``, ``plain-ddp`` (hand-written PyTorch). On a CPU, devices are processes with a fixed number of
 threads each, DDP uses gloo, and ``dp`` is a pass-through (one process). Results go to ``--out``:
-``results.json``, ``results.csv``, ``results.md`` and two PNG plots.
+``results.json``, ``results.csv``, ``results.md`` and two PNG plots: figures, without verdicts (the project's
+targets for its own workloads are in docs/benchmarks.md).
 
 Your own model (``--model``, ``--data``, ``--config``, as ``python -m src.cli fit`` takes them) gets the same rows,
 with your LightningModule and data module in a plain ``L.Trainer`` as bare Lightning; its plain PyTorch rows read
@@ -28,14 +29,15 @@ import os
 import signal
 import sys
 import time
+from itertools import product
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 
-from src.bench.environment import load_average, machine_info
-from src.bench.report import build_table, write_all
-from src.bench.runner import (
+from benchmarks.environment import load_average, machine_info
+from benchmarks.report import build_table, write_all
+from benchmarks.runner import (
     MULTIPROCESS,
     MULTIPROCESS_BASELINES,
     ONE_DEVICE_ROWS,
@@ -45,8 +47,8 @@ from src.bench.runner import (
     run_all,
     run_env,
 )
-from src.bench.startup import measure_startup
-from src.bench.workloads import (
+from benchmarks.startup import measure_startup
+from benchmarks.workloads import (
     EXAMPLE_FILES,
     WORKLOADS,
     Workload,
@@ -90,7 +92,7 @@ def _names(text: str) -> list[str]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m src.bench",
+        prog="python -m benchmarks",
         description="Training throughput of the template's strategies against bare Lightning and plain PyTorch.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
@@ -132,7 +134,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def default_devices(accelerator: str) -> list[int]:
-    available = torch.cuda.device_count() if accelerator == "gpu" else len(os.sched_getaffinity(0))
+    """1, 2, 4, ... up to all devices of the machine (at most 8), and all of them."""
+    available = _available(accelerator)
     counts = [1]
     while counts[-1] * 2 <= min(available, 8):
         counts.append(counts[-1] * 2)
@@ -147,9 +150,9 @@ def supported(precision: str, accelerator: str) -> str | None:
 
 
 HOW_TO_NAME_ONE = (
-    "Fix: name your own model, as `python -m src.cli fit` takes it: `python -m src.bench --model=PKG.Class"
+    "Fix: name your own model, as `python -m src.cli fit` takes it: `python -m benchmarks --model=PKG.Class"
     " --data=PKG.Class` (a LightningModule and a LightningDataModule with a batch_size argument) or"
-    " `python -m src.bench --config FILE` (a config naming model and data), with --quick for a short run."
+    " `python -m benchmarks --config FILE` (a config naming model and data), with --quick for a short run."
 )
 
 
@@ -200,6 +203,15 @@ def chosen_strategies(args: argparse.Namespace) -> list[str]:
     return [strategy for strategy in STRATEGY_LABELS if strategy in wanted]
 
 
+def _available(accelerator: str) -> int:
+    return torch.cuda.device_count() if accelerator == "gpu" else len(os.sched_getaffinity(0))
+
+
+def _precisions(args: argparse.Namespace, accelerator: str) -> list[str]:
+    default = ["32", "bf16-mixed", "16-mixed"] if accelerator == "gpu" and not args.quick else ["32"]
+    return [PRECISION_ALIASES.get(p, p) for p in (args.precisions or default)]
+
+
 def plan(
     args: argparse.Namespace,
     accelerator: str,
@@ -212,29 +224,23 @@ def plan(
     """
     workloads = workloads if workloads is not None else [w.name for w in chosen_workloads(args)]
     strategies = chosen_strategies(args)
-    available = torch.cuda.device_count() if accelerator == "gpu" else len(os.sched_getaffinity(0))
+    available = _available(accelerator)
     devices = args.devices or ([min(2, available)] if args.quick else default_devices(accelerator))
-    default_precisions = ["32", "bf16-mixed", "16-mixed"] if accelerator == "gpu" and not args.quick else ["32"]
-    precisions = [PRECISION_ALIASES.get(p, p) for p in (args.precisions or default_precisions)]
     skipped = [f"{n} devices: this machine has {available}" for n in devices if n > available]
     devices = [n for n in devices if n <= available]
+    wanted = _precisions(args, accelerator)
+    skipped += [f"{p}: {supported(p, accelerator)}" for p in wanted if supported(p, accelerator)]
+    precisions = [p for p in wanted if not supported(p, accelerator)]
     rows: list[Row] = []
     for workload in workloads:
-        sizes = args.batch_sizes or [default_batch[workload]]
-        for precision in precisions:
-            reason = supported(precision, accelerator)
-            if reason:
-                skipped.append(f"{precision}: {reason}")
-                continue
-            for batch in sizes:
-                for strategy in strategies:
-                    counts = [1] if strategy in ONE_DEVICE_ROWS else devices
-                    for n in counts:
-                        processes = n if strategy in MULTIPROCESS else 1
-                        if batch % processes:
-                            skipped.append(f"{workload} {strategy} x{n} b{batch}: batch not divisible by {processes}")
-                            continue
-                        rows.append(Row(workload, strategy, n, precision, batch))
+        batches = args.batch_sizes or [default_batch[workload]]
+        for precision, batch, strategy in product(precisions, batches, strategies):
+            for n in [1] if strategy in ONE_DEVICE_ROWS else devices:
+                row = Row(workload, strategy, n, precision, batch)
+                if batch % row.processes:
+                    skipped.append(f"{workload} {strategy} x{n} b{batch}: batch not divisible by {row.processes}")
+                else:
+                    rows.append(row)
     return rows, skipped
 
 
@@ -248,19 +254,18 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]
     return peak, f"{name}: dense {compute_kind(precision)} peak (src/callbacks/throughput.py)"
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    accelerator = args.accelerator
-    if accelerator == "auto":
-        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
-    if accelerator == "gpu" and not torch.cuda.is_available():
+def chosen_accelerator(requested: str) -> str:
+    """``cpu`` or ``gpu``: ``auto`` is the GPU where PyTorch sees one."""
+    if requested == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if requested == "gpu" and not torch.cuda.is_available():
         fail("--accelerator=gpu, but PyTorch sees no CUDA GPU. Fix: --accelerator=cpu, or run on a GPU machine.")
-    # each workload built once, as `python -m src.cli fit` builds it: its batch size, tokens and FLOPs
+    return requested
+
+
+def built_workloads(args: argparse.Namespace) -> tuple[dict[str, Workload], dict[str, Any]]:
+    """Each workload asked for, built once as ``python -m src.cli fit`` builds it (its batch, tokens, FLOPs), by
+    name, and its CLI; a user's data module without ``batch_size`` is refused."""
     workloads: dict[str, Workload] = {}
     clis: dict[str, Any] = {}
     for workload in chosen_workloads(args):
@@ -274,81 +279,102 @@ def main(argv: list[str] | None = None) -> int:
             )
         workload = named(workload, cli)
         workloads[workload.name], clis[workload.name] = workload, cli
-    batches = {name: global_batch_size(cli) for name, cli in clis.items()}
-    rows, skipped = plan(args, accelerator, batches, list(workloads))
-    if not rows:
-        fail("nothing to run: " + "; ".join(skipped) + ". Fix: choose --devices and --batch-sizes that fit.")
-    largest = max(row.processes for row in rows)
+    return workloads, clis
+
+
+def run_settings(args: argparse.Namespace, accelerator: str, rows: list[Row], workloads: dict[str, Any]) -> Settings:
+    """How every row runs: warm-up and timed steps (more on a GPU, fewer with ``--quick``), threads, timeout."""
     gpu = accelerator == "gpu"
-    threads = args.threads or (1 if accelerator == "cpu" else max(1, (os.cpu_count() or 1) // largest))
-    settings = Settings(
+    largest = max(row.processes for row in rows)
+    warmup = args.warmup if args.warmup is not None else (2 if args.quick else 10 if gpu else 5)
+    return Settings(
         accelerator=accelerator,
         quick=args.quick,
         # GPU steps take milliseconds: more of them, for the same few seconds of timed window
-        warmup=max(1, args.warmup if args.warmup is not None else (2 if args.quick else 10 if gpu else 5)),
+        warmup=max(1, warmup),
         steps=args.steps or (8 if args.quick else 100 if gpu else 20),
-        threads=threads,
+        threads=args.threads or (1 if not gpu else max(1, (os.cpu_count() or 1) // largest)),
         timeout_s=args.timeout,
         out=args.out.resolve(),
         workloads=workloads,
     )
-    repeats = args.repeats or (1 if args.quick else 3)
-    environment = machine_info(argv)
-    print(f"{len(rows)} rows x {repeats} repeat(s) on {accelerator}, {threads} thread(s) per process -> {settings.out}")
-    for reason in skipped:
-        print(f"skipped: {reason}")
 
-    workload_info: dict[str, dict[str, Any]] = {}
+
+def workload_info(rows: list[Row], workloads: dict[str, Workload], clis: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What the report says of each workload measured: description, batch convention, tokens and FLOPs."""
+    info = {}
     for name in dict.fromkeys(row.workload for row in rows):
-        workload = workloads[name]
-        workload_info[name] = {
+        workload, cli = workloads[name], clis[name]
+        info[name] = {
             "description": workload.description,
             "builtin": workload.builtin,
             "arguments": workload.arguments() if not workload.builtin else None,
             "batch_per_process": workload.batch_per_process,
             # tokens/s only where a sample is a sequence of a known length: the built-in language model
-            "tokens_per_sample": tokens_per_sample(clis[name]) if workload.counts_tokens else None,
-            **training_flops(clis[name], workload),
+            "tokens_per_sample": tokens_per_sample(cli) if workload.counts_tokens else None,
+            **training_flops(cli, workload),
         }
+    return info
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    accelerator = chosen_accelerator(args.accelerator)
+    workloads, clis = built_workloads(args)
+    batches = {name: global_batch_size(cli) for name, cli in clis.items()}
+    rows, skipped = plan(args, accelerator, batches, list(workloads))
+    if not rows:
+        fail("nothing to run: " + "; ".join(skipped) + ". Fix: choose --devices and --batch-sizes that fit.")
+    settings = run_settings(args, accelerator, rows, workloads)
+    repeats = args.repeats or (1 if args.quick else 3)
+    environment = machine_info(argv)
+    print(
+        f"{len(rows)} rows x {repeats} repeat(s) on {accelerator}, {settings.threads} thread(s) per process ->",
+        settings.out,
+    )
+    for reason in skipped:
+        print(f"skipped: {reason}")
     device = torch.device("cuda", 0) if accelerator == "gpu" else torch.device("cpu")
-    peaks: dict[str, float | None] = {}
-    peak_sources = {}
-    for precision in {row.precision for row in rows}:
-        peaks[precision], peak_sources[precision] = peak_flops(device, precision)
+    peaks = {precision: peak_flops(device, precision) for precision in {row.precision for row in rows}}
 
     started = time.time()
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` sends SIGTERM: still write what was measured
     results = run_all(rows, repeats, settings)
     startup_repeats = args.startup_repeats if args.startup_repeats is not None else (3 if args.quick else 5)
-    startup = measure_startup(startup_repeats, run_env(threads)) if startup_repeats > 0 else None
-    environment["load_average_end"] = load_average()
-    environment["bench_wall_s"] = round(time.time() - started, 1)
-    table = build_table(results, accelerator, workload_info, peaks)
+    startup = measure_startup(startup_repeats, run_env(settings.threads)) if startup_repeats > 0 else None
+    environment.update(load_average_end=load_average(), bench_wall_s=round(time.time() - started, 1))
+    info = workload_info(rows, workloads, clis)
+    table = build_table(results, accelerator, info, {precision: peak for precision, (peak, _) in peaks.items()})
     output = {
         "environment": environment,
         "settings": {
-            "accelerator": accelerator,
-            "quick": args.quick,
-            "warmup": settings.warmup,
-            "steps": settings.steps,
+            **{key: getattr(settings, key) for key in ("accelerator", "quick", "warmup", "steps", "threads")},
             "repeats": repeats,
-            "threads": threads,
-            "peak_flops_source": peak_sources,
+            "peak_flops_source": {precision: source for precision, (_, source) in peaks.items()},
             "skipped": skipped,
         },
-        "workloads": workload_info,
+        "workloads": info,
         "rows": table,
         "startup": startup,
         "runs": {row.key: runs for row, runs in results.items()},
     }
-    written = write_all(settings.out, output, plots=not args.no_plots)
-    print((settings.out / "results.md").read_text())
+    return finish(settings.out, output, plots=not args.no_plots)
+
+
+def finish(out: Path, output: dict[str, Any], plots: bool) -> int:
+    """Write the results and print the report; exit status 1 if a row failed."""
+    written = write_all(out, output, plots=plots)
+    print((out / "results.md").read_text())
     print("wrote " + ", ".join(str(path) for path in written))
-    failed = [row["key"] for row in table if row["status"] == "failed"]
+    failed = [row["key"] for row in output["rows"] if row["status"] == "failed"]
     if failed:
         print(f"FAILED rows: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if failed else 0
 
 
 def entry(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Runs the rows of the benchmark, each in fresh processes, and collects what their timers wrote.
 
 Each run is one subprocess tree: ``python -m src.cli fit`` with the ``StepTimer`` callback for the template rows,
-``python -m src.bench.plain`` for the baselines (plain PyTorch and bare Lightning). Every process gets the same,
+``python -m benchmarks.plain`` for the baselines (plain PyTorch and bare Lightning). Every process gets the same,
 fixed thread count through ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` (Lightning leaves the count alone when it is
 set). Repeats go round robin over the rows, so slow drift of a shared machine spreads over all rows instead of
 landing on one.
@@ -21,10 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from src.bench.clock import T0_ENV, rank_path
-from src.bench.environment import load_average
-from src.bench.stats import summarise_run
-from src.bench.workloads import REPO, WORKLOADS, Workload, cli_flags
+from benchmarks import REPO
+from benchmarks.clock import T0_ENV, rank_path
+from benchmarks.environment import load_average
+from benchmarks.stats import summarise_run
+from benchmarks.workloads import WORKLOADS, Workload, cli_flags
 
 #: what each strategy of a row means; "bare-*" and "plain-*" are the baselines
 STRATEGY_LABELS = {
@@ -37,11 +38,13 @@ STRATEGY_LABELS = {
     "plain-loop": "plain PyTorch loop",
     "plain-ddp": "plain PyTorch DDP (mp.spawn)",
 }
-#: the 1-device rows every table shows side by side, and their multi-process counterparts
-ONE_DEVICE_ROWS = ("single", "bare-lightning", "plain-loop")
+#: each implementation's 1-device row, which every table shows and its scaling efficiency is measured against;
+#: then the baselines' multi-process rows
+ONE_DEVICE_ROW = {"template": "single", "bare": "bare-lightning", "plain": "plain-loop"}
+ONE_DEVICE_ROWS = tuple(ONE_DEVICE_ROW.values())
 MULTIPROCESS_BASELINES = ("bare-lightning-ddp", "plain-ddp")
 MULTIPROCESS = ("ddp", "ddp_spawn", *MULTIPROCESS_BASELINES)
-#: how ``python -m src.bench.plain`` runs each baseline (``--mode``)
+#: how ``python -m benchmarks.plain`` runs each baseline (``--mode``)
 BASELINE_MODES = {
     "plain-loop": "loop",
     "plain-ddp": "ddp",
@@ -128,7 +131,7 @@ def template_command(row: Row, settings: Settings, json_path: Path, run_dir: Pat
         "--trainer.limit_val_batches=0",
         "--trainer.num_sanity_val_steps=0",
         f"--trainer.default_root_dir={run_dir}",
-        "--trainer.callbacks+=src.bench.timing.StepTimer",
+        "--trainer.callbacks+=benchmarks.timing.StepTimer",
         f"--trainer.callbacks.path={json_path}",
     ]
 
@@ -138,7 +141,7 @@ def baseline_command(row: Row, settings: Settings, json_path: Path) -> list[str]
     command = [
         sys.executable,
         "-m",
-        "src.bench.plain",
+        "benchmarks.plain",
         *workload.arguments(),
         f"--mode={BASELINE_MODES[row.strategy]}",
         f"--devices={row.processes}",
@@ -168,6 +171,25 @@ def run_env(threads: int) -> dict[str, str]:
     return env
 
 
+def launch(command: list[str], settings: Settings, log: Path) -> int | None:
+    """Run one command tree from the repository root, its output to ``log``; its exit code, None if timed out."""
+    env = run_env(settings.threads)
+    env[T0_ENV] = repr(time.time())
+    with open(log, "w") as handle:
+        # a session of its own, so that a run past its timeout is ended with all the processes it started
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return process.wait(timeout=settings.timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            if process.poll() is None:  # timed out, or the benchmark itself was interrupted
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
 def run_once(row: Row, repeat: int, settings: Settings) -> dict[str, Any]:
     """Run one repeat of a row; returns its figures, or ``{"error": ...}`` with the end of its log."""
     run_dir = settings.out / "runs" / f"{row.key}-r{repeat}"
@@ -179,22 +201,8 @@ def run_once(row: Row, repeat: int, settings: Settings) -> dict[str, Any]:
     else:
         command = baseline_command(row, settings, json_path)
     (run_dir / "command.txt").write_text(" ".join(command) + "\n")
-    env = run_env(settings.threads)
-    env[T0_ENV] = repr(time.time())
     started = time.perf_counter()
-    with open(run_dir / "output.log", "w") as log:
-        # a session of its own, so that a run past its timeout is ended with all the processes it started
-        process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            returncode = process.wait(timeout=settings.timeout_s)
-        except subprocess.TimeoutExpired:
-            returncode = None
-        finally:
-            if process.poll() is None:  # timed out, or the benchmark itself was interrupted
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    returncode = launch(command, settings, run_dir / "output.log")
     wall_s = time.perf_counter() - started
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # not results, and written after the timed window
     result: dict[str, Any] = {"repeat": repeat, "wall_s": wall_s, "run_dir": str(run_dir), "load_after": load_average()}
@@ -203,12 +211,13 @@ def run_once(row: Row, repeat: int, settings: Settings) -> dict[str, Any]:
         tail = (run_dir / "output.log").read_text(errors="replace")[-2000:]
         reason = "timed out" if returncode is None else f"exit code {returncode}"
         return {**result, "error": f"{reason}; log: {run_dir / 'output.log'}", "log_tail": tail}
-    ranks = [json.loads(path.read_text()) for path in paths]
     try:
-        figures = summarise_run(ranks, settings.warmup, row.batch_size)
+        return {
+            **result,
+            **summarise_run([json.loads(path.read_text()) for path in paths], settings.warmup, row.batch_size),
+        }
     except ValueError as error:
         return {**result, "error": str(error)}
-    return {**result, **figures}
 
 
 def run_all(

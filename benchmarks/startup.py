@@ -13,10 +13,7 @@ import sys
 import time
 from typing import Any
 
-from src.bench.workloads import REPO
-
-#: ``--help`` may take this many times as long as importing Lightning (the project's target)
-HELP_TARGET_RATIO = 1.5
+from benchmarks import REPO
 
 COMMANDS = {
     "cli_help": [sys.executable, "-m", "src.cli", "fit", "--help"],

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks import REPO
 
 
 def _version(package: str) -> str | None:
@@ -57,7 +57,7 @@ def machine_info(command: list[str]) -> dict[str, Any]:
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     status = _git("status", "--porcelain")
     return {
-        "command": " ".join(["python -m src.bench", *command]),
+        "command": " ".join(["python -m benchmarks", *command]),
         "platform": platform.platform(),
         "cpu": _cpu_model(),
         "cpu_cores": cores,

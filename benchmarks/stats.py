@@ -5,6 +5,16 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+#: the per-device figure of the template's memory probe (``src.callbacks.throughput.peak_memory``), in the order
+#: looked for: PyTorch's allocator peak on a GPU, the process's peak resident set on a CPU
+MEMORY_FIGURES = ("perf/memory_allocated_gb", "perf/memory_rss_gb")
+
+
+def device_memory(probe: dict[str, float]) -> tuple[str, float]:
+    """(which figure, GB) of one process's peak memory, from what the probe returned."""
+    kind = next(name for name in MEMORY_FIGURES if name in probe)
+    return kind, probe[kind]
+
 
 def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -> dict[str, Any]:
     """Figures of one run from the JSON of each of its processes (rank 0 first).
@@ -24,6 +34,7 @@ def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -
     # linear interpolation between the closest ranks, as numpy's default
     quartiles = statistics.quantiles(steady, n=4, method="inclusive") if len(steady) > 1 else [steady[0]] * 3
     startups = [r["first_step_s"] for r in ranks if r.get("first_step_s") is not None]
+    memory = [device_memory(r["peak_memory"]) for r in ranks]
     return {
         "timed_steps": len(steady),
         "epoch_boundaries_excluded": len(times) - len(steady),
@@ -36,8 +47,8 @@ def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -
         # below ~0.9 on a CPU the process waited: for other processes on its core, or for its peers' gradients
         "cpu_share": statistics.fmean(cpu) / mean,
         "startup_s": max(startups) if startups else None,
-        "peak_memory_mb": max(r["peak_memory_bytes"] for r in ranks) / 2**20,
-        "memory_kind": rank0["memory_kind"],
+        "peak_memory_mb": 1000 * max(gb for _, gb in memory),
+        "memory_kind": memory[0][0],
         "threads_per_process": sorted({r["threads"] for r in ranks}),
         "processes": len(ranks),
         "device": rank0["device"],

@@ -1,13 +1,13 @@
 """The bare-Lightning baseline: the workload's model trained by a plain ``L.Trainer``, without the template.
 
 It separates Lightning's cost from the template's: the network, data module, optimizer, scheduler, gradient
-clipping, seed and precision are the template's (built by its CLI, ``src/bench/workloads.py``); the Trainer has
+clipping, seed and precision are the template's (built by its CLI, ``benchmarks/workloads.py``); the Trainer has
 Lightning's defaults except for what a fair baseline must turn off (``BARE_TRAINER_OFF``) and none of the
 template's callbacks, CLI checks or strategies. For a built-in workload the LightningModule is a forward and a
 loss around the example's network, with no metrics and no ``self.log``; for a user's model (``--model``,
 ``--data``, ``--config``) it is the user's own LightningModule and data module, as they would train them in a
 script of their own, at the same global batch and number of steps. Started by
-``python -m src.bench.plain --mode lightning``; with ``--devices`` > 1 it runs Lightning's ``ddp``.
+``python -m benchmarks.plain --mode lightning``; with ``--devices`` > 1 it runs Lightning's ``ddp``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import lightning as L
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.bench.timing import StepTimer
-from src.bench.workloads import build_cli, workload_from_args
+from benchmarks.timing import StepTimer
+from benchmarks.workloads import build_cli, workload_from_args
 
 #: Trainer options the baseline sets away from Lightning's defaults: no logger, no checkpoints, no progress bar
 #: (the template rows run validation-free too, and write their checkpoint after the timed window)
