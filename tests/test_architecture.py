@@ -25,7 +25,6 @@ LAYERS = {
     "src.cli": 4,
     "src.sweep": 5,
     "src.consolidate": 5,
-    "src.bench": 5,
 }
 
 
