@@ -128,8 +128,8 @@ def is_network_error(exception: BaseException) -> bool:
 
 
 def network_failure(exception: BaseException, url: str | None = None, fix: str | None = None) -> EnvironmentFailure:
-    """The one-paragraph error for a failed network request: no network, a timeout, an HTTP error or a broken
-    connection, naming the URL when the caller or the exception (``url``, ``request.url``) gives it."""
+    """The one-paragraph error for a failed network request: no network, or a download that failed (a timeout, an
+    HTTP error, a broken connection), naming the URL when the caller or the exception (``url``) gives it."""
     if url is None:  # HTTPError keeps its URL, and requests' and httpx's errors their request's
         chain = causes(exception)
         found = [getattr(e, "url", None) or getattr(getattr(e, "request", None), "url", None) for e in chain]
@@ -137,27 +137,21 @@ def network_failure(exception: BaseException, url: str | None = None, fix: str |
     host = (urlparse(url).hostname or url) if url else None
     where = f"{host} ({url})" if url and host != url else (url or "the server")
     reasons = [error.reason if isinstance(error, urllib.error.URLError) else error for error in causes(exception)]
-    detail = describe(exception)
-    if isinstance(exception, urllib.error.HTTPError):
-        what = f"download failed: {url or 'the server'} answered HTTP {exception.code} {exception.reason}"
-        default_fix = "check the address; if the server is down, run again later"
-    elif any(isinstance(reason, TimeoutError) for reason in reasons):
-        what = f"download failed: {where} did not answer in time ({detail})"
-        default_fix = "run again later, or where the network is faster"
-    elif any(
+    if any(
         isinstance(reason, socket.gaierror) or (isinstance(reason, OSError) and reason.errno in NO_NETWORK_ERRNOS)
         for reason in reasons
     ):
-        what = f"no network: cannot reach {where} ({detail})"
+        what = f"no network: cannot reach {where}"
         default_fix = (
             f"run where {host or 'the server'} can be reached (on a cluster, compute nodes often have no network"
             " while login nodes do; set https_proxy if a proxy is needed), or fetch the files there first"
         )
     else:
-        what = f"download failed: the connection to {where} failed ({detail})"
-        default_fix = "run again; if it repeats, check the network (and https_proxy)"
+        what = f"download failed: {where}"
+        default_fix = "run again later; if it repeats, check the address and the network (and https_proxy)"
     return EnvironmentFailure(
-        f"{what}. This is not a wrong option. Fix: {fix or default_fix}; set {DEBUG_ENV}=true to see the traceback."
+        f"{what} ({describe(exception)}). This is not a wrong option. Fix: {fix or default_fix}; set {DEBUG_ENV}=true"
+        " to see the traceback."
     )
 
 
