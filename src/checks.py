@@ -84,14 +84,11 @@ def requested_devices(devices: Any, accelerator: str) -> int | None:
     """Number of devices ``--trainer.devices`` asks for (``None`` when it cannot be told here)."""
     if isinstance(devices, str):
         devices = devices.strip()
-        if devices in ("auto", "-1"):
-            return 1 if accelerator == "cpu" and devices == "auto" else available_devices(accelerator)
+        if devices == "auto":
+            return 1 if accelerator == "cpu" else available_devices(accelerator)
         if "," in devices:
             return len([d for d in devices.split(",") if d.strip()])
-        if devices.isdigit():
-            devices = int(devices)
-        else:
-            return None
+        devices = int(devices) if devices.lstrip("-").isdigit() else None
     if isinstance(devices, (list, tuple)):
         return len(devices)
     if isinstance(devices, int):
@@ -105,12 +102,8 @@ def strategy_name(strategy: Any) -> str | None:
 
 
 def world_size(strategy: str | None, devices: int, num_nodes: int) -> int:
-    """Processes the run will have."""
-    if strategy is None:
-        return devices * num_nodes
-    if strategy == "auto":
-        return devices * num_nodes if devices * num_nodes > 1 else 1
-    if strategy.startswith(MULTIPROCESS_PREFIXES):
+    """Processes the run will have: one per device for the multi-process strategies (and ``auto``), else one."""
+    if strategy is None or strategy == "auto" or strategy.startswith(MULTIPROCESS_PREFIXES):
         return devices * num_nodes
     return 1  # single_device, dp
 

@@ -404,7 +404,10 @@ class TemplateCLI(LightningCLI):
             return known
         if getattr(self, "config_init", None) is None:  # jsonargparse builds the model, data, callbacks and loggers
             config = self.config[self.subcommand] if self.subcommand else self.config
-            named = [f"--{key}={config[key].class_path}" for key in ("model", "data") if "class_path" in config[key]]
+            chosen = {key: config.get(key) for key in ("model", "data")}
+            named = [
+                f"--{k}={c.class_path}" for k, c in chosen.items() if isinstance(c, Namespace) and "class_path" in c
+            ]
             what = f"the objects of the config ({', '.join(named)}, the callbacks and loggers)"
         else:
             what = "the Trainer from the --trainer options"
