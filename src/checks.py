@@ -1,20 +1,23 @@
 """Checks that run before any process starts, so that a bad launch fails in a second, not in a hang.
 
 A wrong device count or a SLURM allocation that does not match ``--trainer.devices`` otherwise shows up as a
-process group waiting forever for ranks that never come; these checks turn it into one clear message.
+process group waiting forever for ranks that never come; these checks turn it into one clear message. The
+checkpoint to resume is read here once (memory-mapped) and checked against the configured model, and
+``import_class`` is the one place a config's class path is imported.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import re
+import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
 from src.callbacks.run_plan import batch_norm_layers
@@ -83,14 +86,11 @@ def requested_devices(devices: Any, accelerator: str) -> int | None:
     """Number of devices ``--trainer.devices`` asks for (``None`` when it cannot be told here)."""
     if isinstance(devices, str):
         devices = devices.strip()
-        if devices in ("auto", "-1"):
-            return 1 if accelerator == "cpu" and devices == "auto" else available_devices(accelerator)
+        if devices == "auto":
+            return 1 if accelerator == "cpu" else available_devices(accelerator)
         if "," in devices:
             return len([d for d in devices.split(",") if d.strip()])
-        if devices.isdigit():
-            devices = int(devices)
-        else:
-            return None
+        devices = int(devices) if devices.lstrip("-").isdigit() else None
     if isinstance(devices, (list, tuple)):
         return len(devices)
     if isinstance(devices, int):
@@ -104,12 +104,8 @@ def strategy_name(strategy: Any) -> str | None:
 
 
 def world_size(strategy: str | None, devices: int, num_nodes: int) -> int:
-    """Processes the run will have."""
-    if strategy is None:
-        return devices * num_nodes
-    if strategy == "auto":
-        return devices * num_nodes if devices * num_nodes > 1 else 1
-    if strategy.startswith(MULTIPROCESS_PREFIXES):
+    """Processes the run will have: one per device for the multi-process strategies (and ``auto``), else one."""
+    if strategy is None or strategy == "auto" or strategy.startswith(MULTIPROCESS_PREFIXES):
         return devices * num_nodes
     return 1  # single_device, dp
 
@@ -395,47 +391,48 @@ def check_optimizer(model: Any) -> None:
         ) from error
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint as the run will: ``weights_only``, as LightningCLI reads its hyperparameters; memory-mapped."""
+def import_class(class_path: str) -> type | None:
+    """The class a config's ``class_path`` names, or None where it cannot be imported (jsonargparse says why)."""
+    module_name, _, name = str(class_path).rpartition(".")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:
-        if "weights_only" in str(error) or "Weights only" in str(error):
-            unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
-            what = f" ({unsupported.group(1)})" if unsupported else ""
-            raise ConfigurationError(
-                f"--ckpt_path={path} holds Python objects besides tensors{what}, which safe loading"
-                " (torch.load weights_only=True) refuses: unpickling them could run any code. Fix: if you trust"
-                " where the file came from, allow those classes with torch.serialization.add_safe_globals([...]) in"
-                " your model's module, or re-save the checkpoint without them (docs/troubleshooting.md, Checkpoints)."
-            ) from error
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint once, before launch, for the checks below: memory-mapped (the tensors stay on disk until
+    used) and ``weights_only``, as Lightning reads it."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError as error:  # torch's refusal of a global that weights_only does not allow
+        unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path))
         raise ConfigurationError(
-            f"--ckpt_path={path} cannot be read as a checkpoint ({describe(error)}). Fix: pass a .ckpt file this"
-            " template (or Lightning) saved."
+            f"--ckpt_path={path} holds Python objects besides tensors ({unsafe}), which safe loading"
+            " (torch.load weights_only=True) refuses: unpickling them could run any code. Fix: if you trust"
+            " where the file came from, allow those classes with torch.serialization.add_safe_globals([...]) in"
+            " your model's module, or re-save the checkpoint without them (docs/troubleshooting.md, Checkpoints)."
+        ) from error
+    except Exception as error:
+        raise ConfigurationError(
+            f"--ckpt_path={path} is not a readable checkpoint (truncated or corrupt, {path.stat().st_size} bytes:"
+            f" {describe(error)}). Fix: pass an earlier checkpoint from the same folder, e.g. a best-*.ckpt file;"
+            " the file is left as is."
         ) from error
 
 
-def _same_class(a: str, b: str) -> bool:
-    """Whether two class paths name one class (``pkg.Model`` re-exported from ``pkg.module.Model``)."""
-    if a == b:
-        return True
-    try:
-        classes = [getattr(importlib.import_module(p.rpartition(".")[0]), p.rpartition(".")[2]) for p in (a, b)]
-    except (ImportError, AttributeError, ValueError):
-        return False
-    return classes[0] is classes[1]
-
-
-def check_checkpoint_model(path: Path, model_class_path: Any) -> None:
-    """The checkpoint must be readable safely and hold the configured model class.
+def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_class_path: Any) -> None:
+    """The checkpoint must hold the configured model class.
 
     LightningCLI rebuilds the model from a checkpoint's hyperparameters, class included: a checkpoint of another
     model would silently replace ``--model`` and then fail deep inside training on the configured data.
     """
-    hparams = load_checkpoint(path).get("hyper_parameters") or {}
+    hparams = checkpoint.get("hyper_parameters") or {}
     trained = hparams.get("_class_path") if isinstance(hparams, Mapping) else None
-    if trained is None or not isinstance(model_class_path, str) or _same_class(trained, model_class_path):
+    if trained is None or not isinstance(model_class_path, str) or trained == model_class_path:
         return
+    if import_class(trained) is not None and import_class(trained) is import_class(model_class_path):
+        return  # one class by two paths (``pkg.Model`` re-exported from ``pkg.module.Model``)
     raise ConfigurationError(
         f"--ckpt_path={path} holds a {trained}, but the config builds a {model_class_path} (--model)."
         f" Fix: pass the config the checkpoint was trained with (its run directory keeps it in"
@@ -444,17 +441,41 @@ def check_checkpoint_model(path: Path, model_class_path: Any) -> None:
     )
 
 
-def check_checkpoint_fits(model: Any, path: Path) -> None:
+def check_model_flags(args: Any, init_args: Any, checkpoint: Mapping[str, Any], path: Path) -> None:
+    """Refuse a ``--model.*`` flag that differs from the hyperparameters saved in the ``--ckpt_path`` checkpoint.
+
+    LightningCLI rebuilds the model from the checkpoint's hyperparameters, so such a flag would be dropped
+    without a word (a run trained with ``n_embd=128`` would continue at 128 under ``--model.init_args.n_embd=64``).
+    """
+    if not isinstance(args, (list, tuple)) or not isinstance(init_args, Namespace):
+        return
+    hparams = checkpoint.get("hyper_parameters") or {}
+    for flag in [str(a).split("=", 1)[0] for a in args if str(a).startswith("--model.")]:
+        name = flag.removeprefix("--model.").removeprefix("init_args.").split(".")[0]
+        if name not in hparams or name not in init_args:
+            continue
+        given, saved = _plain(init_args[name]), _plain(hparams[name])
+        if given != saved:
+            raise ConfigurationError(
+                f"{flag}={given} differs from the checkpoint it resumes, {path}, which was trained with"
+                f" {name}={saved}; the model is rebuilt from the checkpoint's hyperparameters, so the flag would be"
+                f" ignored. Fix: drop {flag} to continue the checkpoint's model, or train a new model at {given}"
+                " without --ckpt_path in another --trainer.default_root_dir. Nothing was changed."
+            )
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def check_checkpoint_fits(model: Any, checkpoint: Mapping[str, Any], path: Path) -> None:
     """The checkpoint's weights must have the model's names and shapes (a checkpoint of another model does not).
 
     Lightning would otherwise fail in ``load_state_dict`` with one line per missing or unexpected tensor.
     """
-    if not getattr(model, "strict_loading", True):
-        return  # the model itself allows a partial match
-    checkpoint = load_checkpoint(path)
     saved = checkpoint.get("state_dict")
-    if not isinstance(saved, Mapping):
-        return
+    if not getattr(model, "strict_loading", True) or not isinstance(saved, Mapping):
+        return  # the model itself allows a partial match, or there are no weights to compare
     expected = model.state_dict()
     missing = [name for name in expected if name not in saved]
     unexpected = [name for name in saved if name not in expected]

@@ -29,10 +29,8 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import lightning as L
-import torch
 import yaml
 from jsonargparse import ActionConfigFile, Namespace
-from jsonargparse._common import debug_mode_active
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -49,30 +47,38 @@ from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_wo
 from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.callbacks.spawn import UnshareSpawnedTensors
 from src.callbacks.summary import ModelSummary as FlopsAwareModelSummary
-from src.checkpoint_io import AtomicCheckpointIO, is_intact, newest_intact_checkpoint
+from src.checkpoint_io import AtomicCheckpointIO, newest_intact_checkpoint
 from src.checks import (
     check_checkpoint_fits,
     check_checkpoint_model,
     check_launch,
+    check_model_flags,
     check_optimizer,
     check_sequence_length,
     check_sync_batchnorm,
+    import_class,
+    load_checkpoint,
     yaml_problem,
 )
+from src.compat import subcommand_parser
 from src.data.base import GlobalBatchDataModule
 from src.errors import (
-    MAIN_PID_ENV,
+    DEBUG_ENV,
     ConfigurationError,
     StopOtherRanksOnError,
     TrainingStopped,
-    building_error,
+    causes,
+    debug_mode,
+    describe,
     notice,
     report,
+    user_error_of,
 )
 from src.quiet import silence_known_noise
 from src.strategies import register_dp_strategy
 from src.tuning import Trainer as TuningTrainer
 
+PROG = "python -m src.cli"
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
@@ -87,14 +93,6 @@ COLLECTIVE_TIMEOUT_S = 900.0
 def checkpoint_dir(run_dir: str | None) -> str:
     """Where ``ModelCheckpoint`` and preemption save: ``<run dir>/checkpoints``, stable across restarts."""
     return os.path.join(run_dir or os.getcwd(), "checkpoints")
-
-
-def _import(class_path: str) -> type | None:
-    module_name, _, name = class_path.rpartition(".")
-    try:
-        return getattr(__import__(module_name, fromlist=[name]), name)
-    except (ImportError, AttributeError):
-        return None
 
 
 def _loggers(trainer: Namespace) -> list[Namespace]:
@@ -115,19 +113,6 @@ def _stable_wandb_id(run_dir: str) -> str:
     return run_id
 
 
-def _check_checkpoint_file(path: Path, option: str) -> None:
-    if not path.is_file():
-        raise ConfigurationError(
-            f"{option}={path} does not exist. Fix: give the path of a .ckpt file, or 'last' / 'best'."
-        )
-    # torch.save writes a zip archive; a truncated or overwritten file has no valid central directory
-    if not zipfile.is_zipfile(path):
-        raise ConfigurationError(
-            f"{option}={path} is not a readable checkpoint (truncated or corrupt, {path.stat().st_size} bytes)."
-            " Fix: pass an earlier checkpoint from the same folder, e.g. a best-*.ckpt file; the file is left as is."
-        )
-
-
 def shared_random_seed() -> int:
     """The seed ``seed_everything: true`` draws, the same on every process of one launch.
 
@@ -144,51 +129,50 @@ def shared_random_seed() -> int:
     return random.SystemRandom().randrange(2**32)
 
 
-def _resolved_checkpoint(config: Namespace) -> Path | None:
-    """The file ``--ckpt_path`` names (``last`` resolved in the run directory), or None."""
-    ckpt_path = config.get("ckpt_path")
-    if ckpt_path is None or "://" in str(ckpt_path) or ckpt_path in ("best", "hpc", "registry"):
+def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[str, Any]] | None:
+    """The local file ``--ckpt_path`` names (``last`` resolved in the run directory) and its contents, read once.
+
+    Refuses a fresh ``fit`` into a run directory that holds checkpoints, and a path that is not a checkpoint. A
+    damaged newest ``last*.ckpt`` (a kill during a non-atomic copy) falls back to the newest intact checkpoint, so
+    that a requeued job does not stop on it. URLs and Lightning's other special paths are left to Lightning.
+    """
+    ckpt_path, run_dir = config.get("ckpt_path"), config.trainer.get("default_root_dir")
+    folder = Path(checkpoint_dir(run_dir))
+    existing = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    if ckpt_path is None:
+        if subcommand == "fit" and existing:
+            raise ConfigurationError(
+                f"--trainer.default_root_dir={run_dir} already holds a run ({len(existing)} checkpoint(s) in"
+                f" {folder}). Fix: resume it with --ckpt_path=last, or start a new run in another directory"
+                " with --trainer.default_root_dir=<new dir>; nothing was changed."
+            )
         return None
     if ckpt_path == "last":
-        folder = Path(checkpoint_dir(config.trainer.get("default_root_dir")))
-        candidates = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
-        return candidates[-1] if candidates else None
-    return Path(ckpt_path)
-
-
-def _plain(value: Any) -> Any:
-    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
-
-
-def _check_model_flags_match_checkpoint(args: Any, config: Namespace) -> None:
-    """Refuse a ``--model.*`` flag that differs from the hyperparameters saved in the ``--ckpt_path`` checkpoint.
-
-    LightningCLI rebuilds the model from the checkpoint's hyperparameters, so such a flag would be dropped
-    without a word (a run trained with ``n_embd=128`` would continue at 128 under ``--model.init_args.n_embd=64``).
-    """
-    path = _resolved_checkpoint(config)
-    if not isinstance(args, (list, tuple)) or path is None or not path.is_file():
-        return
-    flags = [str(a).split("=", 1)[0] for a in args if str(a).startswith("--model.")]
-    if not flags:
-        return
-    model = config.get("model")
-    init_args = model.get("init_args") if isinstance(model, Namespace) else None
-    if not isinstance(init_args, Namespace):
-        return
-    hparams = torch.load(path, map_location="cpu", weights_only=True).get("hyper_parameters") or {}
-    for flag in flags:
-        name = flag.removeprefix("--model.").removeprefix("init_args.").split(".")[0]
-        if name not in hparams or name not in init_args:
-            continue
-        given, saved = _plain(init_args[name]), _plain(hparams[name])
-        if given != saved:
-            raise ConfigurationError(
-                f"{flag}={given} differs from the checkpoint it resumes, {path}, which was trained with"
-                f" {name}={saved}; the model is rebuilt from the checkpoint's hyperparameters, so the flag would be"
-                f" ignored. Fix: drop {flag} to continue the checkpoint's model, or train a new model at {given}"
-                " without --ckpt_path in another --trainer.default_root_dir. Nothing was changed."
+        candidates = [p for p in existing if p.name.startswith("last")]
+        if not candidates:
+            return None  # Lightning says there is nothing to resume and starts afresh
+        path = candidates[-1]
+        # torch.save writes a zip archive: a truncated or overwritten file has no valid central directory
+        if not zipfile.is_zipfile(path):
+            fallback = newest_intact_checkpoint(folder, skip=path)
+            if fallback is None:
+                raise ConfigurationError(
+                    f"--ckpt_path=last: {path} is damaged and {folder} holds no intact checkpoint."
+                    " Fix: start a new run without --ckpt_path in another --trainer.default_root_dir."
+                )
+            notice(
+                f"--ckpt_path=last: {path} is damaged (truncated or corrupt); resuming from the newest intact"
+                f" checkpoint, {fallback}, instead. The damaged file is left as it is."
             )
+            config["ckpt_path"], path = str(fallback), fallback
+        return path, load_checkpoint(path)
+    if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path):
+        return None
+    if not Path(ckpt_path).is_file():
+        raise ConfigurationError(
+            f"--ckpt_path={ckpt_path} does not exist. Fix: give the path of a .ckpt file, or 'last' / 'best'."
+        )
+    return Path(ckpt_path), load_checkpoint(Path(ckpt_path))
 
 
 class TemplateArgumentParser(LightningArgumentParser):
@@ -201,31 +185,27 @@ class TemplateArgumentParser(LightningArgumentParser):
     def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
         # jsonargparse reports a YAML syntax error without the file's name; name it, with the line
         problem = yaml_problem(sys.argv[1:] if args is None else args)
-        if problem is not None and self.exit_on_error and not debug_mode_active():
+        if problem is not None and self.exit_on_error and not debug_mode():
             sys.stderr.write(f"error: {problem}\n")
             self.exit(2)
         return super().parse_args(args, *rest, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error or debug_mode_active():
+        if not self.exit_on_error or debug_mode():
             super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        # keep the lines that say what is wrong; drop jsonargparse's internals (the None alternative, NestedArg)
-        noise = ("Subtypes:", "Expected a <class 'NoneType'>", "Given value type:", "Given value: NestedArg")
-        noise += ("Does not validate against any of the Union subtypes", "Errors:")
-        lines = message.strip().splitlines()
-        message = " ".join(line.strip() for line in lines if not line.strip().lstrip("- ").startswith(noise))
-        command = parser.prog.replace(" [options]", "")
         sys.stderr.write(
-            f"error: {message}\n"
-            f"Fix: correct that option. `{command} --help` lists every option; `--model.help CLASS` and"
-            " `--data.help CLASS` list a model's or data module's.\n"
+            f"error: {' '.join(message.split())}\nFix: correct that option. `{PROG} fit --help` (or validate, test,"
+            " predict, tune) lists every option; `--model.help CLASS` and `--data.help CLASS` a model's or data"
+            " module's.\n"
         )
         self.exit(2)
 
 
 class TemplateCLI(LightningCLI):
     """LightningCLI with this template's defaults, checks and run-directory layout (see the module docstring)."""
+
+    #: the ``--ckpt_path`` file and its contents, read once before launch for the checks
+    resumed: tuple[Path, dict[str, Any]] | None = None
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         silence_known_noise()  # src/quiet.py: the lines every run printed that say nothing about the run
@@ -239,7 +219,7 @@ class TemplateCLI(LightningCLI):
             subclass_mode_model=True,
             subclass_mode_data=True,
             # run=False (in a notebook or script) builds one parser without subcommands: it reads the defaults too
-            parser_kwargs={"prog": "python -m src.cli", **(per_subcommand if not run else {"default_env": True})}
+            parser_kwargs={"prog": PROG, **(per_subcommand if not run else {"default_env": True})}
             | {name: dict(per_subcommand) for name in SUBCOMMANDS},
             parser_class=TemplateArgumentParser,
             auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)
@@ -316,16 +296,17 @@ class TemplateCLI(LightningCLI):
         config = self.config[subcommand]
         argv = sys.argv[1:] if args is None else args
         check_launch(config.trainer.as_dict(), batch_size=self._global_batch_size(config), args=argv)
-        self._check_ckpt_path(subcommand, config)
-        checkpoint = _resolved_checkpoint(config)
-        if checkpoint is not None and checkpoint.is_file():  # before LightningCLI reads its hyperparameters
-            check_checkpoint_model(checkpoint, config.model.get("class_path") if "model" in config else None)
-        _check_model_flags_match_checkpoint(argv, config)
+        # the checkpoint is read once, here, before LightningCLI rebuilds the model from its hyperparameters
+        self.resumed = resolve_checkpoint(subcommand, config)
+        if self.resumed is not None:
+            model = config.get("model") or Namespace()
+            check_checkpoint_model(self.resumed[1], self.resumed[0], model.get("class_path"))
+            check_model_flags(argv, model.get("init_args"), self.resumed[1], self.resumed[0])
         if config.get("seed_everything") is True:
             config["seed_everything"] = shared_random_seed()
         if config.trainer.get("enable_checkpointing") is False:
             # the Trainer refuses a ModelCheckpoint when checkpointing is off: leave `--checkpoint` out
-            self._parser(subcommand).callback_keys.remove("checkpoint")
+            subcommand_parser(self, subcommand).callback_keys.remove("checkpoint")
 
     def _parse_with_the_chosen_classes_defaults(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse so that ``--model=X`` / ``--data=Y`` start from X's and Y's own defaults.
@@ -359,11 +340,12 @@ class TemplateCLI(LightningCLI):
             key
             for key, class_path in chosen.items()
             if isinstance(defaults.get(key), dict)
-            and _import(str(class_path)) is not _import(defaults[key]["class_path"])
+            and import_class(str(class_path)) is not import_class(defaults[key]["class_path"])
         ]
         if not changed:
             return None
-        self._parser(subcommand).default_config_files = []  # replaced by the same file without those sections
+        # the default config file is replaced by the same file without those sections
+        subcommand_parser(self, subcommand).default_config_files = []
         base = yaml.safe_dump({key: value for key, value in defaults.items() if key not in changed})
         at = argv.index(subcommand) + 1 if subcommand is not None else 0
         return [*argv[:at], "--config", base, *(f"--{key}={chosen[key]}" for key in changed), *argv[at:]]
@@ -373,45 +355,10 @@ class TemplateCLI(LightningCLI):
         data = config.get("data")
         if not isinstance(data, Namespace) or "class_path" not in data:
             return None
-        data_class = _import(data.class_path)
+        data_class = import_class(data.class_path)
         if data_class is None or not issubclass(data_class, GlobalBatchDataModule):
             return None  # only our data modules promise a global batch size
         return data.get("init_args", Namespace()).get("batch_size")
-
-    @staticmethod
-    def _check_ckpt_path(subcommand: str, config: Namespace) -> None:
-        ckpt_path = config.get("ckpt_path")
-        run_dir = config.trainer.get("default_root_dir")
-        folder = Path(checkpoint_dir(run_dir))
-        if ckpt_path is None:
-            existing = sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
-            if subcommand == "fit" and existing:
-                raise ConfigurationError(
-                    f"--trainer.default_root_dir={run_dir} already holds a run ({len(existing)} checkpoint(s) in"
-                    f" {folder}). Fix: resume it with --ckpt_path=last, or start a new run in another directory"
-                    " with --trainer.default_root_dir=<new dir>; nothing was changed."
-                )
-            return
-        if ckpt_path == "last":
-            candidates = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
-            if candidates and not is_intact(candidates[-1]):
-                # a requeued job must not stop on a damaged file: continue from the newest intact checkpoint
-                fallback = newest_intact_checkpoint(folder, skip=candidates[-1])
-                if fallback is None:
-                    _check_checkpoint_file(candidates[-1], "--ckpt_path=last resolved to")
-                    raise ConfigurationError(
-                        f"--ckpt_path=last: {candidates[-1]} is damaged and {folder} holds no intact checkpoint."
-                        " Fix: start a new run without --ckpt_path in another --trainer.default_root_dir."
-                    )
-                notice(
-                    f"--ckpt_path=last: {candidates[-1]} is damaged (truncated or corrupt); resuming from the newest"
-                    f" intact checkpoint, {fallback}, instead. The damaged file is left as it is."
-                )
-                config["ckpt_path"] = str(fallback)
-            return
-        if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path):
-            return
-        _check_checkpoint_file(Path(ckpt_path), "--ckpt_path")
 
     # -- run directory: loggers and wandb ----------------------------------------------------------------------
 
@@ -428,11 +375,11 @@ class TemplateCLI(LightningCLI):
                 init_args["id"] = _stable_wandb_id(run_dir)
 
     def instantiate_classes(self) -> None:
-        # an exception while building the objects is a bad value in the config: report it as one (src/errors.py)
+        # building the objects the config names is the boundary where any exception is a bad value in the config
         try:
             super().instantiate_classes()
         except Exception as error:
-            raise building_error(error) from error
+            raise self._building_error(error) from error
         if self.trainer.world_size > 1:  # one process has no other ranks to stop (and no hooks to pay for)
             self.trainer.callbacks.append(StopOtherRanksOnError())
             # ddp_spawn workers would otherwise add into one shared copy of each metric state (src/callbacks/spawn.py)
@@ -446,22 +393,33 @@ class TemplateCLI(LightningCLI):
         if self.subcommand == "fit":  # Lightning converts BatchNorm to SyncBatchNorm for fitting only
             sync = self.config[self.subcommand].trainer.get("sync_batchnorm")
             check_sync_batchnorm(self.model, self.trainer, bool(sync))
-        checkpoint = _resolved_checkpoint(self.config[self.subcommand])
-        if checkpoint is not None and checkpoint.is_file():
-            check_checkpoint_fits(self.model, checkpoint)
+        if self.resumed is not None:
+            check_checkpoint_fits(self.model, self.resumed[1], self.resumed[0])
+            self.resumed = None  # checked: the memory-mapped file is Lightning's to read now
 
-    def before_fit(self) -> None:
-        # Manual optimization backpropagates one network at a time (a GAN's discriminator, then its generator),
-        # so DDP must expect parameters without a gradient in each backward, or it stops at the second one.
-        # `_ddp_kwargs` (private) is where DDPStrategy keeps them until it wraps the model; the zoo's GAN under
-        # ddp (tests/test_zoo.py) fails if Lightning changes that.
-        strategy = self.trainer.strategy
-        if not self.model.automatic_optimization and isinstance(strategy, DDPStrategy):
-            strategy._ddp_kwargs.setdefault("find_unused_parameters", True)
+    def _building_error(self, error: Exception) -> ConfigurationError:
+        """One paragraph for an exception raised while LightningCLI built the objects of the config."""
+        known = user_error_of(error)  # e.g. a constructor that downloads: no network, not a wrong option
+        if known is not None:
+            return known
+        if getattr(self, "config_init", None) is None:  # jsonargparse builds the model, data, callbacks and loggers
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            chosen = {key: config.get(key) for key in ("model", "data")}
+            named = [
+                f"--{k}={c.class_path}" for k, c in chosen.items() if isinstance(c, Namespace) and "class_path" in c
+            ]
+            what = f"the objects of the config ({', '.join(named)}, the callbacks and loggers)"
+        else:
+            what = "the Trainer from the --trainer options"
+        return ConfigurationError(
+            f"building {what} failed: {describe(causes(error)[-1])}. Fix: correct the option this names (`{PROG} fit"
+            f" --help` lists them, `--model.help CLASS` and `--data.help CLASS` a class's); set {DEBUG_ENV}=true to"
+            " see the traceback."
+        )
 
     def fit(self, **kwargs: Any) -> None:
         """``trainer.fit``; under ``ddp_spawn`` the launching process passes stop signals on to its workers."""
-        with forward_stop_signals_to_workers(self._get(self.config, "trainer", default=Namespace()).get("strategy")):
+        with forward_stop_signals_to_workers(self.config[self.subcommand].trainer.get("strategy")):
             self.trainer.fit(**kwargs)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
@@ -490,7 +448,7 @@ class TemplateCLI(LightningCLI):
             kwargs["max_time"] = None
         kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"))
         timeout = self._get(self.config, "collective_timeout", default=None)
-        kwargs.update(_strategy_with_timeout(trainer_config.get("strategy"), timeout))
+        kwargs.update(_strategy_with_timeout(trainer_config.get("strategy"), timeout, self.model))
         trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
         if isinstance(trainer.precision_plugin, (DoublePrecision, HalfPrecision)):
             # Lightning loads a checkpoint's weights before it converts the module to a "-true" precision, so
@@ -501,14 +459,23 @@ class TemplateCLI(LightningCLI):
         return trainer
 
 
-def _strategy_with_timeout(strategy: Any, seconds: float | None) -> dict[str, Any]:
-    """``{"strategy": DDPStrategy(timeout=...)}`` for a ddp-family strategy given by name; else nothing."""
-    if not isinstance(strategy, str) or seconds is None or strategy not in StrategyRegistry:
+def _strategy_with_timeout(strategy: Any, seconds: float | None, model: L.LightningModule) -> dict[str, Any]:
+    """``{"strategy": DDPStrategy(timeout=...)}`` for a ddp-family strategy given by name; else nothing.
+
+    Manual optimization backpropagates one network at a time (a GAN's discriminator, then its generator), so DDP
+    must then expect parameters without a gradient in each backward, or it stops at the second one.
+    """
+    if not isinstance(strategy, str) or strategy not in StrategyRegistry:
         return {}
     entry = StrategyRegistry[strategy]
-    if not issubclass(entry["strategy"], DDPStrategy):
+    params = dict(entry["init_params"])
+    if seconds is not None:
+        params["timeout"] = timedelta(seconds=seconds)
+    if not model.automatic_optimization:
+        params.setdefault("find_unused_parameters", True)
+    if not issubclass(entry["strategy"], DDPStrategy) or params == entry["init_params"]:
         return {}
-    return {"strategy": entry["strategy"](**entry["init_params"], timeout=timedelta(seconds=seconds))}
+    return {"strategy": entry["strategy"](**params)}
 
 
 def _with_atomic_checkpoints(plugins: Any) -> list[Any]:
@@ -522,10 +489,6 @@ def _with_atomic_checkpoints(plugins: Any) -> list[Any]:
 def main(args: list[str] | None = None) -> None:
     """Entry point; exits with status 2 on a configuration error and with ``TrainingStopped.exit_code`` after a
     stop (75, 130 or 143 after a signal, 65 on a non-finite loss)."""
-    if "LOCAL_RANK" not in os.environ or os.environ.get(MAIN_PID_ENV) != str(os.getppid()):
-        # the first process of this launch (torchrun and srun start every rank): the ranks that Lightning's
-        # ddp launcher starts from it inherit its pid, so that they let it report an error they share
-        os.environ[MAIN_PID_ENV] = str(os.getpid())
     # NCCL: a failed or timed-out collective aborts the process instead of leaving the other ranks waiting
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     try:

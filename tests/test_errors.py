@@ -1,8 +1,9 @@
 """Bad input: one paragraph naming the option and the fix, exit status 2, no traceback, the run directory untouched.
 
 Every mistake runs in-process against an existing run directory (a real tiny run, resumed with ``--ckpt_path=last``
-where the mistake allows it) whose files are hashed before and after. A few multi-process ones run ``ddp`` on two
-CPU processes: the error is reported once, and every process exits promptly.
+where the mistake allows it) whose files are hashed before and after. An error in the user's own code keeps its
+traceback. A few multi-process ones run ``ddp`` on two CPU processes: a configuration error is reported once, and
+every process exits promptly.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 import torch
 
 from src.cli import main
-from src.errors import DEBUG_ENV, MAIN_PID_ENV
+from src.errors import DEBUG_ENV, ConfigurationError
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier
 
@@ -242,9 +243,15 @@ def test_resume_loads_with_weights_only(tmp_path, capsys, untouched, monkeypatch
 # -- building the objects --------------------------------------------------------------------------------------
 
 BUILD_MISTAKES = {
-    "model constructor": (["--model.init_args.hidden=-1"], ["building TinyClassifier", "--model"]),
-    "trainer constructor": (["--trainer.limit_train_batches=-1"], ["building Trainer", "--trainer"]),
-    "callback constructor": (["--checkpoint.every_n_train_steps=-1"], ["building RunCheckpoint", "callbacks"]),
+    "model constructor": (
+        ["--model.init_args.hidden=-1"],
+        ["--model=tests.fixtures.workload.TinyClassifier", "negative dimension -1"],
+    ),
+    "trainer constructor": (
+        ["--trainer.limit_train_batches=-1"],
+        ["building the Trainer from the --trainer options", "limit_train_batches"],
+    ),
+    "callback constructor": (["--checkpoint.every_n_train_steps=-1"], ["callbacks", "every_n_train_steps=-1"]),
     "negative learning rate": (
         ["--model.init_args.optimizer.init_args.lr=-0.1"],
         ["--model.init_args.optimizer", "Invalid learning rate: -0.1"],
@@ -283,7 +290,7 @@ USER_MODULE = textwrap.dedent(
 
 
     class Ratios(L.LightningDataModule):
-        """Any user data module: an exception in setup is a configuration error, whatever its type."""
+        """Any user data module: an exception its own code raises keeps its traceback."""
 
         def __init__(self, denominator: float = 1.0):
             super().__init__()
@@ -326,22 +333,20 @@ def user_module(tmp_path, monkeypatch):
     sys.modules.pop("user_code", None)
 
 
-def test_any_exception_in_a_data_modules_setup_is_a_configuration_error(tmp_path, capsys, user_module):
-    args = ["fit", *user_module, f"--trainer.default_root_dir={tmp_path}", "--data.init_args.denominator=0"]
-    fails_cleanly(capsys, args, "Ratios.setup", "--data", "ZeroDivisionError: denominator must not be 0")
+def test_an_exception_of_the_users_own_code_keeps_its_traceback(tmp_path, user_module):
+    """Whether in setup or in training_step: the code that raised it is the place to look, not an option."""
+    for failing, error in (
+        ("--data.init_args.denominator=0", ZeroDivisionError),
+        ("--model.init_args.fail_in_training_step=true", RuntimeError),
+    ):
+        with pytest.raises(error):
+            main(["fit", *user_module, f"--trainer.default_root_dir={tmp_path}", failing])
 
 
-def test_an_error_in_the_training_code_keeps_its_traceback(tmp_path, user_module):
-    failing = "--model.init_args.fail_in_training_step=true"
-    args = ["fit", *user_module, f"--trainer.default_root_dir={tmp_path}", failing]
-    with pytest.raises(RuntimeError, match="a bug in the training code"):
-        main(args)
-
-
-def test_debug_switch_shows_the_traceback(tmp_path, monkeypatch, user_module):
+def test_debug_switch_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv(DEBUG_ENV, "true")
-    args = ["fit", *user_module, f"--trainer.default_root_dir={tmp_path}", "--data.init_args.denominator=0"]
-    with pytest.raises(ZeroDivisionError):
+    args = ["fit", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", "--data.init_args.val_size=0"]
+    with pytest.raises(ConfigurationError, match="val_size=0"):
         main(args)
 
 
@@ -424,22 +429,12 @@ def test_a_failing_rank_stops_every_process_promptly(tmp_path, strategy, rank, h
     assert result.returncode != 0
     assert seconds < 60
     if how == "raise":
-        assert result.stderr.count(f"RuntimeError: rank {rank} fails at step 3") >= 1, result.stderr
-        assert result.stderr.count("Traceback") == 1, result.stderr  # the failing rank's, and nothing from the other
-    # the other ranks add no communication traceback: at most one line saying they stopped
-    assert "gloo/transport" not in result.stderr and "DistBackendError" not in result.stderr, result.stderr
+        assert result.stderr.count(f"RuntimeError: rank {rank} fails at step 3") == 1, result.stderr
+    # a rank still waiting in a collective may add gloo's own error for the lost connection, which points at the
+    # failing rank ("This is typically caused by a remote worker ..."); nothing else
+    others = result.stderr.count("Traceback") - (how == "raise")
+    assert others == 0 or (others == 1 and "remote worker" in result.stderr), result.stderr
     assert result.stderr.count("stopped: ") <= 1, result.stderr
-
-
-def test_main_process_id_is_not_inherited_by_unrelated_runs(monkeypatch):
-    """A run started from a process that ran the CLI in-process is not mistaken for a rank Lightning started."""
-    from src.errors import started_by_launcher
-
-    monkeypatch.setenv(MAIN_PID_ENV, str(os.getpid() + 1))
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
-    assert not started_by_launcher()
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    assert started_by_launcher()
 
 
 # -- nothing a run writes holds a secret from the environment ---------------------------------------------------

@@ -1,9 +1,10 @@
 """Errors name their real cause, and a default run prints nothing a newcomer must learn to ignore.
 
-A network or file-system failure in a data module or a constructor is reported as what it is (no network with
-the host; disk full, permission denied or file not found with the path), exit status 1, and never as a wrong
-option. The runs of the second half capture a real run's stdout and stderr without the test suite's warning
-filters and look for each line of Lightning's and PyTorch's that said nothing about the run.
+A network or file-system failure in a data module or a constructor is reported as what it is, by its type (no
+network; disk full, permission denied or file not found with the path), exit status 1, and never as a wrong
+option; any other exception of the user's code keeps its traceback. The runs of the second half capture a real
+run's stdout and stderr without the test suite's warning filters and look for each line of Lightning's and
+PyTorch's that said nothing about the run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from src import checkpoint_io
 from src.cli import main
-from src.errors import DEBUG_ENV, EnvironmentFailure, environment_failure_of, from_spawned_traceback, report
+from src.errors import DEBUG_ENV, user_error_of
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier, TinyData
 
@@ -35,7 +36,7 @@ class FailingData(TinyData):
     Args:
         failure: ``network`` (fetch from a host that does not resolve), ``disk_full`` (write to /dev/full),
             ``permission`` (a PermissionError naming a path), ``missing`` (open a file that does not exist),
-            ``value`` (a plain ValueError, which stays a configuration error).
+            ``value`` (a plain ValueError: an error of this code, which keeps its traceback).
         path: The file ``missing`` opens.
     """
 
@@ -96,8 +97,9 @@ def data_args(tmp_path: Path, failure: str, *extra: str) -> list[str]:
     ]
 
 
-def test_a_failed_download_in_prepare_data_is_no_network_with_the_host(tmp_path, capsys):
-    message = fails_with(capsys, data_args(tmp_path, "network"), "no network", "data.invalid", UNREACHABLE_URL)
+def test_a_failed_download_in_prepare_data_is_no_network(tmp_path, capsys):
+    # urllib's URLError does not keep the address; a data module that names it passes it (tests/examples)
+    message = fails_with(capsys, data_args(tmp_path, "network"), "no network: cannot reach the server", "URLError")
     assert "This is not a wrong option" in message
     assert not list((tmp_path / "run").rglob("*.ckpt"))
 
@@ -124,15 +126,14 @@ def test_a_constructor_that_downloads_is_no_network_not_a_bad_option(tmp_path, c
         "--model=tests.test_quiet.DownloadingModel",
         f"--trainer.default_root_dir={tmp_path}",
     ]
-    message = fails_with(capsys, args, "no network", "data.invalid")
-    assert "building DownloadingModel" not in message
+    message = fails_with(capsys, args, "no network", "URLError")
+    assert "building" not in message
 
 
-def test_other_errors_of_a_hook_stay_configuration_errors_and_do_not_claim_the_options_are_wrong(tmp_path, capsys):
-    code, err = run_in_process(capsys, data_args(tmp_path, "value"))
-    assert code == 2, err
-    assert "FailingData.prepare_data" in err and "ValueError: threshold must be positive" in err, err
-    assert "Fix: check the --data.init_args.* options it uses" in err and "correct those" not in err, err
+def test_other_errors_of_a_hook_keep_their_traceback(tmp_path):
+    with pytest.raises(ValueError, match="threshold must be positive"):
+        main(data_args(tmp_path, "value"))
+    assert not list((tmp_path / "run").rglob("*.ckpt"))
 
 
 def test_the_debug_switch_shows_the_network_errors_traceback(tmp_path, monkeypatch):
@@ -149,22 +150,7 @@ def test_ddp_reports_a_failed_download_once_with_exit_status_1(tmp_path):
     )
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("error: ") == 1, result.stderr
-    assert "no network: cannot reach data.invalid" in result.stderr and "Traceback" not in result.stderr
-
-
-def test_a_ddp_spawn_workers_network_and_disk_errors_are_read_back_from_its_traceback():
-    """``ddp_spawn`` hands the parent only the text of a worker's traceback."""
-    network = from_spawned_traceback(
-        'Traceback (most recent call last):\n  File "x.py", line 1, in prepare_data\n'
-        "urllib.error.URLError: <urlopen error [Errno -2] Name or service not known>\n"
-    )
-    assert isinstance(network, EnvironmentFailure) and str(network).startswith("no network"), network
-    disk = from_spawned_traceback(
-        'Traceback (most recent call last):\n  File "x.py", line 1, in training_step\n'
-        "OSError: [Errno 28] No space left on device: '/runs/a/checkpoints/last.ckpt'\n"
-    )
-    assert isinstance(disk, EnvironmentFailure) and "disk full: writing /runs/a/checkpoints/last.ckpt" in str(disk)
-    assert os.strerror(errno.ENOSPC) in str(disk)
+    assert "no network: cannot reach the server" in result.stderr and "Traceback" not in result.stderr
 
 
 # -- a default run is quiet ------------------------------------------------------------------------------------
@@ -286,11 +272,5 @@ def test_a_checkpoint_save_on_a_full_disk_is_disk_full_with_the_checkpoints_path
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
     assert isinstance(raised.value.__cause__, RuntimeError)  # what torch raised
     assert list(path.parent.iterdir()) == []  # no temporary file left
-    failure = environment_failure_of(raised.value)
+    failure = user_error_of(raised.value)
     assert str(failure).startswith(f"disk full: writing {path} failed (No space left on device)"), failure
-
-
-def test_a_connection_lost_to_another_rank_is_not_called_a_failed_download(capsys):
-    assert report(ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")) == 1
-    err = capsys.readouterr().err
-    assert "lost contact with another process of this run" in err and "download" not in err, err
