@@ -33,6 +33,7 @@ import torch
 import yaml
 from jsonargparse import ActionConfigFile, Namespace
 from jsonargparse._common import debug_mode_active
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -41,7 +42,15 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from torch.multiprocessing import ProcessExitedException
 
-from src.callbacks import NonFiniteLossGuard, PreemptionCheckpoint, RunCheckpoint, RunPlan, SpeedMonitor, progress_bar
+from src.callbacks import (
+    OPTIONAL_CALLBACKS,
+    NonFiniteLossGuard,
+    PreemptionCheckpoint,
+    RunCheckpoint,
+    RunPlan,
+    SpeedMonitor,
+    progress_bar,
+)
 from src.callbacks.compile import CompileModel
 from src.callbacks.continuation import ExactContinuation, RunTimer
 from src.callbacks.precision import Float64Metrics
@@ -285,6 +294,13 @@ class TemplateCLI(LightningCLI):
         parser.add_lightning_class_args(RunPlan, "run_plan")
         parser.add_lightning_class_args(NonFiniteLossGuard, "nan_guard")
         parser.add_argument(
+            "--callbacks_off",
+            type=list[Literal[OPTIONAL_CALLBACKS]],  # type: ignore[valid-type]
+            default=[],
+            help="The template's optional callbacks to leave out of this run, e.g. [throughput,run_plan]; every"
+            " callback the template adds is listed in src/callbacks/__init__.py.",
+        )
+        parser.add_argument(
             "--progress_bar",
             type=Literal["auto", "rich", "plain", "none"],
             default="auto",
@@ -433,12 +449,6 @@ class TemplateCLI(LightningCLI):
             super().instantiate_classes()
         except Exception as error:
             raise building_error(error) from error
-        if self.trainer.world_size > 1:  # one process has no other ranks to stop (and no hooks to pay for)
-            self.trainer.callbacks.append(StopOtherRanksOnError())
-            # ddp_spawn workers would otherwise add into one shared copy of each metric state (src/callbacks/spawn.py)
-            self.trainer.callbacks.append(UnshareSpawnedTensors())
-            # gloo can abort a rank at interpreter exit if its process group is still alive (process_group.py)
-            self.trainer.callbacks.append(DestroyProcessGroupAtExit())
         if self.subcommand is None:
             return
         check_optimizer(self.model)
@@ -465,19 +475,23 @@ class TemplateCLI(LightningCLI):
             self.trainer.fit(**kwargs)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        """The Trainer with the template's callbacks, in the order src/callbacks/__init__.py lists them."""
         trainer_config = self._get(self.config_init, "trainer", default={})
+        off = set(self._get(self.config, "callbacks_off", default=None) or [])
         callbacks = trainer_config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        bar = None if "progress_bar" in off else progress_bar(self._get(self.config, "progress_bar", default="auto"))
         if trainer_config.get("enable_progress_bar") is not False and not any(
             isinstance(c, ProgressBar) for c in callbacks
         ):
-            bar = progress_bar(self._get(self.config, "progress_bar", default="auto"))
             if bar is None:
                 kwargs["enable_progress_bar"] = False
             else:
                 callbacks.append(bar)
         summary = trainer_config.get("enable_model_summary") is not False and not trainer_config.get("barebones")
-        if summary and not any(isinstance(c, ModelSummary) for c in callbacks):
+        if "model_summary" in off:
+            kwargs["enable_model_summary"] = False
+        elif summary and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(FlopsAwareModelSummary())  # no column of zero FLOPs (src/callbacks/summary.py)
             kwargs["enable_model_summary"] = False  # Lightning's own is replaced (else it logs that it skips it)
         if self._get(self.config, "compile", default=False):
@@ -488,7 +502,12 @@ class TemplateCLI(LightningCLI):
             # the same limit, stopping at a step boundary without an extra validation (src/callbacks/continuation.py)
             callbacks.append(RunTimer(duration=max_time))
             kwargs["max_time"] = None
-        kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"))
+        # the class-argument callbacks (--checkpoint, --preemption, ...) that LightningCLI adds after these
+        keys = self._parser(self.subcommand).callback_keys
+        keys[:] = [key for key in keys if key not in off]
+        if "checkpoint" in off:
+            kwargs["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
+        kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"), slurm_requeue="preemption" in off)
         timeout = self._get(self.config, "collective_timeout", default=None)
         kwargs.update(_strategy_with_timeout(trainer_config.get("strategy"), timeout))
         trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
@@ -498,6 +517,8 @@ class TemplateCLI(LightningCLI):
             trainer.precision_plugin.convert_module(self.model)
         if isinstance(trainer.precision_plugin, DoublePrecision):
             trainer.callbacks.append(Float64Metrics())  # fp64 metric sums too, equal to 1e-12 at any world size
+        if trainer.world_size > 1:  # one process has no other ranks to stop (and no hooks to pay for)
+            trainer.callbacks += [StopOtherRanksOnError(), UnshareSpawnedTensors(), DestroyProcessGroupAtExit()]
         return trainer
 
 
@@ -511,11 +532,16 @@ def _strategy_with_timeout(strategy: Any, seconds: float | None) -> dict[str, An
     return {"strategy": entry["strategy"](**entry["init_params"], timeout=timedelta(seconds=seconds))}
 
 
-def _with_atomic_checkpoints(plugins: Any) -> list[Any]:
-    """The user's ``--trainer.plugins``, plus atomic checkpoint saving unless they chose a ``CheckpointIO``."""
+def _with_atomic_checkpoints(plugins: Any, slurm_requeue: bool = False) -> list[Any]:
+    """The user's ``--trainer.plugins``, plus atomic checkpoint saving unless they chose a ``CheckpointIO``, and
+    under SLURM, without Lightning's save-and-requeue inside its signal handler, which ``PreemptionCheckpoint``
+    replaces (``slurm_requeue``: keep it, when that callback is off)."""
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
         plugins.append(AtomicCheckpointIO())
+    # the environment Lightning would pick itself (SLURM comes first in its detection), with one switch changed
+    if not slurm_requeue and SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in plugins):
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     return plugins
 
 

@@ -28,6 +28,9 @@ import torch
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from src.callbacks.steps import EveryNSteps
+from src.compat import logging_step
+
 #: dense (not sparse) tensor-core peaks of one device, TFLOP/s, from the vendors' datasheets; first match wins
 DENSE_PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("h200 nvl", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
@@ -117,17 +120,6 @@ def peak_memory(device: torch.device) -> dict[str, float]:
     return {"perf/memory_rss_gb": max_rss * (1 if sys.platform == "darwin" else 1024) / 1e9}
 
 
-def lightning_logging_step(trainer: L.Trainer) -> int:
-    """The ``step`` Lightning gives the rows it logs from the current training batch.
-
-    Lightning logs a batch's ``self.log`` values with the count of batches that stepped before it (for one
-    optimizer, ``global_step - 1`` after the step), and its LearningRateMonitor reads the same private counter.
-    Rows written straight to a logger need it too: W&B drops rows whose step goes backwards.
-    ``tests/test_throughput.py`` checks that these rows keep the step of the loss rows logged with them.
-    """
-    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
-
-
 def shown_figures(trainer: L.Trainer) -> dict[str, float]:
     """The throughput figures the progress output shows: those of every ``SpeedMonitor`` of the trainer."""
     figures: dict[str, float] = {}
@@ -172,7 +164,7 @@ class SpeedMonitor(Callback):
         self._reset_interval()
         self._gap_start: float | None = None
         self._batch_start = 0.0
-        self._last_step = -1
+        self._every = EveryNSteps()
         #: the figures of the last interval that the template's progress output shows
         self.shown: dict[str, float] = {}
 
@@ -206,7 +198,7 @@ class SpeedMonitor(Callback):
                     " TFLOP/s of one device from its datasheet>."
                 )
         self._reset_interval()
-        self._last_step = trainer.global_step
+        self._every = EveryNSteps(trainer.log_every_n_steps, start=trainer.global_step)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._gap_start = time.perf_counter()  # creating the loader's iterator (worker start-up) is waiting too
@@ -228,11 +220,7 @@ class SpeedMonitor(Callback):
             if self.count == "tokens" or (self.count == "auto" and is_ids):
                 self._tokens += tensor.numel()
         self._batches += 1
-        step = trainer.global_step
-        log_every = trainer.log_every_n_steps
-        # "crossed a multiple", not "is a multiple": with manual optimization one batch may make several steps
-        if log_every > 0 and step // log_every > self._last_step // log_every:
-            self._last_step = step
+        if self._every.due(trainer.global_step):
             self._log(trainer, pl_module)
         self._gap_start = time.perf_counter()
         self._busy += self._gap_start - self._batch_start
@@ -282,7 +270,7 @@ class SpeedMonitor(Callback):
         # straight to the loggers, as Lightning's LearningRateMonitor does: `self.log` costs about 0.25 ms per
         # value in Lightning's result bookkeeping, a measurable share of a small step for figures that need
         # neither reduction nor epoch aggregation
-        step = lightning_logging_step(trainer)
+        step = logging_step(trainer)  # the step of the loss rows logged with them (W&B drops steps going back)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         self._reset_interval()

@@ -41,6 +41,8 @@ from torch.nn.parallel import gather, parallel_apply, replicate
 from torch.nn.parallel.scatter_gather import scatter_kwargs
 from torchmetrics import Metric, MetricCollection
 
+from src.compat import only_children
+
 #: the LightningModule attribute naming the child modules ``forward`` uses (the ones dp replicates)
 DP_MODULES = "dp_modules"
 
@@ -204,6 +206,7 @@ def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Seq
         )
     if isinstance(first, (list, tuple)):
         gathered = [gather_outputs(items, target_device, sizes) for items in zip(*outputs, strict=True)]
+        # a namedtuple is rebuilt with its public `_make`; its constructor takes the fields one by one
         return type(first)._make(gathered) if hasattr(first, "_fields") else type(first)(gathered)
     if all(output is first or output == first for output in outputs):
         return first
@@ -238,23 +241,21 @@ class ParallelForward:
 
     def replicas(self, devices: list[int | None]) -> list[nn.Module]:
         """Shallow copies of the module for ``devices``, holding copies of the children ``forward`` uses."""
-        module, children = self.module, self.module._modules
+        module = self.module
         kept = replicated_children(module)
         # torch's replicate copies every module below the one it gets: hand it the module with only the kept
         # children (its own parameters and buffers stay), then put stand-ins for the others into the replicas
-        module._modules = {name: child for name, child in children.items() if name in kept or child is None}
-        try:
+        with only_children(module, kept):
             replicas = replicate(module, devices, detach=not torch.is_grad_enabled())
-        finally:
-            module._modules = children
         skipped = {
             name: _NotReplicated(_not_replicated_message(name, child))
-            for name, child in children.items()
-            if name not in kept and child is not None
+            for name, child in module.named_children()
+            if name not in kept
         }
         state = CallerState.capture(self.device_type)
         for replica in replicas:
-            replica._modules.update(skipped)
+            for name, stand_in in skipped.items():
+                setattr(replica, name, stand_in)
             # each replica is a shallow copy of the module, this object included: point it at the real forward
             replica.forward = functools.partial(_replica_forward, replica, self.forward, state)
             replica.log = replica.log_dict = _refuse_logging
