@@ -96,8 +96,8 @@ class TemplateModule(L.LightningModule):
     def should_log_step(self) -> bool:
         """True on the optimizer steps whose per-step metrics the logger will write.
 
-        ``self.log`` costs about a millisecond per call even when nothing is written, so per-step metrics are
-        only logged on the steps Lightning flushes (every ``trainer.log_every_n_steps``).
+        ``self.log`` costs about 0.25 ms per value (``docs/benchmarks.md``) even when nothing is written, so
+        per-step metrics are only logged on the steps Lightning flushes (every ``trainer.log_every_n_steps``).
         """
         trainer = attached_trainer(self)
         if trainer is None:
