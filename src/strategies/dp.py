@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -142,40 +141,26 @@ def replicated_children(module: nn.Module) -> list[str]:
     return [name for name in declared if not isinstance(children[name], (Metric, MetricCollection))]
 
 
-@dataclass(frozen=True)
-class CallerState:
-    """The thread-local state a replica thread must share with the caller: grad, inference and autocast modes."""
+def in_callers_modes(forward: Callable[..., Any], device_type: str) -> Callable[..., Any]:
+    """``forward(replica, ...)`` run in the calling thread's grad, inference and autocast modes.
 
-    grad_enabled: bool
-    inference: bool
-    device_type: str
-    autocast_enabled: bool
-    autocast_dtype: torch.dtype
+    These modes are per thread. torch's parallel_apply re-enters grad mode and autocast in each replica thread,
+    but autocast with the default dtype (float16 on CUDA: bf16-mixed would silently run in fp16) and not inference
+    mode (Lightning's validation/test/predict: in-place ops on the input chunks would then fail, "Inplace update to
+    inference tensor outside InferenceMode"). So the caller's exact state is captured here and re-entered there.
+    """
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    autocast, dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
-    @classmethod
-    def capture(cls, device_type: str) -> CallerState:
-        return cls(
-            torch.is_grad_enabled(),
-            torch.is_inference_mode_enabled(),
-            device_type,
-            torch.is_autocast_enabled(device_type),
-            torch.get_autocast_dtype(device_type),
-        )
+    def run(replica: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        with (
+            torch.inference_mode(inference),
+            torch.set_grad_enabled(grad),
+            torch.autocast(device_type, dtype=dtype, enabled=autocast),
+        ):
+            return forward(replica, *args, **kwargs)
 
-
-def _replica_forward(
-    replica: nn.Module, forward: Callable[..., Any], state: CallerState, *args: Any, **kwargs: Any
-) -> Any:
-    # These modes are per thread. torch's parallel_apply re-enters grad mode and autocast in each replica thread,
-    # but autocast with the default dtype (float16 on CUDA: bf16-mixed would silently run in fp16) and not
-    # inference mode (Lightning's validation/test/predict: in-place ops on the input chunks would then fail,
-    # "Inplace update to inference tensor outside InferenceMode"). Re-enter the caller's exact state.
-    with (
-        torch.inference_mode(state.inference),
-        torch.set_grad_enabled(state.grad_enabled),
-        torch.autocast(state.device_type, dtype=state.autocast_dtype, enabled=state.autocast_enabled),
-    ):
-        return forward(replica, *args, **kwargs)
+    return run
 
 
 def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Sequence[int]) -> Any:
@@ -252,12 +237,12 @@ class ParallelForward:
             for name, child in module.named_children()
             if name not in kept
         }
-        state = CallerState.capture(self.device_type)
+        forward = in_callers_modes(self.forward, self.device_type)
         for replica in replicas:
             for name, stand_in in skipped.items():
                 setattr(replica, name, stand_in)
             # each replica is a shallow copy of the module, this object included: point it at the real forward
-            replica.forward = functools.partial(_replica_forward, replica, self.forward, state)
+            replica.forward = functools.partial(forward, replica)
             replica.log = replica.log_dict = _refuse_logging
         return replicas
 
