@@ -10,11 +10,12 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loops.progress import _BatchProgress, _Progress
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from torch import nn
 
 from src import compat
+from src.strategies import DataParallelStrategy
 
 # -- Lightning: the fit loop's counters and switches --------------------------------------------------------
 
@@ -90,6 +91,14 @@ def test_model_checkpoints_protected_methods_that_run_checkpoint_overrides_are_s
     ]  # fmt: skip
     assert "self._save_topk_checkpoint(trainer, monitor_candidates)" in inspect.getsource(ModelCheckpoint)
     assert "self._save_last_checkpoint(trainer, monitor_candidates)" in inspect.getsource(ModelCheckpoint)
+
+
+def test_strategy_setup_still_hands_the_model_to_setup_model_which_dp_overrides():
+    """``DataParallelStrategy._setup_model`` (its own base class's protected hook) puts the parallel forward on the
+    module; it runs only while ``Strategy.setup`` calls the hook after moving the model to the device."""
+    source = inspect.getsource(Strategy.setup)
+    assert source.index("self.model_to_device()") < source.index("self.model = self._setup_model(self.model)")
+    assert "_setup_model" in vars(DataParallelStrategy)
 
 
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------

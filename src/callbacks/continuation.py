@@ -14,12 +14,12 @@ new epoch). ``RunTimer`` is ``max_time``'s timer, stopping at an optimizer-step 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.utilities import CombinedLoader
 
 from src.callbacks.steps import EveryNSteps
 from src.compat import (
@@ -96,20 +96,6 @@ def resumable(loader: Any) -> bool:
     return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
-def train_loaders(trainer: L.Trainer) -> list[Any]:
-    """The training DataLoaders of a fit (several when ``train_dataloader`` returns a collection)."""
-    pending, loaders = [trainer.train_dataloader], []
-    while pending:
-        item = pending.pop()
-        if isinstance(item, Mapping):
-            pending.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            pending.extend(item)
-        elif item is not None:
-            loaders.append(item)
-    return loaders
-
-
 class ExactContinuation(Callback):
     """Save the end of training as the position it is, so that a continued run with larger limits is exact.
 
@@ -124,7 +110,11 @@ class ExactContinuation(Callback):
         if restarts_a_finished_epoch(trainer):
             trainer.fit_loop.epoch_loop.restarting = False  # the next epoch starts afresh, as without max_steps
         if trainer.fit_loop.restarted_mid_epoch:
-            plain = [type(loader).__name__ for loader in train_loaders(trainer) if not resumable(loader)]
+            plain = [
+                type(loader).__name__
+                for loader in CombinedLoader(trainer.train_dataloader).flattened
+                if not resumable(loader)
+            ]
             if plain:
                 done = batch_progress(trainer).current.processed  # completed lags by one here
                 notice(

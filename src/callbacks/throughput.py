@@ -31,17 +31,16 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from src.callbacks.steps import EveryNSteps
 from src.compat import logging_step
 
-#: dense (not sparse) tensor-core peaks of one device, TFLOP/s, from the vendors' datasheets; first match wins
-DENSE_PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("h200 nvl", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
-    ("h100 nvl", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
-    ("h100 pcie", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
-    ("h200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM
-    ("h100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM ("H100 80GB HBM3")
-    ("a100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("l40s", {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6}),
-    ("l4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    ("v100", {"fp16": 125.0, "fp32": 15.7}),
+#: dense (not sparse) tensor-core peaks of one device, TFLOP/s, from the vendors' datasheets; the first entry whose
+#: name pattern the device's name contains wins ("h200"/"h100" alone are the SXM parts, e.g. "H100 80GB HBM3")
+DENSE_PEAK_TFLOPS: list[tuple[tuple[str, ...], dict[str, float]]] = [
+    (("h200 nvl", "h100 nvl"), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    (("h100 pcie",), {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    (("h200", "h100"), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    (("a100",), {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    (("l40s",), {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6}),
+    (("l4",), {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    (("v100",), {"fp16": 125.0, "fp32": 15.7}),
 ]
 
 _LIGHTNING_DTYPES: dict[str, Any] = {
@@ -75,8 +74,8 @@ def dense_peak_flops(device: torch.device, precision: str) -> float | None:
         return None
     kind = compute_kind(precision)
     name = torch.cuda.get_device_name(device).lower()
-    for pattern, peaks in DENSE_PEAK_TFLOPS:
-        if pattern in name:
+    for patterns, peaks in DENSE_PEAK_TFLOPS:
+        if any(pattern in name for pattern in patterns):
             return peaks[kind] * 1e12 if kind in peaks else None
     from lightning.fabric.utilities.throughput import get_available_flops
 
