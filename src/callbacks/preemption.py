@@ -100,10 +100,8 @@ def forward_stop_signals_to_workers(strategy: str | None) -> Iterator[None]:
     ``SIGTERM`` (leaving them running) or stop them without saving on Ctrl-C. Each worker's
     ``PreemptionCheckpoint`` then saves and stops as in any other run.
     """
-    if not (isinstance(strategy, str) and strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook"))):
-        yield
-        return
-    if threading.current_thread() is not threading.main_thread():
+    spawns = isinstance(strategy, str) and strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook"))
+    if not spawns or threading.current_thread() is not threading.main_thread():  # only the main thread has signals
         yield
         return
 
