@@ -16,14 +16,15 @@ from src.cli import TemplateCLI, main
 from tests.conftest import TINY
 
 
-def test_every_optional_callback_and_the_always_on_ones_are_in_the_one_list():
+def test_every_callback_the_trainer_gets_and_every_switch_is_in_the_one_list():
     listing = src.callbacks.__doc__
     for name in OPTIONAL_CALLBACKS:
-        assert f"\n{name} " in listing, name
-    for always_on in ("ExactContinuation", "RunTimer", "Float64Metrics", "StopOtherRanksOnError"):
-        assert f"``{always_on}``" in listing
-    for spawned in ("UnshareSpawnedTensors", "DestroyProcessGroupAtExit", "CompileModel"):
-        assert f"``{spawned}``" in listing
+        assert f"- ``{name}``: " in listing, name
+    cli = TemplateCLI(args=[*TINY, "--trainer.enable_model_summary=true", "--progress_bar=plain"], run=False)
+    added = {type(callback).__name__ for callback in cli.trainer.callbacks} - {"SaveConfigCallback"}
+    always = ("CompileModel", "ExactContinuation", "RunTimer", "Float64Metrics", "StopOtherRanksOnError")
+    for name in (*added, *always, "UnshareSpawnedTensors", "DestroyProcessGroupAtExit"):
+        assert f"``{name}``" in listing, name
 
 
 def test_a_switched_off_callback_does_not_run(tmp_path):

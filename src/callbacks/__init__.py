@@ -1,40 +1,26 @@
 """Every callback the template adds to a run, in the order Lightning calls them at each hook.
 
-Optional ones are switched off by name with ``--callbacks_off=[name, ...]`` (or ``callbacks_off:`` in a config
-file); the others are what makes a run correct and stay on. ``TemplateCLI.instantiate_trainer`` (``src/cli.py``)
-builds this list; ``--trainer.callbacks`` of your own run before all of them.
+``TemplateCLI.instantiate_trainer`` (``src/cli.py``) adds them after your own ``--trainer.callbacks``; Lightning
+runs ``ModelCheckpoint`` last. Leave an optional one out with ``--callbacks_off=[name, ...]`` (or
+``callbacks_off:`` in a config); the always-on ones make a run correct. README "The training step" tells the
+hooks each runs at.
 
-=====================  ===============================  ===========================================================
-name (switch)          class (module)                   what it does, at which hook
-=====================  ===============================  ===========================================================
-progress_bar           ``PlainProgressBar`` / Rich      a line every 50 steps and after each validation, or a Rich
-                       (progress.py)                    bar on a terminal (``--progress_bar`` picks which)
-model_summary          ``ModelSummary`` (summary.py)    the parameter table at ``on_fit_start``, with FLOPs only
-                                                        where known
-(``--compile=true``)   ``CompileModel`` (compile.py)    compiles ``forward`` at ``setup``; off unless asked for
-always on              ``ExactContinuation``            at ``on_train_end``: saves a stop as the position it is, so
-                       (continuation.py)                ``--ckpt_path=last`` with larger limits continues exactly
-always on, with        ``RunTimer`` (continuation.py)   ``--trainer.max_time`` itself: checked at each step's
-``max_time``                                            ``on_train_batch_end``, stopping at a step boundary
-preemption             ``PreemptionCheckpoint``         a stop signal's flag, checked at ``on_train_batch_end``:
-                       (preemption.py)                  save ``last.ckpt``, stop, requeue (off: Lightning's own
-                                                        handlers, which save inside the signal handler)
-throughput             ``SpeedMonitor`` (throughput.py) clocks each batch; every ``log_every_n_steps`` it logs
-                                                        ``perf/*`` (samples/s, MFU, memory, data wait)
-run_plan               ``RunPlan`` (run_plan.py)        at ``on_train_start``: prints and saves ``run_plan.json``
-nan_guard              ``NonFiniteLossGuard``           ``on_before_backward``: records a NaN/inf loss; raises
-                       (nan_guard.py)                   before the next checkpoint or every N steps
-checkpoint             ``RunCheckpoint`` (checkpoint)   ``best-<step>.ckpt`` and ``last.ckpt`` (Lightning runs it
-                                                        after every other callback)
-always on, 64-true     ``Float64Metrics`` (precision)   torchmetrics states in float64 at each stage's start
-always on, >1 process  ``StopOtherRanksOnError``        an exception on one rank stops the others (src/errors.py)
-always on, >1 process  ``UnshareSpawnedTensors``        ``setup``: ddp_spawn workers get private metric states
-                       (spawn.py)
-always on, >1 process  ``DestroyProcessGroupAtExit``    registers ``destroy_process_group`` at exit (gloo aborts
-                       (process_group.py)               otherwise)
-=====================  ===============================  ===========================================================
-
-The per-step cost of all of them together is measured by ``scripts/step_overhead.py``.
+- ``progress_bar``: ``PlainProgressBar`` or Rich (progress.py): a line every 50 steps and after each validation.
+- ``model_summary``: ``ModelSummary`` (summary.py): the parameter table at fit start, FLOPs only where known.
+- ``CompileModel`` (compile.py), on with ``--compile=true``: compiles the model's ``forward`` at setup.
+- ``ExactContinuation`` (continuation.py), always: saves a stop as the position it is, so that
+  ``--ckpt_path=last`` with larger limits continues exactly.
+- ``RunTimer`` (continuation.py), with ``--trainer.max_time``: that limit, stopping at a step boundary.
+- ``preemption``: ``PreemptionCheckpoint`` (preemption.py): on a stop signal, save ``last.ckpt``, stop, requeue
+  (off: Lightning's own handlers, which save inside the signal handler).
+- ``throughput``: ``SpeedMonitor`` (throughput.py): ``perf/*`` (samples/s, MFU, memory, data wait).
+- ``run_plan``: ``RunPlan`` (run_plan.py): prints and saves ``run_plan.json`` when training starts.
+- ``nan_guard``: ``NonFiniteLossGuard`` (nan_guard.py): stops at a NaN or infinite loss, before a checkpoint.
+- ``checkpoint``: ``RunCheckpoint`` (checkpoint.py): ``best-<step>.ckpt`` and ``last.ckpt``.
+- ``Float64Metrics`` (precision.py), under ``64-true``: torchmetrics states in float64.
+- With several processes: ``StopOtherRanksOnError`` (src/errors.py), an error on one rank stops the others;
+  ``UnshareSpawnedTensors`` (spawn.py), private metric states in ``ddp_spawn`` workers;
+  ``DestroyProcessGroupAtExit`` (process_group.py), or gloo may abort a finished rank at exit.
 """
 
 from src.callbacks.checkpoint import RunCheckpoint

@@ -4,11 +4,9 @@ Logged with the other metrics every ``log_every_n_steps`` optimizer steps (``per
 TensorBoard, wandb) and shown in the progress output. The step itself is never made to wait for the device:
 the per-step work is a few host clock reads and a look at the batch's shape.
 
-Why not Lightning's ``ThroughputMonitor``: it calls ``torch.cuda.synchronize()`` after every batch (a
-host-device sync per step), writes through the private logger connector so its figures never reach the
-progress bar, needs a ``batch_size_fn``, measures neither memory nor time waiting for data, and its table holds
-the H200's sparse peak (twice the dense one) while MFU is quoted against the dense peak. Its ``measure_flops``
-is what the built-in models count their FLOPs with, and its ``get_available_flops`` is the fallback peak table.
+Why not Lightning's ``ThroughputMonitor``: it syncs with the device after every batch, its figures never reach
+the progress bar, it measures neither memory nor data wait, and its table holds sparse peaks (twice the dense
+ones MFU is quoted against). Its ``get_available_flops`` is the fallback peak table here.
 
 A module gets MFU by exposing its training FLOPs (forward + backward) as one of, looked up in this order:
 ``flops_per_batch`` (one micro-batch of one process, Lightning's convention) or ``flops_per_sample``, each an

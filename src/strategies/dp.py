@@ -10,16 +10,10 @@ back through the gather and the replicas and sums them on the first device, so t
 gradients are those of single-device training on the same batch. The module itself is never wrapped, so
 checkpoints have the same keys as single-device ones.
 
-What ``forward`` receives and returns under dp (``docs/strategies.md`` has the full list):
-
-- tensors, also inside tuples, lists, dicts and namedtuples, positional or keyword, are split along dim 0 into
-  equal chunks (the last one smaller; fewer chunks than GPUs when the batch is smaller); every tensor must have
-  the same size along dim 0. Anything else (numbers, strings, objects, lists of strings) reaches every replica
-  as the very same object;
-- outputs are concatenated along dim 0, dicts key by key; a 0-dim output (a loss) is the mean of the
-  replicas' values weighted by their chunk sizes, which is the single-device value of a batch-mean loss;
-- the LightningModule may set ``dp_modules = ("net",)``: the names of the child modules ``forward`` uses.
-  Only those are copied to the GPUs each step; the default is every child except torchmetrics metrics.
+Tensor inputs (also in containers) are split along dim 0, other values reach every replica as they are; outputs
+are concatenated along dim 0 and a 0-dim output (a loss) is the chunk-size-weighted mean; ``dp_modules = ("net",)``
+on the module names the children ``forward`` uses, the only ones copied each step. ``docs/strategies.md`` has
+the full table.
 
 Usage: ``python -m src.cli fit --trainer.strategy=dp --trainer.accelerator=gpu --trainer.devices=4``.
 """
