@@ -102,5 +102,5 @@ class TemplateModule(L.LightningModule):
         trainer = attached_trainer(self)
         if trainer is None:
             return False
-        accumulating = batch_progress(trainer).current.ready % trainer.accumulate_grad_batches != 0
-        return (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0 and not accumulating
+        logged = (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0
+        return logged and batch_progress(trainer).current.ready % trainer.accumulate_grad_batches == 0
