@@ -18,13 +18,6 @@ from src.callbacks.steps import EveryNSteps
 from src.callbacks.throughput import shown_figures
 
 
-def _format(metrics: dict[str, Any]) -> str:
-    parts = []
-    for name, value in metrics.items():
-        parts.append(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}")
-    return " ".join(parts)
-
-
 class PlainProgressBar(ProgressBar):
     """Prints one line every ``every_n_steps`` optimizer steps and one after each validation, on rank 0.
 
@@ -60,7 +53,8 @@ class PlainProgressBar(ProgressBar):
         # per batch, which Lightning's estimate does not count
         known = isinstance(total, int) or (isinstance(total, float) and math.isfinite(total))
         position = f"epoch {trainer.current_epoch} step {trainer.global_step}" + (f"/{int(total)}" if known else "")
-        self.print(f"{prefix} {position} [{elapsed:.1f}s] {_format(metrics)}")
+        shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+        self.print(f"{prefix} {position} [{elapsed:.1f}s] {shown}")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.perf_counter()
