@@ -68,12 +68,8 @@ def skip_per_step_sigterm_broadcast(trainer: L.Trainer) -> bool:
     loop = trainer.fit_loop.epoch_loop
     if not callable(getattr(type(loop), "_broadcast_sigterm_tensor", None)):
         return False
-    loop._broadcast_sigterm_tensor = _no_broadcast  # type: ignore[method-assign]
+    loop._broadcast_sigterm_tensor = lambda: None  # type: ignore[method-assign]
     return True
-
-
-def _no_broadcast() -> None:
-    """Stands in for Lightning's per-step SIGTERM broadcast."""
 
 
 # -- Lightning: checkpointing, strategies, launchers --------------------------------------------------------

@@ -187,11 +187,10 @@ class PreemptionCheckpoint(Callback):
         if trainer.world_size > 1:
             skip_per_step_sigterm_broadcast(trainer)
 
-    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._install_handlers()
+    def _take_signals(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install_handlers()  # idempotent: at the sanity check, and at the train start for runs without one
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._install_handlers()  # idempotent; here too for runs without a sanity check
+    on_sanity_check_start = on_train_start = _take_signals
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._vote.close()
@@ -231,15 +230,11 @@ class PreemptionCheckpoint(Callback):
             checkpoint.on_validation_end(trainer, pl_module)
         self._save(trainer)
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if self._saved_path is not None:
+    def _stop_once_saved(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._saved_path is not None:  # saved after a validation: stop before the next batch or epoch
             self._stop(trainer)
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._saved_path is not None:
-            self._stop(trainer)
+    on_train_batch_start = on_train_epoch_end = _stop_once_saved  # type: ignore[assignment]
 
     def _save(self, trainer: L.Trainer) -> None:
         self._saved_path = self.checkpoint_path(trainer)

@@ -1,21 +1,16 @@
-"""When a callback's per-step work is due: each time the optimizer step count crosses a multiple of ``n``.
+"""When per-step work is due: each time the optimizer step count crosses a multiple of ``n``.
 
-"Crossed a multiple", not "is a multiple": with manual optimization one batch may make several optimizer steps,
-and between the micro-batches of an accumulated step the count does not move. The nan guard, the plain progress
-bar, the throughput monitor, the preemption check and the ``max_time`` timer all ask through this one class.
+"Crossed", not "is": with manual optimization one batch may make several optimizer steps, and between the
+micro-batches of an accumulated step the count does not move. The nan guard, the plain progress bar, the
+throughput monitor, the preemption check and the ``max_time`` timer all ask this one class.
 """
 
 from __future__ import annotations
 
 
 class EveryNSteps:
-    """``due(step)`` is true once each time ``step`` crosses a multiple of ``n`` (``n=1``: any new step).
-
-    Example::
-
-        every = EveryNSteps(10, start=trainer.global_step)  # a resumed run is due at its next multiple
-        if every.due(trainer.global_step): ...
-    """
+    """``due(step)`` is true once each time ``step`` crosses a multiple of ``n`` (``n=1``: any new step; ``n=0``:
+    never). ``start``: the step already seen, e.g. ``trainer.global_step`` of a resumed run."""
 
     def __init__(self, n: int = 1, start: int = -1) -> None:
         self.n = n
