@@ -41,14 +41,6 @@ DENSE_PEAK_TFLOPS: list[tuple[tuple[str, ...], dict[str, float]]] = [
     (("v100",), {"fp16": 125.0, "fp32": 15.7}),
 ]
 
-_LIGHTNING_DTYPES: dict[str, Any] = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "tf32": "tfloat32",
-    "fp32": torch.float32,
-    "fp64": torch.float64,
-}
-
 
 def compute_kind(precision: str) -> str:
     """The arithmetic a ``--trainer.precision`` runs matrix products in: bf16, fp16, tf32, fp32 or fp64."""
@@ -77,7 +69,8 @@ def dense_peak_flops(device: torch.device, precision: str) -> float | None:
             return peaks[kind] * 1e12 if kind in peaks else None
     from lightning.fabric.utilities.throughput import get_available_flops
 
-    peak = get_available_flops(device, _LIGHTNING_DTYPES[kind])
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": "tfloat32", "fp32": torch.float32}
+    peak = get_available_flops(device, dtypes.get(kind, torch.float64))  # type: ignore[arg-type]
     return float(peak) if peak else None
 
 
