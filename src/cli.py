@@ -31,6 +31,7 @@ from typing import Any, Literal, NoReturn
 import lightning as L
 import yaml
 from jsonargparse import ActionConfigFile, Namespace
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -39,7 +40,15 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from torch.multiprocessing import ProcessExitedException
 
-from src.callbacks import NonFiniteLossGuard, PreemptionCheckpoint, RunCheckpoint, RunPlan, SpeedMonitor, progress_bar
+from src.callbacks import (
+    OPTIONAL_CALLBACKS,
+    NonFiniteLossGuard,
+    PreemptionCheckpoint,
+    RunCheckpoint,
+    RunPlan,
+    SpeedMonitor,
+    progress_bar,
+)
 from src.callbacks.compile import CompileModel
 from src.callbacks.continuation import ExactContinuation, RunTimer
 from src.callbacks.precision import Float64Metrics
@@ -58,6 +67,8 @@ from src.checks import (
     check_sync_batchnorm,
     import_class,
     load_checkpoint,
+    requested_devices,
+    resolve_accelerator,
     yaml_problem,
 )
 from src.compat import subcommand_parser
@@ -265,6 +276,13 @@ class TemplateCLI(LightningCLI):
         parser.add_lightning_class_args(RunPlan, "run_plan")
         parser.add_lightning_class_args(NonFiniteLossGuard, "nan_guard")
         parser.add_argument(
+            "--callbacks_off",
+            type=list[Literal[OPTIONAL_CALLBACKS]],  # type: ignore[valid-type]
+            default=[],
+            help="The template's optional callbacks to leave out of this run, e.g. [throughput,run_plan]; every"
+            " callback the template adds is listed in src/callbacks/__init__.py.",
+        )
+        parser.add_argument(
             "--progress_bar",
             type=Literal["auto", "rich", "plain", "none"],
             default="auto",
@@ -380,12 +398,6 @@ class TemplateCLI(LightningCLI):
             super().instantiate_classes()
         except Exception as error:
             raise self._building_error(error) from error
-        if self.trainer.world_size > 1:  # one process has no other ranks to stop (and no hooks to pay for)
-            self.trainer.callbacks.append(StopOtherRanksOnError())
-            # ddp_spawn workers would otherwise add into one shared copy of each metric state (src/callbacks/spawn.py)
-            self.trainer.callbacks.append(UnshareSpawnedTensors())
-            # gloo can abort a rank at interpreter exit if its process group is still alive (process_group.py)
-            self.trainer.callbacks.append(DestroyProcessGroupAtExit())
         if self.subcommand is None:
             return
         check_optimizer(self.model)
@@ -422,23 +434,32 @@ class TemplateCLI(LightningCLI):
         with forward_stop_signals_to_workers(self.config[self.subcommand].trainer.get("strategy")):
             self.trainer.fit(**kwargs)
 
+    def _chosen(self, config: Namespace | None = None) -> Namespace:
+        """The options of this run's subcommand (all options, where the CLI runs without subcommands)."""
+        config = self.config if config is None else config
+        return config[self.subcommand] if self.subcommand else config
+
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        trainer_config = self._get(self.config_init, "trainer", default={})
+        """The Trainer with the template's callbacks, in the order src/callbacks/__init__.py lists them."""
+        trainer_config = self._chosen(self.config_init).get("trainer") or {}
+        off = set(self._chosen().get("callbacks_off") or [])
         callbacks = trainer_config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        bar = None if "progress_bar" in off else progress_bar(self._chosen().get("progress_bar", "auto"))
         if trainer_config.get("enable_progress_bar") is not False and not any(
             isinstance(c, ProgressBar) for c in callbacks
         ):
-            bar = progress_bar(self._get(self.config, "progress_bar", default="auto"))
             if bar is None:
                 kwargs["enable_progress_bar"] = False
             else:
                 callbacks.append(bar)
         summary = trainer_config.get("enable_model_summary") is not False and not trainer_config.get("barebones")
-        if summary and not any(isinstance(c, ModelSummary) for c in callbacks):
+        if "model_summary" in off:
+            kwargs["enable_model_summary"] = False
+        elif summary and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(FlopsAwareModelSummary())  # no column of zero FLOPs (src/callbacks/summary.py)
             kwargs["enable_model_summary"] = False  # Lightning's own is replaced (else it logs that it skips it)
-        if self._get(self.config, "compile", default=False):
+        if self._chosen().get("compile"):
             callbacks.append(CompileModel())
         callbacks.append(ExactContinuation())
         max_time = trainer_config.get("max_time")
@@ -446,9 +467,14 @@ class TemplateCLI(LightningCLI):
             # the same limit, stopping at a step boundary without an extra validation (src/callbacks/continuation.py)
             callbacks.append(RunTimer(duration=max_time))
             kwargs["max_time"] = None
-        kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"))
-        timeout = self._get(self.config, "collective_timeout", default=None)
-        kwargs.update(_strategy_with_timeout(trainer_config.get("strategy"), timeout, self.model))
+        # the class-argument callbacks (--checkpoint, --preemption, ...) that LightningCLI adds after these
+        keys = subcommand_parser(self, self.subcommand).callback_keys
+        keys[:] = [key for key in keys if key not in off]
+        if "checkpoint" in off:
+            kwargs["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
+        kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"), slurm_requeue="preemption" in off)
+        timeout = self._chosen().get("collective_timeout")
+        kwargs.update(_strategy_with_timeout(_strategy_name(trainer_config), timeout, self.model))
         trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
         if isinstance(trainer.precision_plugin, (DoublePrecision, HalfPrecision)):
             # Lightning loads a checkpoint's weights before it converts the module to a "-true" precision, so
@@ -456,7 +482,20 @@ class TemplateCLI(LightningCLI):
             trainer.precision_plugin.convert_module(self.model)
         if isinstance(trainer.precision_plugin, DoublePrecision):
             trainer.callbacks.append(Float64Metrics())  # fp64 metric sums too, equal to 1e-12 at any world size
+        if trainer.world_size > 1:  # one process has no other ranks to stop (and no hooks to pay for)
+            trainer.callbacks += [StopOtherRanksOnError(), UnshareSpawnedTensors(), DestroyProcessGroupAtExit()]
         return trainer
+
+
+def _strategy_name(trainer: Namespace | dict[str, Any]) -> Any:
+    """``--trainer.strategy``, with ``auto`` named as Lightning resolves it for several processes (``ddp``), so
+    that such a run gets the template's collective timeout and DDP options too."""
+    strategy = trainer.get("strategy")
+    if strategy != "auto" or hasattr(sys, "ps1") or sys.flags.interactive:  # a notebook: Lightning forks there
+        return strategy
+    devices = requested_devices(trainer.get("devices", "auto"), resolve_accelerator(trainer.get("accelerator", "auto")))
+    many = (devices or 1) > 1 or (trainer.get("num_nodes") or 1) > 1
+    return "ddp" if many else strategy
 
 
 def _strategy_with_timeout(strategy: Any, seconds: float | None, model: L.LightningModule) -> dict[str, Any]:
@@ -478,11 +517,16 @@ def _strategy_with_timeout(strategy: Any, seconds: float | None, model: L.Lightn
     return {"strategy": entry["strategy"](**params)}
 
 
-def _with_atomic_checkpoints(plugins: Any) -> list[Any]:
-    """The user's ``--trainer.plugins``, plus atomic checkpoint saving unless they chose a ``CheckpointIO``."""
+def _with_atomic_checkpoints(plugins: Any, slurm_requeue: bool = False) -> list[Any]:
+    """The user's ``--trainer.plugins``, plus atomic checkpoint saving unless they chose a ``CheckpointIO``, and
+    under SLURM, without Lightning's save-and-requeue inside its signal handler, which ``PreemptionCheckpoint``
+    replaces (``slurm_requeue``: keep it, when that callback is off)."""
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
         plugins.append(AtomicCheckpointIO())
+    # the environment Lightning would pick itself (SLURM comes first in its detection), with one switch changed
+    if not slurm_requeue and SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in plugins):
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     return plugins
 
 

@@ -1,5 +1,27 @@
-"""Callbacks this template adds to Lightning's: checkpoints, preemption handling, progress lines, throughput and
-MFU, the run plan, and a guard against non-finite losses."""
+"""Every callback the template adds to a run, in the order Lightning calls them at each hook.
+
+``TemplateCLI.instantiate_trainer`` (``src/cli.py``) adds them after your own ``--trainer.callbacks``; Lightning
+runs ``ModelCheckpoint`` last. Leave an optional one out with ``--callbacks_off=[name, ...]`` (or
+``callbacks_off:`` in a config); the always-on ones make a run correct. README "The training step" tells the
+hooks each runs at.
+
+- ``progress_bar``: ``PlainProgressBar`` or Rich (progress.py): a line every 50 steps and after each validation.
+- ``model_summary``: ``ModelSummary`` (summary.py): the parameter table at fit start, FLOPs only where known.
+- ``CompileModel`` (compile.py), on with ``--compile=true``: compiles the model's ``forward`` at setup.
+- ``ExactContinuation`` (continuation.py), always: saves a stop as the position it is, so that
+  ``--ckpt_path=last`` with larger limits continues exactly.
+- ``RunTimer`` (continuation.py), with ``--trainer.max_time``: that limit, stopping at a step boundary.
+- ``preemption``: ``PreemptionCheckpoint`` (preemption.py): on a stop signal, save ``last.ckpt``, stop, requeue
+  (off: Lightning's own handlers, which save inside the signal handler).
+- ``throughput``: ``SpeedMonitor`` (throughput.py): ``perf/*`` (samples/s, MFU, memory, data wait).
+- ``run_plan``: ``RunPlan`` (run_plan.py): prints and saves ``run_plan.json`` when training starts.
+- ``nan_guard``: ``NonFiniteLossGuard`` (nan_guard.py): stops at a NaN or infinite loss, before a checkpoint.
+- ``checkpoint``: ``RunCheckpoint`` (checkpoint.py): ``best-<step>.ckpt`` and ``last.ckpt``.
+- ``Float64Metrics`` (precision.py), under ``64-true``: torchmetrics states in float64.
+- With several processes: ``StopOtherRanksOnError`` (src/errors.py), an error on one rank stops the others;
+  ``UnshareSpawnedTensors`` (spawn.py), private metric states in ``ddp_spawn`` workers;
+  ``DestroyProcessGroupAtExit`` (process_group.py), or gloo may abort a finished rank at exit.
+"""
 
 from src.callbacks.checkpoint import RunCheckpoint
 from src.callbacks.nan_guard import NonFiniteLoss, NonFiniteLossGuard
@@ -8,7 +30,19 @@ from src.callbacks.progress import PlainProgressBar, progress_bar
 from src.callbacks.run_plan import RunPlan
 from src.callbacks.throughput import SpeedMonitor
 
+#: the names ``--callbacks_off`` accepts
+OPTIONAL_CALLBACKS = (
+    "progress_bar",
+    "model_summary",
+    "preemption",
+    "throughput",
+    "run_plan",
+    "nan_guard",
+    "checkpoint",
+)
+
 __all__ = [
+    "OPTIONAL_CALLBACKS",
     "NonFiniteLoss",
     "NonFiniteLossGuard",
     "PlainProgressBar",

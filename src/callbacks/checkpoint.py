@@ -68,7 +68,7 @@ class RunCheckpoint(ModelCheckpoint):
         super().on_validation_end(trainer, pl_module)
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
-        # ModelCheckpoint's one place that decides on the monitored metric (private; tests/test_zoo.py checks
+        # ModelCheckpoint's one place that decides on the monitored metric (private; tests/workflows/test_zoo.py checks
         # that a missing metric still reaches it): skip the best-k when the metric is absent, say so once
         if self.monitor is not None and self.save_top_k != 0 and self.monitor not in monitor_candidates:
             # before the first validation a validation metric is missing because it was not computed yet

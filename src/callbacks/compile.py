@@ -17,6 +17,7 @@ from lightning.pytorch.strategies import (
     XLAStrategy,
 )
 
+from src.compat import compiled_by_torch
 from src.errors import ConfigurationError, notice
 
 #: subclasses of the supported strategies that copy or shard the module in ways a compiled forward does not survive
@@ -80,8 +81,8 @@ class CompileModel(Callback):
         refusal = compile_refusal(trainer.strategy)
         if refusal is not None:
             raise ConfigurationError(refusal)
-        if self._compiled is not None and pl_module.__dict__.get("forward") is self._compiled:
-            return  # compiled for an earlier stage of the same module
+        if compiled_by_torch(pl_module):
+            return  # compiled for an earlier stage of the same module (or by the user): never compile twice
         notice(
             f"compiling {type(pl_module).__name__}.forward with torch.compile (backend {self.backend}):"
             " the first steps of each stage run slower while it compiles"

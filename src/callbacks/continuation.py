@@ -14,21 +14,29 @@ new epoch). ``RunTimer`` is ``max_time``'s timer, stopping at an optimizer-step 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.utilities import CombinedLoader
 
-from src.callbacks.preemption import validation_follows
+from src.callbacks.steps import EveryNSteps
+from src.compat import (
+    batch_progress,
+    epoch_progress,
+    logging_step,
+    set_logging_step,
+    skip_next_validation,
+    validation_follows,
+)
 from src.errors import notice
 
 
 def epoch_interrupted(trainer: L.Trainer) -> bool:
     """Whether the training epoch in progress stopped before its last batch (``max_steps``, ``max_time``, a
     callback's ``should_stop``), as opposed to running out of batches."""
-    batches = trainer.fit_loop.epoch_loop.batch_progress
+    batches = batch_progress(trainer)
     return not batches.is_last_batch and batches.current.completed < trainer.num_training_batches
 
 
@@ -38,32 +46,32 @@ def save_as_mid_epoch(trainer: L.Trainer) -> bool:
     Lightning's ``FitLoop.on_advance_end`` counts the interrupted epoch as processed and completed, and the epoch
     loop counts the last batch as completed and its step as logged. The state a checkpoint holds when saved in
     ``on_train_batch_end`` (a stop signal's save, which Lightning resumes at the next batch) has neither: undo
-    them. Progress counters and ``_batches_that_stepped`` (the logger's step, private) are Lightning's loop
-    internals, kept in this one function; ``tests/test_extend.py`` fails if a Lightning release changes them.
-    Returns whether the state was changed (not when the epoch was not counted, e.g. already undone).
+    them. Returns whether the state was changed (not when the epoch was not counted, e.g. already undone).
     """
-    fit_loop = trainer.fit_loop
-    epochs = fit_loop.epoch_progress.current
-    if not (epochs.ready == epochs.started == epochs.processed == epochs.completed):
+    epochs, batches = epoch_progress(trainer), batch_progress(trainer)
+    if not _all_equal(epochs.current):
         return False
-    epoch_loop = fit_loop.epoch_loop
-    batches = epoch_loop.batch_progress
     stepped = batches.current.completed % trainer.accumulate_grad_batches == 0
-    for tracker in (fit_loop.epoch_progress.total, fit_loop.epoch_progress.current):
+    for tracker in (epochs.total, epochs.current):
         tracker.processed -= 1
         tracker.completed -= 1
     for tracker in (batches.total, batches.current):
         tracker.completed -= 1
     if stepped:  # the epoch loop counts a logged step after on_train_batch_end; a resume counts it again
-        epoch_loop._batches_that_stepped -= 1
+        set_logging_step(trainer, logging_step(trainer) - 1)
     return True
+
+
+def _all_equal(counts: Any) -> bool:
+    """Whether a progress tracker's ready, started, processed and completed counts agree (nothing in flight)."""
+    return counts.ready == counts.started == counts.processed == counts.completed
 
 
 def save_as_next_epoch_start(trainer: L.Trainer) -> None:
     """After an epoch that ran to its end, let the batch position say "0 batches of the next epoch" (the public
     ``reset_on_run`` Lightning calls when that epoch starts), so that the loader position saved with it is the
     next epoch's start rather than the end of an epoch that ``current_epoch`` already counts."""
-    trainer.fit_loop.epoch_loop.batch_progress.reset_on_run()
+    batch_progress(trainer).reset_on_run()
 
 
 def restarts_a_finished_epoch(trainer: L.Trainer) -> bool:
@@ -73,32 +81,19 @@ def restarts_a_finished_epoch(trainer: L.Trainer) -> bool:
     checkpoint saved after a complete epoch; its epoch loop then treats the new epoch as the continuation of the
     old one (it keeps its batch count and may spend the first iteration on an already-run validation).
     """
-    fit_loop = trainer.fit_loop
-    epochs, batches = fit_loop.epoch_progress.current, fit_loop.epoch_loop.batch_progress
-    epoch_ended = epochs.ready == epochs.started == epochs.processed == epochs.completed
-    counts = batches.current
-    batches_ended = counts.ready == counts.started == counts.processed == counts.completed
-    at_epoch_end = counts.ready == 0 or batches.is_last_batch
-    return fit_loop.epoch_loop.restarting and epoch_ended and batches_ended and at_epoch_end
+    batches = batch_progress(trainer)
+    at_epoch_end = batches.current.ready == 0 or batches.is_last_batch
+    return (
+        trainer.fit_loop.epoch_loop.restarting
+        and _all_equal(epoch_progress(trainer).current)
+        and _all_equal(batches.current)
+        and at_epoch_end
+    )
 
 
 def resumable(loader: Any) -> bool:
     """Whether Lightning saves and restores this loader's position (it has ``state_dict`` / ``load_state_dict``)."""
     return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
-
-
-def train_loaders(trainer: L.Trainer) -> list[Any]:
-    """The training DataLoaders of a fit (several when ``train_dataloader`` returns a collection)."""
-    pending, loaders = [trainer.train_dataloader], []
-    while pending:
-        item = pending.pop()
-        if isinstance(item, Mapping):
-            pending.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            pending.extend(item)
-        elif item is not None:
-            loaders.append(item)
-    return loaders
 
 
 class ExactContinuation(Callback):
@@ -115,9 +110,13 @@ class ExactContinuation(Callback):
         if restarts_a_finished_epoch(trainer):
             trainer.fit_loop.epoch_loop.restarting = False  # the next epoch starts afresh, as without max_steps
         if trainer.fit_loop.restarted_mid_epoch:
-            plain = [type(loader).__name__ for loader in train_loaders(trainer) if not resumable(loader)]
+            plain = [
+                type(loader).__name__
+                for loader in CombinedLoader(trainer.train_dataloader).flattened
+                if not resumable(loader)
+            ]
             if plain:
-                done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # completed lags by one here
+                done = batch_progress(trainer).current.processed  # completed lags by one here
                 notice(
                     f"resuming in the middle of epoch {trainer.current_epoch} (after {done} training batches), but"
                     f" the training {', '.join(plain)} has no state_dict/load_state_dict, so Lightning restarts that"
@@ -151,7 +150,7 @@ class RunTimer(Timer):
 
     def __init__(self, duration: str | timedelta | dict[str, int] | None = None, verbose: bool = True) -> None:
         super().__init__(duration=duration, interval="step", verbose=verbose)
-        self._last_step_seen = -1
+        self._new_step = EveryNSteps()
 
     @property
     def state_key(self) -> str:
@@ -159,23 +158,13 @@ class RunTimer(Timer):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        self._last_step_seen = trainer.global_step
+        self._new_step = EveryNSteps(start=trainer.global_step)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
-        if trainer.global_step == self._last_step_seen:
+        if not self._new_step.due(trainer.global_step):
             return  # between the micro-batches of one optimizer step
-        self._last_step_seen = trainer.global_step
         stopping = trainer.should_stop
         scheduled = validation_follows(trainer)  # asked before should_stop adds a validation of its own
         super().on_train_batch_end(trainer, *args, **kwargs)
         if trainer.should_stop and not stopping and not scheduled:
-            skip_validation_after_this_step(trainer)
-
-
-def skip_validation_after_this_step(trainer: L.Trainer) -> None:
-    """Cancel the validation Lightning is about to run after this training batch.
-
-    ``_skip_next_val`` (private) is the epoch loop's own flag for it, read and cleared in ``on_advance_end``;
-    ``tests/test_extend.py`` fails if a Lightning release renames it.
-    """
-    trainer.fit_loop.epoch_loop._skip_next_val = True
+            skip_next_validation(trainer)

@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from src.callbacks.steps import EveryNSteps
 from src.errors import TrainingStopped
 
 
@@ -53,27 +54,26 @@ class NonFiniteLossGuard(Callback):
         check_every_n_steps: Optimizer steps between reads of the device-side record; 0 picks 1 on a CPU and
             ``log_every_n_steps`` on an accelerator or under several processes. A checkpoint save always reads it
             first.
-        enabled: Set false to train through non-finite losses.
+
+    ``--callbacks_off=[nan_guard]`` trains through non-finite losses.
     """
 
-    def __init__(self, check_every_n_steps: int = 0, enabled: bool = True) -> None:
+    def __init__(self, check_every_n_steps: int = 0) -> None:
         super().__init__()
         self.check_every_n_steps = check_every_n_steps
-        self.enabled = enabled
         self._first_bad: torch.Tensor | None = None  # optimizer step of the first non-finite loss, -1 if none
-        self._every = 1
-        self._last_check = 0
+        self._every = EveryNSteps()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         one_cpu_process = trainer.strategy.root_device.type == "cpu" and trainer.world_size == 1
-        self._every = self.check_every_n_steps or (1 if one_cpu_process else max(1, trainer.log_every_n_steps))
+        every = self.check_every_n_steps or (1 if one_cpu_process else max(1, trainer.log_every_n_steps))
+        self._every = EveryNSteps(every, start=trainer.global_step)
         self._first_bad = torch.full((), -1, dtype=torch.long, device=trainer.strategy.root_device)
-        self._last_check = trainer.global_step
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        if not self.enabled or self._first_bad is None:
+        if self._first_bad is None:
             return
-        if self._every == 1 and trainer.world_size == 1 and loss.device.type == "cpu" and loss.numel() == 1:
+        if self._every.n == 1 and trainer.world_size == 1 and loss.device.type == "cpu" and loss.numel() == 1:
             # one CPU process reads every step: a Python float is ten times cheaper than the tensor ops below
             if not math.isfinite(loss.item()):  # the first one: every earlier bad loss stopped the run here
                 self._first_bad.fill_(trainer.global_step + 1)
@@ -82,20 +82,18 @@ class NonFiniteLossGuard(Callback):
         bad = ~torch.isfinite(loss.detach()).all()
         # keep the earliest: only a step with no record yet and a bad loss writes its number (no host sync)
         self._first_bad = torch.where(bad & (self._first_bad < 0), trainer.global_step + 1, self._first_bad)
-        if self._every == 1 and trainer.world_size == 1:
+        if self._every.n == 1 and trainer.world_size == 1:
             self._check(trainer)  # the step stops before backward and the optimizer touch the weights
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = trainer.global_step
-        if self.enabled and self._first_bad is not None and step // self._every > self._last_check // self._every:
-            self._last_check = step
+        if self._first_bad is not None and self._every.due(trainer.global_step):
             self._check(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         # called while the checkpoint is assembled, before any file is written: raising here keeps the old one
-        if self.enabled and self._first_bad is not None:
+        if self._first_bad is not None:
             self._check(trainer)
 
     def _check(self, trainer: L.Trainer) -> None:

@@ -1,23 +1,15 @@
 """Stop cleanly on a signal: save ``last.ckpt`` at a step boundary on every rank, exit non-zero, requeue on SLURM.
 
-Three kinds of stop take the same path:
-
-======================================  =========  ==========================================================
-signal                                  exit code  typical sender
-======================================  =========  ==========================================================
-``SIGUSR1`` (``--preemption.signal_name``)  75     SLURM before the time limit or a preemption
-                                                   (``#SBATCH --signal=SIGUSR1@90``); the ``slurm/`` scripts requeue
-``SIGTERM``                             143        ``kill``, ``scancel``, Kubernetes eviction, a spot instance
-``SIGINT``                              130        Ctrl-C; a second Ctrl-C stops at once, without saving
-======================================  =========  ==========================================================
+``SIGUSR1`` (the preemption notice, ``--preemption.signal_name``; SLURM's ``--signal=SIGUSR1@90``) exits with 75,
+which the ``slurm/`` scripts requeue; ``SIGTERM`` (``kill``, ``scancel``, an eviction) with 143; ``SIGINT``
+(Ctrl-C) with 130, and a second Ctrl-C stops at once without saving.
 
 The handler only sets a flag: Lightning's own handlers save inside the signal handler (possibly in the middle of
 an optimizer step, and under DDP while the other ranks sit in a collective) or let the run end with status 0.
 At each optimizer-step boundary the ranks agree on the flags with an asynchronous all-reduce read one step later
 (``AnyRankVote``), so training never waits for it, and then save ``last.ckpt`` together: right away, or, when
 Lightning is about to validate after this step, once that validation and ``ModelCheckpoint`` are done, so that
-the resumed run neither skips nor repeats it. ``--ckpt_path=last`` then continues from exactly that step: same data
-order, same weights, same validation rows and best checkpoint.
+the resumed run neither skips nor repeats it. ``--ckpt_path=last`` then continues from exactly that step.
 """
 
 from __future__ import annotations
@@ -39,9 +31,10 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from src.callbacks.steps import EveryNSteps
+from src.compat import skip_per_step_sigterm_broadcast, validation_follows
 from src.errors import Preempted
 
 log = logging.getLogger(__name__)
@@ -107,10 +100,8 @@ def forward_stop_signals_to_workers(strategy: str | None) -> Iterator[None]:
     ``SIGTERM`` (leaving them running) or stop them without saving on Ctrl-C. Each worker's
     ``PreemptionCheckpoint`` then saves and stops as in any other run.
     """
-    if not (isinstance(strategy, str) and strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook"))):
-        yield
-        return
-    if threading.current_thread() is not threading.main_thread():
+    spawns = isinstance(strategy, str) and strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook"))
+    if not spawns or threading.current_thread() is not threading.main_thread():  # only the main thread has signals
         yield
         return
 
@@ -126,40 +117,6 @@ def forward_stop_signals_to_workers(strategy: str | None) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-def skip_lightnings_per_step_sigterm_broadcast(trainer: L.Trainer) -> bool:
-    """Stop Lightning (2.5 to 2.6) from broadcasting its SIGTERM flag with a blocking collective every step.
-
-    ``_TrainingEpochLoop.advance`` calls ``_broadcast_sigterm_tensor`` on every training step under DDP: a
-    blocking broadcast and a ``.item()`` (2 to 3 ms with gloo, a host-device sync with NCCL). Its flag is only
-    ever set by Lightning's SIGTERM handler, which ``PreemptionCheckpoint`` replaces, so it would broadcast zeros
-    forever. This is the template's one patch of a private Lightning method; ``tests/test_preemption.py`` fails
-    when a Lightning release renames or stops calling it. Returns whether the method was found and replaced.
-    """
-    loop = trainer.fit_loop.epoch_loop
-    if not callable(getattr(type(loop), "_broadcast_sigterm_tensor", None)):
-        return False
-    loop._broadcast_sigterm_tensor = _no_broadcast  # type: ignore[method-assign]
-    return True
-
-
-def _no_broadcast() -> None:
-    """Stands in for Lightning's per-step SIGTERM broadcast (see ``skip_lightnings_per_step_sigterm_broadcast``)."""
-
-
-def validation_follows(trainer: L.Trainer) -> bool:
-    """Whether Lightning validates right after the training batch that just ended.
-
-    Asked at ``on_train_batch_end``: the answer comes from Lightning's own decision (``_should_check_val_fx``,
-    private), so that integer, fractional and time-based ``val_check_interval``, ``check_val_every_n_epoch``,
-    the last batch of an epoch and iterable datasets are all decided as the loop will decide them a moment later.
-    ``tests/test_preemption.py`` checks this answer against the validations that really ran, for each schedule.
-    """
-    loop = trainer.fit_loop.epoch_loop
-    if loop._skip_next_val:
-        return False
-    return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
 
 
 def training_ends_now(trainer: L.Trainer) -> bool:
@@ -190,7 +147,7 @@ class PreemptionCheckpoint(Callback):
         self._first_sigint = 0.0  # when the first Ctrl-C came
         self._stop_signal = 0  # the signal all ranks agreed to stop on
         self._previous_handlers: dict[int, Any] = {}
-        self._last_step_seen = -1
+        self._new_step = EveryNSteps()
         self._saved_path: Path | None = None
         self._vote = AnyRankVote()
 
@@ -222,20 +179,18 @@ class PreemptionCheckpoint(Callback):
         self._previous_handlers = {}
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Lightning's SLURM save-and-requeue in its handler is off too: `instantiate_trainer` (src/cli.py) passes
+        # SLURMEnvironment(auto_requeue=False) under SLURM
         if stage != "fit":
             return
-        environment = trainer._accelerator_connector.cluster_environment
-        if isinstance(environment, SLURMEnvironment):
-            environment.auto_requeue = False  # this callback replaces Lightning's in-handler save and requeue
         self._vote.setup(trainer.world_size)
         if trainer.world_size > 1:
-            skip_lightnings_per_step_sigterm_broadcast(trainer)
+            skip_per_step_sigterm_broadcast(trainer)
 
-    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._install_handlers()
+    def _take_signals(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install_handlers()  # idempotent: at the sanity check, and at the train start for runs without one
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._install_handlers()  # idempotent; here too for runs without a sanity check
+    on_sanity_check_start = on_train_start = _take_signals
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._vote.close()
@@ -254,9 +209,8 @@ class PreemptionCheckpoint(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step == self._last_step_seen or self._stop_signal:
-            return  # mid-accumulation (no optimizer step since the last check), or already stopping
-        self._last_step_seen = trainer.global_step
+        if self._stop_signal or not self._new_step.due(trainer.global_step):
+            return  # already stopping, or mid-accumulation (no optimizer step since the last check)
         agreed = self._vote.poll(self.received)  # any rank's signal, seen one step later under ddp
         if not agreed or training_ends_now(trainer):
             return  # no signal, or the run ends at this step anyway: let it finish and save as usual
@@ -276,15 +230,11 @@ class PreemptionCheckpoint(Callback):
             checkpoint.on_validation_end(trainer, pl_module)
         self._save(trainer)
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if self._saved_path is not None:
+    def _stop_once_saved(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._saved_path is not None:  # saved after a validation: stop before the next batch or epoch
             self._stop(trainer)
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._saved_path is not None:
-            self._stop(trainer)
+    on_train_batch_start = on_train_epoch_end = _stop_once_saved  # type: ignore[assignment]
 
     def _save(self, trainer: L.Trainer) -> None:
         self._saved_path = self.checkpoint_path(trainer)

@@ -14,14 +14,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 
+from src.callbacks.steps import EveryNSteps
 from src.callbacks.throughput import shown_figures
-
-
-def _format(metrics: dict[str, Any]) -> str:
-    parts = []
-    for name, value in metrics.items():
-        parts.append(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}")
-    return " ".join(parts)
 
 
 class PlainProgressBar(ProgressBar):
@@ -36,7 +30,7 @@ class PlainProgressBar(ProgressBar):
         self.every_n_steps = every_n_steps
         self._enabled = True
         self._start = 0.0
-        self._last_printed_step = -1
+        self._every = EveryNSteps(every_n_steps)
 
     def disable(self) -> None:
         self._enabled = False
@@ -59,19 +53,17 @@ class PlainProgressBar(ProgressBar):
         # per batch, which Lightning's estimate does not count
         known = isinstance(total, int) or (isinstance(total, float) and math.isfinite(total))
         position = f"epoch {trainer.current_epoch} step {trainer.global_step}" + (f"/{int(total)}" if known else "")
-        self.print(f"{prefix} {position} [{elapsed:.1f}s] {_format(metrics)}")
+        shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+        self.print(f"{prefix} {position} [{elapsed:.1f}s] {shown}")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.perf_counter()
-        self._last_printed_step = trainer.global_step  # a resumed run prints at its next multiple, not at once
+        self._every = EveryNSteps(self.every_n_steps, start=trainer.global_step)  # a resumed run: its next multiple
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = trainer.global_step
-        # "crossed a multiple", not "is a multiple": with manual optimization one batch makes several steps
-        if self._enabled and step // self.every_n_steps > self._last_printed_step // self.every_n_steps:
-            self._last_printed_step = step
+        if self._enabled and self._every.due(trainer.global_step):
             self._line(trainer, pl_module, "train")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

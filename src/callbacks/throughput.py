@@ -4,11 +4,9 @@ Logged with the other metrics every ``log_every_n_steps`` optimizer steps (``per
 TensorBoard, wandb) and shown in the progress output. The step itself is never made to wait for the device:
 the per-step work is a few host clock reads and a look at the batch's shape.
 
-Why not Lightning's ``ThroughputMonitor``: it calls ``torch.cuda.synchronize()`` after every batch (a
-host-device sync per step), writes through the private logger connector so its figures never reach the
-progress bar, needs a ``batch_size_fn``, measures neither memory nor time waiting for data, and its table holds
-the H200's sparse peak (twice the dense one) while MFU is quoted against the dense peak. Its ``measure_flops``
-is what the built-in models count their FLOPs with, and its ``get_available_flops`` is the fallback peak table.
+Why not Lightning's ``ThroughputMonitor``: it syncs with the device after every batch, its figures never reach
+the progress bar, it measures neither memory nor data wait, and its table holds sparse peaks (twice the dense
+ones MFU is quoted against). Its ``get_available_flops`` is the fallback peak table here.
 
 A module gets MFU by exposing its training FLOPs (forward + backward) as one of, looked up in this order:
 ``flops_per_batch`` (one micro-batch of one process, Lightning's convention) or ``flops_per_sample``, each an
@@ -28,26 +26,20 @@ import torch
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-#: dense (not sparse) tensor-core peaks of one device, TFLOP/s, from the vendors' datasheets; first match wins
-DENSE_PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("h200 nvl", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
-    ("h100 nvl", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
-    ("h100 pcie", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
-    ("h200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM
-    ("h100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM ("H100 80GB HBM3")
-    ("a100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("l40s", {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6}),
-    ("l4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    ("v100", {"fp16": 125.0, "fp32": 15.7}),
-]
+from src.callbacks.steps import EveryNSteps
+from src.compat import logging_step
 
-_LIGHTNING_DTYPES: dict[str, Any] = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "tf32": "tfloat32",
-    "fp32": torch.float32,
-    "fp64": torch.float64,
-}
+#: dense (not sparse) tensor-core peaks of one device, TFLOP/s, from the vendors' datasheets; the first entry whose
+#: name pattern the device's name contains wins ("h200"/"h100" alone are the SXM parts, e.g. "H100 80GB HBM3")
+DENSE_PEAK_TFLOPS: list[tuple[tuple[str, ...], dict[str, float]]] = [
+    (("h200 nvl", "h100 nvl"), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    (("h100 pcie",), {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    (("h200", "h100"), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    (("a100",), {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    (("l40s",), {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6}),
+    (("l4",), {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    (("v100",), {"fp16": 125.0, "fp32": 15.7}),
+]
 
 
 def compute_kind(precision: str) -> str:
@@ -72,12 +64,13 @@ def dense_peak_flops(device: torch.device, precision: str) -> float | None:
         return None
     kind = compute_kind(precision)
     name = torch.cuda.get_device_name(device).lower()
-    for pattern, peaks in DENSE_PEAK_TFLOPS:
-        if pattern in name:
+    for patterns, peaks in DENSE_PEAK_TFLOPS:
+        if any(pattern in name for pattern in patterns):
             return peaks[kind] * 1e12 if kind in peaks else None
     from lightning.fabric.utilities.throughput import get_available_flops
 
-    peak = get_available_flops(device, _LIGHTNING_DTYPES[kind])
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": "tfloat32", "fp32": torch.float32}
+    peak = get_available_flops(device, dtypes.get(kind, torch.float64))  # type: ignore[arg-type]
     return float(peak) if peak else None
 
 
@@ -115,17 +108,6 @@ def peak_memory(device: torch.device) -> dict[str, float]:
         }
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"perf/memory_rss_gb": max_rss * (1 if sys.platform == "darwin" else 1024) / 1e9}
-
-
-def lightning_logging_step(trainer: L.Trainer) -> int:
-    """The ``step`` Lightning gives the rows it logs from the current training batch.
-
-    Lightning logs a batch's ``self.log`` values with the count of batches that stepped before it (for one
-    optimizer, ``global_step - 1`` after the step), and its LearningRateMonitor reads the same private counter.
-    Rows written straight to a logger need it too: W&B drops rows whose step goes backwards.
-    ``tests/test_throughput.py`` checks that these rows keep the step of the loss rows logged with them.
-    """
-    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
 def shown_figures(trainer: L.Trainer) -> dict[str, float]:
@@ -172,7 +154,7 @@ class SpeedMonitor(Callback):
         self._reset_interval()
         self._gap_start: float | None = None
         self._batch_start = 0.0
-        self._last_step = -1
+        self._every = EveryNSteps()
         #: the figures of the last interval that the template's progress output shows
         self.shown: dict[str, float] = {}
 
@@ -206,7 +188,7 @@ class SpeedMonitor(Callback):
                     " TFLOP/s of one device from its datasheet>."
                 )
         self._reset_interval()
-        self._last_step = trainer.global_step
+        self._every = EveryNSteps(trainer.log_every_n_steps, start=trainer.global_step)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._gap_start = time.perf_counter()  # creating the loader's iterator (worker start-up) is waiting too
@@ -228,11 +210,7 @@ class SpeedMonitor(Callback):
             if self.count == "tokens" or (self.count == "auto" and is_ids):
                 self._tokens += tensor.numel()
         self._batches += 1
-        step = trainer.global_step
-        log_every = trainer.log_every_n_steps
-        # "crossed a multiple", not "is a multiple": with manual optimization one batch may make several steps
-        if log_every > 0 and step // log_every > self._last_step // log_every:
-            self._last_step = step
+        if self._every.due(trainer.global_step):
             self._log(trainer, pl_module)
         self._gap_start = time.perf_counter()
         self._busy += self._gap_start - self._batch_start
@@ -282,7 +260,7 @@ class SpeedMonitor(Callback):
         # straight to the loggers, as Lightning's LearningRateMonitor does: `self.log` costs about 0.25 ms per
         # value in Lightning's result bookkeeping, a measurable share of a small step for figures that need
         # neither reduction nor epoch aggregation
-        step = lightning_logging_step(trainer)
+        step = logging_step(trainer)  # the step of the loss rows logged with them (W&B drops steps going back)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         self._reset_interval()

@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from src.compat import batch_progress
 from src.data.sampling import BatchedDataset, EvaluationBatches, GlobalBatchSampler, per_process_batch_size
 
 
@@ -90,7 +91,7 @@ class GlobalBatchDataModule(L.LightningDataModule):
             "epoch": trainer.current_epoch,
             # `processed` counts the batch whose step just finished, which `completed` does not yet count while
             # `on_train_batch_end` callbacks (ModelCheckpoint, preemption) are saving.
-            "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+            "batches_done": batch_progress(trainer).current.processed,
             "epoch_length": int(min(trainer.num_training_batches, 2**62)),
         }
 

@@ -9,6 +9,8 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import Metric
 
+from src.compat import attached_trainer, batch_progress
+
 
 def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
     """Upcast fp16/bf16 logits before a softmax or loss; leave fp32 and fp64 alone."""
@@ -94,16 +96,11 @@ class TemplateModule(L.LightningModule):
     def should_log_step(self) -> bool:
         """True on the optimizer steps whose per-step metrics the logger will write.
 
-        ``self.log`` costs about a millisecond per call even when nothing is written, so per-step metrics are
-        only logged on the steps Lightning flushes (every ``trainer.log_every_n_steps``).
+        ``self.log`` costs about 0.25 ms per value (``docs/benchmarks.md``) even when nothing is written, so
+        per-step metrics are only logged on the steps Lightning flushes (every ``trainer.log_every_n_steps``).
         """
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if trainer is None:
             return False
-        return (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0 and not self._accumulating()
-
-    def _accumulating(self) -> bool:
-        trainer = self._trainer
-        assert trainer is not None
-        batch_idx = trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1
-        return (batch_idx + 1) % trainer.accumulate_grad_batches != 0
+        logged = (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0
+        return logged and batch_progress(trainer).current.ready % trainer.accumulate_grad_batches == 0

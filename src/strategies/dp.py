@@ -10,16 +10,10 @@ back through the gather and the replicas and sums them on the first device, so t
 gradients are those of single-device training on the same batch. The module itself is never wrapped, so
 checkpoints have the same keys as single-device ones.
 
-What ``forward`` receives and returns under dp (``docs/strategies.md`` has the full list):
-
-- tensors, also inside tuples, lists, dicts and namedtuples, positional or keyword, are split along dim 0 into
-  equal chunks (the last one smaller; fewer chunks than GPUs when the batch is smaller); every tensor must have
-  the same size along dim 0. Anything else (numbers, strings, objects, lists of strings) reaches every replica
-  as the very same object;
-- outputs are concatenated along dim 0, dicts key by key; a 0-dim output (a loss) is the mean of the
-  replicas' values weighted by their chunk sizes, which is the single-device value of a batch-mean loss;
-- the LightningModule may set ``dp_modules = ("net",)``: the names of the child modules ``forward`` uses.
-  Only those are copied to the GPUs each step; the default is every child except torchmetrics metrics.
+Tensor inputs (also in containers) are split along dim 0, other values reach every replica as they are; outputs
+are concatenated along dim 0 and a 0-dim output (a loss) is the chunk-size-weighted mean; ``dp_modules = ("net",)``
+on the module names the children ``forward`` uses, the only ones copied each step. ``docs/strategies.md`` has
+the full table.
 
 Usage: ``python -m src.cli fit --trainer.strategy=dp --trainer.accelerator=gpu --trainer.devices=4``.
 """
@@ -29,7 +23,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,6 +33,8 @@ from torch import Tensor, nn
 from torch.nn.parallel import gather, parallel_apply, replicate
 from torch.nn.parallel.scatter_gather import scatter_kwargs
 from torchmetrics import Metric, MetricCollection
+
+from src.compat import only_children
 
 #: the LightningModule attribute naming the child modules ``forward`` uses (the ones dp replicates)
 DP_MODULES = "dp_modules"
@@ -140,40 +135,26 @@ def replicated_children(module: nn.Module) -> list[str]:
     return [name for name in declared if not isinstance(children[name], (Metric, MetricCollection))]
 
 
-@dataclass(frozen=True)
-class CallerState:
-    """The thread-local state a replica thread must share with the caller: grad, inference and autocast modes."""
+def in_callers_modes(forward: Callable[..., Any], device_type: str) -> Callable[..., Any]:
+    """``forward(replica, ...)`` run in the calling thread's grad, inference and autocast modes.
 
-    grad_enabled: bool
-    inference: bool
-    device_type: str
-    autocast_enabled: bool
-    autocast_dtype: torch.dtype
+    These modes are per thread. torch's parallel_apply re-enters grad mode and autocast in each replica thread,
+    but autocast with the default dtype (float16 on CUDA: bf16-mixed would silently run in fp16) and not inference
+    mode (Lightning's validation/test/predict: in-place ops on the input chunks would then fail, "Inplace update to
+    inference tensor outside InferenceMode"). So the caller's exact state is captured here and re-entered there.
+    """
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    autocast, dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
-    @classmethod
-    def capture(cls, device_type: str) -> CallerState:
-        return cls(
-            torch.is_grad_enabled(),
-            torch.is_inference_mode_enabled(),
-            device_type,
-            torch.is_autocast_enabled(device_type),
-            torch.get_autocast_dtype(device_type),
-        )
+    def run(replica: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        with (
+            torch.inference_mode(inference),
+            torch.set_grad_enabled(grad),
+            torch.autocast(device_type, dtype=dtype, enabled=autocast),
+        ):
+            return forward(replica, *args, **kwargs)
 
-
-def _replica_forward(
-    replica: nn.Module, forward: Callable[..., Any], state: CallerState, *args: Any, **kwargs: Any
-) -> Any:
-    # These modes are per thread. torch's parallel_apply re-enters grad mode and autocast in each replica thread,
-    # but autocast with the default dtype (float16 on CUDA: bf16-mixed would silently run in fp16) and not
-    # inference mode (Lightning's validation/test/predict: in-place ops on the input chunks would then fail,
-    # "Inplace update to inference tensor outside InferenceMode"). Re-enter the caller's exact state.
-    with (
-        torch.inference_mode(state.inference),
-        torch.set_grad_enabled(state.grad_enabled),
-        torch.autocast(state.device_type, dtype=state.autocast_dtype, enabled=state.autocast_enabled),
-    ):
-        return forward(replica, *args, **kwargs)
+    return run
 
 
 def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Sequence[int]) -> Any:
@@ -204,6 +185,7 @@ def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Seq
         )
     if isinstance(first, (list, tuple)):
         gathered = [gather_outputs(items, target_device, sizes) for items in zip(*outputs, strict=True)]
+        # a namedtuple is rebuilt with its public `_make`; its constructor takes the fields one by one
         return type(first)._make(gathered) if hasattr(first, "_fields") else type(first)(gathered)
     if all(output is first or output == first for output in outputs):
         return first
@@ -238,25 +220,23 @@ class ParallelForward:
 
     def replicas(self, devices: list[int | None]) -> list[nn.Module]:
         """Shallow copies of the module for ``devices``, holding copies of the children ``forward`` uses."""
-        module, children = self.module, self.module._modules
+        module = self.module
         kept = replicated_children(module)
         # torch's replicate copies every module below the one it gets: hand it the module with only the kept
         # children (its own parameters and buffers stay), then put stand-ins for the others into the replicas
-        module._modules = {name: child for name, child in children.items() if name in kept or child is None}
-        try:
+        with only_children(module, kept):
             replicas = replicate(module, devices, detach=not torch.is_grad_enabled())
-        finally:
-            module._modules = children
         skipped = {
             name: _NotReplicated(_not_replicated_message(name, child))
-            for name, child in children.items()
-            if name not in kept and child is not None
+            for name, child in module.named_children()
+            if name not in kept
         }
-        state = CallerState.capture(self.device_type)
+        forward = in_callers_modes(self.forward, self.device_type)
         for replica in replicas:
-            replica._modules.update(skipped)
+            for name, stand_in in skipped.items():
+                setattr(replica, name, stand_in)
             # each replica is a shallow copy of the module, this object included: point it at the real forward
-            replica.forward = functools.partial(_replica_forward, replica, self.forward, state)
+            replica.forward = functools.partial(forward, replica)
             replica.log = replica.log_dict = _refuse_logging
         return replicas
 

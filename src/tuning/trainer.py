@@ -179,24 +179,17 @@ def _lr_key(model: L.LightningModule) -> list[str] | None:
     return None
 
 
-def _nested(keys: list[str], value: Any) -> dict[str, Any]:
-    for key in reversed(keys):
-        value = {key: value}
-    return value
-
-
-def _merge(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    for key, value in other.items():
-        into[key] = _merge(into.get(key, {}), value) if isinstance(value, dict) else value
-    return into
-
-
 def _write_config(path: Path, result: TuneResult, model: L.LightningModule, in_data: bool, lines: list[str]) -> None:
-    batch_key = ["data", "init_args", "batch_size"] if in_data else ["model", "init_args", "batch_size"]
-    config = _nested(batch_key, result.batch_size)
+    config: dict[str, Any] = {}
+    values = [(["data" if in_data else "model", "init_args", "batch_size"], result.batch_size)]
     lr_key = _lr_key(model)
     if result.lr is not None and lr_key is not None:
-        _merge(config, _nested(lr_key, float(f"{result.lr:.3g}")))
+        values.append((lr_key, float(f"{result.lr:.3g}")))
+    for keys, value in values:
+        node = config
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
     header = "".join(f"# {line}\n" for line in ["Written by `python -m src.cli tune`:", *lines])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(config, sort_keys=False))

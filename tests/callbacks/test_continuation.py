@@ -9,7 +9,6 @@ step and epoch, across the logger versions of the continued run) and the checkpo
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import Timer
-from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from torch.utils.data import DataLoader, TensorDataset
 
 from src.callbacks.continuation import (
@@ -29,9 +27,9 @@ from src.callbacks.continuation import (
     resumable,
     save_as_mid_epoch,
     save_as_next_epoch_start,
-    skip_validation_after_this_step,
 )
 from src.cli import TemplateCLI, main
+from src.compat import logging_step, set_logging_step
 from src.data.base import ResumableDataLoader
 from tests.conftest import TINY, read_metrics
 
@@ -267,7 +265,7 @@ def _trainer_after_training(batches_done: int, epochs_done: int, epoch_length: i
     batches.total.increment_by((epochs_done - 1) * epoch_length + batches_done)
     batches.current.increment_by(batches_done)
     batches.is_last_batch = last
-    fit_loop.epoch_loop._batches_that_stepped = batches.total.completed
+    set_logging_step(trainer, batches.total.completed)
     return trainer
 
 
@@ -275,7 +273,7 @@ def test_a_mid_epoch_stop_is_saved_as_lightning_saves_a_batch_end():
     trainer = _trainer_after_training(batches_done=4, epochs_done=2)
     assert epoch_interrupted(trainer)
     assert save_as_mid_epoch(trainer)
-    assert trainer.current_epoch == 1 and trainer.fit_loop.epoch_loop._batches_that_stepped == 19
+    assert trainer.current_epoch == 1 and logging_step(trainer) == 19
     assert not save_as_mid_epoch(trainer)  # once only
     # what Lightning concludes from these counters when it resumes them
     trainer.fit_loop.restarting = True
@@ -298,16 +296,6 @@ def test_an_epoch_end_is_saved_as_the_next_epochs_start():
     save_as_mid_epoch(mid)
     mid.fit_loop.restarting = True
     assert not restarts_a_finished_epoch(mid)
-
-
-def test_lightning_still_has_the_validation_flag_a_time_stop_sets():
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
-    loop = trainer.fit_loop.epoch_loop
-    assert isinstance(loop, _TrainingEpochLoop) and loop._skip_next_val is False
-    skip_validation_after_this_step(trainer)
-    assert loop._skip_next_val is True
-    source = inspect.getsource(_TrainingEpochLoop.on_advance_end)
-    assert "if self._skip_next_val:" in source and "should_check_val = False" in source
 
 
 def test_run_timer_keeps_lightnings_timer_state():

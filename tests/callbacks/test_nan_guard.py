@@ -61,11 +61,11 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(check_every,
     assert all(torch.isfinite(t).all() for t in load_state(last).values() if t.is_floating_point())
 
 
-def test_training_through_nan_when_disabled(tmp_path):
+def test_training_through_nan_with_the_guard_switched_off(tmp_path):
     run_dir = tmp_path / "run"
     main([
         "fit", *TINY, "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1",
-        "--trainer.max_epochs=1", "--progress_bar=none", "--nan_guard.enabled=false",
+        "--trainer.max_epochs=1", "--progress_bar=none", "--callbacks_off=[nan_guard]",
         "--trainer.callbacks+=tests.callbacks.test_nan_guard.NaNInputsAtStep", "--trainer.callbacks.step=2",
         f"--trainer.default_root_dir={run_dir}",
     ])  # fmt: skip

@@ -10,7 +10,6 @@ epoch, during a validation and between the micro-batches of one step.
 
 from __future__ import annotations
 
-import inspect
 import os
 import signal
 import subprocess
@@ -20,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
 from src.checkpoint_io import atomic_torch_save, is_intact
 from src.cli import main
@@ -250,16 +248,6 @@ def test_second_ctrl_c_stops_at_once_without_saving(tmp_path):
     assert process.returncode == 130, stderr[-3000:]
     assert "second Ctrl-C" in stderr and "without saving" in stderr
     assert not (run_dir / "checkpoints" / "last.ckpt").exists()
-
-
-# -- Lightning's per-step SIGTERM broadcast --------------------------------------------------------------------
-
-
-def test_lightning_still_has_the_per_step_sigterm_broadcast_the_template_skips():
-    """If this fails, a Lightning upgrade renamed or dropped ``_broadcast_sigterm_tensor``: check whether it still
-    runs a blocking collective per step, and update or delete ``skip_lightnings_per_step_sigterm_broadcast``."""
-    assert callable(getattr(_TrainingEpochLoop, "_broadcast_sigterm_tensor", None))
-    assert "self._broadcast_sigterm_tensor()" in inspect.getsource(_TrainingEpochLoop.advance)
 
 
 # -- atomic checkpoints --------------------------------------------------------------------------------------------

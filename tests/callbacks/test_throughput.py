@@ -103,7 +103,7 @@ def test_tokens_on_request_and_the_figures_at_the_step_of_the_loss(tmp_path):
     samples, tokens = logged(rows, "perf/samples_per_s"), logged(rows, "perf/tokens_per_s")
     assert len(samples) == 2 and tokens == pytest.approx([16 * s for s in samples], rel=1e-5)  # 16 features each
     # written straight to the logger, at the step Lightning gives the loss logged on the same optimizer step (if a
-    # Lightning release counts its logging steps differently, lightning_logging_step must follow)
+    # Lightning release counts its logging steps differently, src.compat.logging_step must follow)
     assert [row["step"] for row in rows if row.get("perf/samples_per_s")] == ["2", "5"]
     assert [row["step"] for row in rows if row.get("train/loss")] == ["2", "5"]
     flops_per_sample = 6 * (16 * 32 + 32 * 4)  # TinyClassifier.flops_per_sample: 6 per weight

@@ -5,6 +5,7 @@ float rounding amplified by training: the same single-process run with 1 thread 
 much, so the fp32 tolerance is a rounding tolerance, not slack for a different computation.
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +13,9 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.strategies import StrategyRegistry
 
 from src.cli import main
-from src.strategies import DataParallelStrategy, register_dp_strategy
+from src.strategies import register_dp_strategy
 from tests.conftest import (
     REPO,
     TINY,
@@ -107,11 +107,22 @@ def test_preempted_ddp_run_resumes_to_the_uninterrupted_result(reference, run_cl
 # -- dp on Lightning 2.x ---------------------------------------------------------------------------------------
 
 
-def test_dp_is_registered_when_the_cli_is_imported():
-    register_dp_strategy()
-    assert "dp" in StrategyRegistry
-    trainer = L.Trainer(strategy="dp", accelerator="cpu", devices=1, logger=False)
-    assert isinstance(trainer.strategy, DataParallelStrategy)
+def test_dp_is_registered_by_each_cli_run_not_by_importing_the_cli(tmp_path):
+    """A fresh interpreter: ``import src.cli`` leaves Lightning's registry alone, and the CLI's entry point (what
+    ``python -m src.cli`` runs) registers ``dp`` itself, so ``--trainer.strategy=dp`` trains."""
+    code = (
+        "import sys; import src.cli; from lightning.pytorch.strategies import StrategyRegistry;"
+        " print('after import:', 'dp' in StrategyRegistry); src.cli.main(sys.argv[1:])"
+    )
+    args = [*TINY, "--trainer.strategy=dp", "--trainer.max_steps=1", "--trainer.limit_val_batches=0"]
+    result = subprocess.run(
+        [sys.executable, "-c", code, "fit", *args, "--progress_bar=none", f"--trainer.default_root_dir={tmp_path}"],
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "after import: False" in result.stdout
+    (plan,) = tmp_path.rglob("run_plan.json")
+    assert json.loads(plan.read_text())["strategy"] == "DataParallelStrategy"
 
 
 def test_dp_on_cpu_runs_as_one_device_with_a_warning_and_the_same_result():
