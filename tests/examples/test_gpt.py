@@ -96,7 +96,12 @@ def test_text_module_reads_a_file_and_holds_out_its_end(tmp_path):
 
 def test_gpt_shape_mistakes(capsys, tmp_path):
     args = ["fit", *TINY_TEXT, f"--trainer.default_root_dir={tmp_path}"]
-    fails_cleanly(capsys, [*args, "--model.init_args.n_embd=31"], "building CausalLanguageModel", "n_embd=31")
+    fails_cleanly(
+        capsys,
+        [*args, "--model.init_args.n_embd=31"],
+        "--model=src.models.CausalLanguageModel",
+        "n_embd=31 must be a multiple of n_head=2",
+    )
     fails_cleanly(capsys, [*args, "--data.init_args.block_size=64"], "--data.init_args.block_size=64", "block_size=32")
     assert not list(tmp_path.rglob("*"))
 
