@@ -199,8 +199,10 @@ def parse(raw: Any, path: Path) -> SweepSpec:
             )
     name = raw.get("name")
     if name is not None and not (isinstance(name, str) and name.strip()):
-        raise SweepError(f"{where}: name: {name!r} must be a non-empty string (the study and wandb group name).")
-    return SweepSpec(
+        raise SweepError(
+            f"{where}: name: {name!r} is not a non-empty string. Fix: e.g. name: lr-sweep (the wandb group)."
+        )
+    spec = SweepSpec(
         path=path,
         fit=tuple(str(a) for a in fit),
         metric=metric,
@@ -212,6 +214,9 @@ def parse(raw: Any, path: Path) -> SweepSpec:
         name=name,
         raw=raw,
     )
+    spec.build_sampler()  # Optuna checks the options it is given: before anything is written
+    spec.build_pruner()
+    return spec
 
 
 def _objective(entry: Any, where: str) -> tuple[str, str]:
@@ -248,7 +253,7 @@ def _param(key: str, entry: Any, where: str) -> Param:
     if key.startswith("-"):
         raise SweepError(f"{at}: write the option without dashes. Fix: {key.lstrip('-')}: ...")
     if not isinstance(entry, dict):
-        raise SweepError(f"{at} must be a range {EXAMPLE_RANGE} or a list {EXAMPLE_CHOICES}; got {entry!r}.")
+        raise SweepError(f"{at} is {entry!r}. Fix: a range {EXAMPLE_RANGE} or a list {EXAMPLE_CHOICES}.")
     if "choices" in entry:
         extra = [k for k in entry if k != "choices"]
         choices = entry["choices"]
@@ -258,7 +263,7 @@ def _param(key: str, entry: Any, where: str) -> Param:
             raise SweepError(f"{at}: choices must be a non-empty list. Fix: e.g. {EXAMPLE_CHOICES}.")
         bad = [c for c in choices if c is not None and not isinstance(c, (bool, int, float, str))]
         if bad:
-            raise SweepError(f"{at}: choice {bad[0]!r} is not a number, string, boolean or null. Fix: use those.")
+            raise SweepError(f"{at}: choice {bad[0]!r} is not a number, string, boolean or null. Fix: use only those.")
         return Param(key, choices=tuple(choices))
     unknown = [k for k in entry if k not in RANGE_KEYS]
     if unknown:
@@ -273,13 +278,13 @@ def _param(key: str, entry: Any, where: str) -> Param:
     if not low < high:
         raise SweepError(f"{at}: low ({low}) must be below high ({high}). Fix: swap or correct them.")
     if not isinstance(log, bool):
-        raise SweepError(f"{at}: log: {log!r} must be true or false.")
+        raise SweepError(f"{at}: log: {log!r} is not a boolean. Fix: log: true or log: false.")
     if log and low <= 0:
         raise SweepError(f"{at}: a log range needs low > 0 (got {low}). Fix: raise low, or set log: false.")
     if log and step is not None:
         raise SweepError(f"{at}: a log range cannot have a step (Optuna's rule). Fix: drop `step` or `log`.")
     if step is not None and step <= 0:
-        raise SweepError(f"{at}: step must be positive (got {step}).")
+        raise SweepError(f"{at}: step must be positive (got {step}). Fix: e.g. step: 1.")
     return Param(key, low=low, high=high, log=log, step=step)
 
 
