@@ -192,6 +192,17 @@ def test_a_stopped_trial_is_resumed_and_a_held_one_is_not(tmp_path: Path) -> Non
     assert sorted(p.name for p in (sweep_dir / LOCKS).iterdir()) == ["0.lock", "1.lock", "2.lock", "claim.lock"]
 
 
+def test_a_grid_gives_each_trial_its_own_point_and_ends_with_the_grid(tmp_path: Path) -> None:
+    path = write_sweep(
+        tmp_path, trials=50, sampler={"name": "grid", "seed": 3}, space={BATCH: {"choices": [8, 16, 32]}}
+    )
+    sweep_dir = tmp_path / "sweep"
+    sweep = Sweep(bind(sweep_spec.load(path), sweep_dir), sweep_dir)
+    claims = [claim(sweep) for _ in range(3)]
+    assert sorted(c.trial.params[BATCH] for c in claims if c) == [8, 16, 32]
+    assert sweep.total() == 3 and claim(sweep) is None
+
+
 # -- the report -------------------------------------------------------------------------------------------------
 
 
@@ -374,7 +385,7 @@ def test_failed_trial_is_recorded_with_its_message_and_not_retried(tmp_path: Pat
     assert trial.state == TrialState.FAIL
     message = trial.user_attrs[ERROR_ATTR]
     assert message.startswith("exit status 2: error: the sweep's objective val/lost is not logged at validation")
-    assert "(logged: val/acc, val/loss)" in message
+    assert "(logged: train/loss, val/acc, val/acc_best, val/loss). Fix: set objective:" in message
     assert not list((run_dir(sweep_dir, 0) / "checkpoints").glob("best-*"))  # stopped at its first validation
     again = sweep_cli("run", str(path), "--dir", str(sweep_dir))
     assert "is complete: 1 of 1 trials (1 failed); nothing to do" in again.stdout

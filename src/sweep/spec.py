@@ -115,7 +115,8 @@ class SweepSpec:
         import optuna
 
         options = {k: v for k, v in self.sampler.items() if k != "name"}
-        if options.get("seed") is not None:
+        if options.get("seed") is not None and self.sampler["name"] != "grid":
+            # (a grid shuffles its points by the seed once and gives trial n the n-th: the seed must stay put)
             options["seed"] = int(options["seed"]) + trial_number
         if self.sampler["name"] == "grid":
             options["search_space"] = {p.key: p.grid() for p in self.space}

@@ -187,6 +187,16 @@ class Worker:
         sweep.set_attr(number, WALL_ATTR, round(seconds, 2))
         return self.record(number, status, tail)
 
+    def tell(self, number: int, value: float | None = None, state: TrialState | None = None) -> None:
+        try:
+            self.sweep.study.tell(number, value, state=state)
+        except RuntimeError as error:
+            # GridSampler.after_trial calls Study.stop() once the grid is walked, which works only inside
+            # Study.optimize; Optuna stores the trial's result before that (in a `finally`), and a sweep stops by
+            # counting its trials (Sweep.total: at most the grid's size), so there is nothing left to do here
+            if self.sweep.spec.sampler["name"] != "grid" or "Study.stop" not in str(error):
+                raise
+
     def record(self, number: int, status: int, tail: list[str]) -> int | None:
         """Tell the study how the trial's run ended (see the module docstring)."""
         sweep = self.sweep
@@ -197,15 +207,15 @@ class Worker:
             return status if status in STOPPED else SIGNAL_EXIT.get(signal.Signals(self.stop_signal or 15), 143)
         trial = sweep.trial(number)
         if status == 0 and PRUNED_ATTR in trial.user_attrs:
-            sweep.study.tell(number, state=TrialState.PRUNED)
+            self.tell(number, state=TrialState.PRUNED)
             say(f"{self.label}: trial {number} pruned: {trial.user_attrs[PRUNED_ATTR]}")
         elif status == 0 and trial.intermediate_values:
             value = trial.intermediate_values[max(trial.intermediate_values)]
-            sweep.study.tell(number, value)
+            self.tell(number, value)
             say(f"{self.label}: trial {number} complete: {sweep.spec.metric}={value:.6g}")
         elif status == NON_FINITE_LOSS:
             sweep.set_attr(number, PRUNED_ATTR, "the training loss became non-finite (NaN or inf)")
-            sweep.study.tell(number, state=TrialState.PRUNED)
+            self.tell(number, state=TrialState.PRUNED)
             say(f"{self.label}: trial {number} pruned: its training loss became non-finite")
         else:
             if status == 0:
@@ -217,6 +227,6 @@ class Worker:
                 errors = [line for line in tail if line.startswith(("error:", "stopped:"))]
                 message = f"exit status {status}: " + " ".join(errors[-1:] or tail[-ERROR_LINES:])
             sweep.set_attr(number, ERROR_ATTR, message)
-            sweep.study.tell(number, state=TrialState.FAIL)
+            self.tell(number, state=TrialState.FAIL)
             say(f"{self.label}: trial {number} failed ({message}); it is not retried")
         return None
