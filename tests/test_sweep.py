@@ -366,10 +366,22 @@ def test_stopped_worker_resumes_its_trial_and_the_sweep_completes_once(tmp_path:
     assert_resumed_once(trial0, stopped_at)
     assert trials[0].user_attrs["starts"] == 2 and all(t.user_attrs["starts"] == 1 for t in trials[1:])
 
-    # a trial's config.yaml is the whole run: fit --config trains the same model again
-    config = yaml.safe_load((run_dir(sweep_dir, 1) / "config.yaml").read_text())
+    # a trial's config.yaml is the whole run: fit --config trains the same model again, in another directory
+    config_file = run_dir(sweep_dir, 1) / "config.yaml"
+    config = yaml.safe_load(config_file.read_text())
     assert config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == trials[1].params[LR]
     assert config["data"]["init_args"]["batch_size"] == trials[1].params[BATCH] and config["ckpt_path"] is None
+    again_dir = tmp_path / "again"
+    subprocess.run(
+        [sys.executable, "-m", "src.cli", "fit",
+         "--config", str(config_file), f"--trainer.default_root_dir={again_dir}"],
+        cwd=REPO, env=cli_env(), check=True, capture_output=True, timeout=240,
+    )  # fmt: skip
+    val_loss = [
+        [r["val/loss"] for r in read_metrics(d) if r.get("val/loss")] for d in (run_dir(sweep_dir, 1), again_dir)
+    ]
+    assert len(val_loss[0]) == 2 and val_loss[0] == val_loss[1]
+    assert not (run_dir(sweep_dir, 1) / "logs" / "version_1").exists()  # nothing written into the trial's directory
 
     done = sweep_cli("run", str(path), "--dir", str(sweep_dir))
     assert done.returncode == 0 and f"{sweep_dir} is complete: 4 of 4 trials (4 complete); nothing to do" in done.stdout
@@ -380,21 +392,25 @@ def test_stopped_worker_resumes_its_trial_and_the_sweep_completes_once(tmp_path:
 
 
 @pytest.mark.slow
-def test_failed_trial_is_recorded_with_its_message_and_not_retried(tmp_path: Path) -> None:
-    path = write_sweep(tmp_path, trials=1, objective={"metric": "val/lost", "mode": "min"})
+def test_failed_trials_are_recorded_with_their_message_and_not_retried(tmp_path: Path) -> None:
+    """Two workers (processes) on the 2 CPUs, one trial each, both failing at their first validation."""
+    path = write_sweep(tmp_path, trials=2, objective={"metric": "val/lost", "mode": "min"})
     sweep_dir = tmp_path / "sweep"
-    result = sweep_cli("run", str(path), "--dir", str(sweep_dir))
+    result = sweep_cli("run", str(path), "--dir", str(sweep_dir), "--workers", "2")
     assert result.returncode == 0, result.stdout + result.stderr
-    (trial,) = Sweep(sweep_spec.load(path), sweep_dir).study.get_trials()
-    assert trial.state == TrialState.FAIL
-    message = trial.user_attrs[ERROR_ATTR]
-    assert message.startswith("exit status 2: error: the sweep's objective val/lost is not logged at validation")
-    assert "(logged: train/loss, val/acc, val/acc_best, val/loss). Fix: set objective:" in message
-    assert not list((run_dir(sweep_dir, 0) / "checkpoints").glob("best-*"))  # stopped at its first validation
+    assert "2 worker(s), 1 cpu device(s) per trial" in result.stdout
+    assert {"worker 0: trial", "worker 1: trial"} <= {line[7:21] for line in result.stdout.splitlines()}
+    trials = Sweep(sweep_spec.load(path), sweep_dir).study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL] * 2
+    for trial in trials:
+        message = trial.user_attrs[ERROR_ATTR]
+        assert message.startswith("exit status 2: error: the sweep's objective val/lost is not logged at validation")
+        assert "(logged: train/loss, val/acc, val/acc_best, val/loss). Fix: set objective:" in message
+        assert not list((run_dir(sweep_dir, trial.number) / "checkpoints").glob("best-*"))  # stopped at once
     again = sweep_cli("run", str(path), "--dir", str(sweep_dir))
-    assert "is complete: 1 of 1 trials (1 failed); nothing to do" in again.stdout
+    assert "is complete: 2 of 2 trials (2 failed); nothing to do" in again.stdout
     report_run = sweep_cli("report", str(sweep_dir), "--no-plot")
-    assert report_run.returncode == 0 and "| 0 | fail |" in report_run.stdout
+    assert report_run.returncode == 0 and "| 0 | fail |" in report_run.stdout and "| 1 | fail |" in report_run.stdout
     assert report_run.stdout.splitlines()[-1] == "sweep: no trial is complete yet"
 
 

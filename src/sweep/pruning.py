@@ -110,5 +110,17 @@ def _save_reproducible_config(trainer: L.Trainer, path: Path) -> None:
     config = saver.config.clone()
     if "ckpt_path" in config:
         config["ckpt_path"] = None
+    # the CLI fills in the run directory's own values (loggers writing under it, its wandb run id) before it
+    # saves the config: put them back to "the run directory" and "a new id", so that the config trains the trial
+    # again in any --trainer.default_root_dir without writing into this one or continuing its wandb run
+    logger = config.trainer.get("logger")
+    for entry in logger if isinstance(logger, list) else [logger]:
+        init_args = getattr(entry, "init_args", None)
+        if init_args is None:
+            continue
+        if str(init_args.get("save_dir")) == str(trainer.default_root_dir):
+            init_args["save_dir"] = ""
+        if str(entry.get("class_path", "")).endswith("WandbLogger"):
+            init_args["id"] = None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(saver.parser.dump(config, skip_none=False))
