@@ -120,6 +120,11 @@ def test_shipped_sweep_files_resolve_to_fit_configs(path: Path, tmp_path: Path) 
 def test_sweep_file_values_become_fit_flags(tmp_path: Path) -> None:
     spec = sweep_spec.load(write_sweep(tmp_path, space={BATCH: {"low": 16, "high": 64, "step": 16}}))
     assert spec.space[0].grid() == [16, 32, 48, 64] and spec.space[0].is_int
+    assert not sweep_spec.Param("model.init_args.dropout", low=0, high=1).is_int  # no step: a float range
+    logs = sweep_spec.load(
+        write_sweep(tmp_path, space={"model.init_args.hidden": {"low": 8, "high": 64, "step": 1, "log": True}})
+    )
+    assert logs.space[0].is_int and logs.space[0].log
     assert sweep_spec.flag(LR, 0.003) == f"--{LR}=0.003"
     assert sweep_spec.flag("trainer.gradient_clip_val", None) == "--trainer.gradient_clip_val=null"
     assert sweep_spec.flag("model.init_args.compile", True) == "--model.init_args.compile=true"

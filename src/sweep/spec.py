@@ -63,7 +63,9 @@ class Param:
 
     @property
     def is_int(self) -> bool:
-        return all(isinstance(v, int) and not isinstance(v, bool) for v in (self.low, self.high, self.step or 1))
+        """Whole-number ``low``, ``high`` and ``step``: an integer range. Without a step, ``{low: 0, high: 1}`` stays
+        a float range (a dropout rate must not become 0 or 1)."""
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in (self.low, self.high, self.step))
 
     def grid(self) -> list[Any] | None:
         """The values a grid walks through: the choices, or a range's steps; None for a continuous range."""
@@ -282,8 +284,10 @@ def _param(key: str, entry: Any, where: str) -> Param:
         raise SweepError(f"{at}: log: {log!r} is not a boolean. Fix: log: true or log: false.")
     if log and low <= 0:
         raise SweepError(f"{at}: a log range needs low > 0 (got {low}). Fix: raise low, or set log: false.")
-    if log and step is not None:
-        raise SweepError(f"{at}: a log range cannot have a step (Optuna's rule). Fix: drop `step` or `log`.")
+    if log and step is not None and not (step == 1 and all(isinstance(v, int) for v in (low, high, step))):
+        raise SweepError(
+            f"{at}: a log range takes no step but 1 for whole numbers (Optuna's rule). Fix: drop `step` or `log`."
+        )
     if step is not None and step <= 0:
         raise SweepError(f"{at}: step must be positive (got {step}). Fix: e.g. step: 1.")
     return Param(key, low=low, high=high, log=log, step=step)
