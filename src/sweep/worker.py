@@ -170,8 +170,15 @@ class Worker:
         began = time.monotonic()
         tail: list[str] = []
         with open(folder / "fit.log", "a") as log:
+            # the run holds the trial's lock too (an inherited descriptor of the same lock): a worker killed
+            # outright cannot free its trial for another worker while its run still trains
             self.child = subprocess.Popen(
-                self.command(claimed), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                self.command(claimed),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                pass_fds=(claimed.lock_fd,),
             )
             if self.stop_signal is not None:  # a signal that came while the run was starting
                 self.child.send_signal(self.stop_signal)
