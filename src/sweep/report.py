@@ -86,6 +86,7 @@ def plot(sweep: Sweep, path: Path) -> None:
 
     matplotlib.use("Agg")  # files only: no display on a cluster node
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     spec = sweep.spec
     trials = [t for t in sweep.study.get_trials(deepcopy=False) if objective(t) is not None]
@@ -106,6 +107,7 @@ def plot(sweep: Sweep, path: Path) -> None:
     if line:
         over.step(*zip(*line, strict=True), where="post", color="tab:blue", label="best so far")
         over.legend(loc="best", fontsize=8)
+    over.xaxis.set_major_locator(MaxNLocator(integer=True))
     over.set_xlabel("trial")
     over.set_ylabel(spec.metric)
     over.set_title("objective over trials (orange: pruned)", fontsize=9)
