@@ -117,6 +117,17 @@ def test_shipped_sweep_files_resolve_to_fit_configs(path: Path, tmp_path: Path) 
     assert config["trainer"]["accelerator"] == "cpu"  # a first sweep that runs anywhere
 
 
+def test_misspelt_searched_option_is_refused_by_the_cli_before_anything_starts(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, space={"model.init_args.optimizer.init_args.lrr": {"low": 0.001, "high": 0.1}})
+    sweep_dir = tmp_path / "sweep"
+    result = sweep_cli("run", str(path), "--dir", str(sweep_dir))
+    assert result.returncode == 2
+    assert "Option 'lrr' is not accepted" in result.stderr  # the CLI's own message, with its fix
+    assert "error: the sweep's fit arguments do not parse (the error above" in result.stderr
+    assert "Fix: correct `fit` or `space` in the sweep file" in result.stderr
+    assert not sweep_dir.exists()  # nothing written: the corrected file starts afresh in the same --dir
+
+
 def test_sweep_file_values_become_fit_flags(tmp_path: Path) -> None:
     spec = sweep_spec.load(write_sweep(tmp_path, space={BATCH: {"low": 16, "high": 64, "step": 16}}))
     assert spec.space[0].grid() == [16, 32, 48, 64] and spec.space[0].is_int

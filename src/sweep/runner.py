@@ -23,7 +23,7 @@ import yaml
 from optuna.trial import TrialState
 
 from src.sweep.spec import SweepError, SweepSpec, flag
-from src.sweep.study import LOCKS, Sweep, bind, running_elsewhere
+from src.sweep.study import Sweep, bind, check_same_sweep, is_sweep_dir, running_elsewhere
 from src.sweep.worker import STOPPED, Worker, say
 
 
@@ -82,28 +82,36 @@ def summary(sweep: Sweep) -> str:
     return f"{sum(counts.values())} of {sweep.total()} trials ({', '.join(parts) or 'none yet'})"
 
 
+def nothing_to_run(sweep: Sweep) -> bool:
+    """Say so and return True when every trial is finished or runs in another live worker."""
+    trials = sweep.study.get_trials(deepcopy=False)
+    running = [t.number for t in trials if t.state == TrialState.RUNNING]
+    abandoned = len(running) - len(running_elsewhere(sweep))
+    if len(trials) < sweep.total() or abandoned:
+        return False
+    if running:
+        say(f"{sweep.dir}: {summary(sweep)}; the rest run in other workers, nothing to start here")
+    else:
+        say(f"{sweep.dir} is complete: {summary(sweep)}; nothing to do (`--trials N` extends it)")
+        say(f"leaderboard: python -m src.sweep report {sweep.dir}")
+    return True
+
+
 def run(spec: SweepSpec, sweep_dir: Path, workers: int = 1, extra: list[str] | None = None, launcher: str = "") -> int:
     """The ``run`` command (see the module docstring); returns the exit status."""
     extra = list(extra or [])
     if workers < 1:
         raise SweepError(f"--workers {workers}: at least one worker. Fix: --workers 1.")
-    spec = bind(spec, sweep_dir)
-    sweep = Sweep(spec, sweep_dir)
-    trials = sweep.study.get_trials(deepcopy=False)
-    (sweep_dir / LOCKS).mkdir(exist_ok=True)
-    running = [t.number for t in trials if t.state == TrialState.RUNNING]
-    abandoned = len(running) - len(running_elsewhere(sweep))
-    if len(trials) >= sweep.total() and not abandoned:
-        if running:
-            say(f"{sweep_dir}: {summary(sweep)}; the rest run in other workers, nothing to start here")
-        else:
-            say(f"{sweep_dir} is complete: {summary(sweep)}; nothing to do (`--trials N` extends it)")
-            say(f"leaderboard: python -m src.sweep report {sweep_dir}")
-        return 0
+    if is_sweep_dir(sweep_dir):
+        check_same_sweep(spec, sweep_dir)
+        if nothing_to_run(Sweep(spec, sweep_dir)):
+            return 0
+    # every check before the directory is written: a mistake leaves nothing behind to refuse the corrected file
     config = dry_run(spec, sweep_dir, extra)
     trainer = config.get("trainer") or {}
     accelerator, per_trial = check_devices(trainer, workers)
     logger = trainer.get("logger")
+    sweep = Sweep(bind(spec, sweep_dir), sweep_dir)
     say(f"{sweep_dir}: {summary(sweep)}; {workers} worker(s), {per_trial} {accelerator} device(s) per trial")
     prefix = shlex.split(launcher)
     if workers == 1:

@@ -51,24 +51,34 @@ def storage(sweep_dir: Path) -> JournalStorage:
     return JournalStorage(JournalFileBackend(str(sweep_dir / JOURNAL)))
 
 
+def is_sweep_dir(sweep_dir: Path) -> bool:
+    return (sweep_dir / SPEC_COPY).is_file()
+
+
+def check_same_sweep(spec: SweepSpec, sweep_dir: Path) -> None:
+    """Refuse a sweep file other than the one DIR was started with (only ``trials`` may change)."""
+    copy = sweep_dir / SPEC_COPY
+    if not copy.is_file():
+        return
+    kept = parse(yaml.safe_load(copy.read_text()), copy)
+    if kept.identity() != spec.identity():
+        keys = set(kept.identity()) | set(spec.identity())
+        changed = sorted(k for k in keys if kept.raw.get(k) != spec.raw.get(k))
+        raise SweepError(
+            f"{sweep_dir} holds a sweep of another sweep file ({', '.join(changed)} differ from {copy}). Fix:"
+            f" start it in a new --dir, or run {copy} itself (only `trials` may change, to extend a sweep)."
+        )
+
+
 def bind(spec: SweepSpec, sweep_dir: Path) -> SweepSpec:
-    """Keep the sweep file in DIR the first time; later, refuse a different one (only ``trials`` may change).
+    """Keep the sweep file in DIR (the first time, or with a new number of trials), after ``check_same_sweep``.
 
     The copy in DIR is what the fit runs' pruning callbacks read, and what ``report`` reads."""
+    check_same_sweep(spec, sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     copy = sweep_dir / SPEC_COPY
-    if copy.is_file():
-        kept = parse(yaml.safe_load(copy.read_text()), copy)
-        if kept.identity() != spec.identity():
-            keys = set(kept.identity()) | set(spec.identity())
-            changed = sorted(k for k in keys if kept.raw.get(k) != spec.raw.get(k))
-            raise SweepError(
-                f"{sweep_dir} holds a sweep of another sweep file ({', '.join(changed)} differ from {copy}). Fix:"
-                f" start it in a new --dir, or run {copy} itself (only `trials` may change, to extend a sweep)."
-            )
-        if kept.raw.get("trials") == spec.raw.get("trials"):
-            return spec
-    copy.write_text(yaml.safe_dump(spec.raw, sort_keys=False))
+    if not copy.is_file() or yaml.safe_load(copy.read_text()).get("trials") != spec.raw.get("trials"):
+        copy.write_text(yaml.safe_dump(spec.raw, sort_keys=False))
     return spec
 
 
