@@ -78,7 +78,10 @@ def bind(spec: SweepSpec, sweep_dir: Path) -> SweepSpec:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     copy = sweep_dir / SPEC_COPY
     if not copy.is_file() or yaml.safe_load(copy.read_text()).get("trials") != spec.raw.get("trials"):
-        copy.write_text(yaml.safe_dump(spec.raw, sort_keys=False))
+        # written whole and renamed: array tasks starting together bind at once, and fit runs read the copy
+        partial = copy.with_name(f"{SPEC_COPY}.{os.getpid()}.tmp")
+        partial.write_text(yaml.safe_dump(spec.raw, sort_keys=False))
+        os.replace(partial, copy)
     return spec
 
 
