@@ -442,6 +442,7 @@ def test_failed_trials_are_recorded_with_their_message_and_not_retried(tmp_path:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 worker(s), 1 cpu device(s) per trial" in result.stdout
     assert "sweep: worker 0: trial" in result.stdout and "sweep: worker 1: trial" in result.stdout
+    assert "[trial 0] Run plan" in result.stdout and "[trial 1] Run plan" in result.stdout  # whose line is whose
     trials = Sweep(sweep_spec.load(path), sweep_dir).study.get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL] * 2
     for trial in trials:

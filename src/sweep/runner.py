@@ -132,7 +132,8 @@ def _worker_main(
     env: dict[str, str],
 ) -> None:
     # a fresh study object per process: the journal is re-read from the file, never shared in memory
-    sys.exit(Worker(Sweep(spec, sweep_dir), extra, launcher, logger, label=f"worker {index}", env=env).run())
+    worker = Worker(Sweep(spec, sweep_dir), extra, launcher, logger, label=f"worker {index}", env=env, tag_lines=True)
+    sys.exit(worker.run())
 
 
 def _run_workers(

@@ -80,6 +80,7 @@ class Worker:
         logger: The resolved ``trainer.logger`` of the fit runs (from the dry run), to name wandb runs.
         label: How this worker names itself in its lines.
         env: Environment additions for its fit runs (the devices it may use).
+        tag_lines: Start each line of a fit run's output with ``[trial N]`` (several workers share one terminal).
     """
 
     def __init__(
@@ -90,6 +91,7 @@ class Worker:
         logger: Any = None,
         label: str = "worker",
         env: dict[str, str] | None = None,
+        tag_lines: bool = False,
     ) -> None:
         self.sweep = sweep
         self.extra = list(extra)
@@ -97,6 +99,7 @@ class Worker:
         self.logger = logger
         self.label = label
         self.env = env or {}
+        self.tag_lines = tag_lines
         self.stop_signal: int | None = None
         self.child: subprocess.Popen | None = None
 
@@ -184,7 +187,7 @@ class Worker:
                 self.child.send_signal(self.stop_signal)
             assert self.child.stdout is not None
             for line in self.child.stdout:
-                sys.stdout.write(line)
+                sys.stdout.write(f"[trial {number}] {line}" if self.tag_lines else line)
                 log.write(line)
                 tail = [*tail[-(ERROR_LINES * 4) :], line.rstrip()]
             status = self.child.wait()
