@@ -1,4 +1,4 @@
-"""slurm/sweep.sbatch on the CI cluster (``bash slurm/ci/start_cluster.sh``; see tests/test_slurm.py): a sweep as a
+"""slurm/sweep.sbatch on the CI cluster (``bash slurm/ci/start_cluster.sh``; see test_slurm.py): a sweep as a
 job array, one worker per array task, with a task preempted in the middle of a trial."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from optuna.trial import TrialState
 
 from src.sweep import spec as sweep_spec
 from src.sweep.study import Sweep, run_dir
-from tests.test_slurm import Jobs, completed, final_step, jobs, slurm  # noqa: F401  (fixtures)
-from tests.test_sweep import MAX_STEPS, assert_resumed_once, trained_steps, write_sweep
+from tests.sweep.test_sweep import MAX_STEPS, assert_resumed_once, trained_steps, write_sweep
+from tests.workflows.test_slurm import Jobs, completed, final_step, jobs, slurm  # noqa: F401  (fixtures)
 
 
 @pytest.mark.slurm
