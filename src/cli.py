@@ -70,7 +70,7 @@ from src.errors import (
     report,
 )
 from src.quiet import silence_known_noise
-from src.strategies import register_dp_strategy
+from src.strategies import register_dp_strategy, register_model_parallel_strategies
 from src.tuning import Trainer as TuningTrainer
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -230,6 +230,7 @@ class TemplateCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         silence_known_noise()  # src/quiet.py: the lines every run printed that say nothing about the run
         register_dp_strategy()
+        register_model_parallel_strategies()
         per_subcommand = {"default_config_files": [str(DEFAULT_CONFIG)], "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("trainer_class", TuningTrainer)  # a Trainer with `tune` (src/tuning/)
