@@ -70,6 +70,7 @@ from src.errors import (
     report,
 )
 from src.quiet import silence_known_noise
+from src.sharded_checkpoint import is_sharded_checkpoint, restore_interrupted
 from src.strategies import register_dp_strategy, register_model_parallel_strategies
 from src.tuning import Trainer as TuningTrainer
 
@@ -116,6 +117,8 @@ def _stable_wandb_id(run_dir: str) -> str:
 
 
 def _check_checkpoint_file(path: Path, option: str) -> None:
+    if is_sharded_checkpoint(path):  # a folder of shards (fsdp2, tensor_parallel), complete
+        return
     if not path.is_file():
         raise ConfigurationError(
             f"{option}={path} does not exist. Fix: give the path of a .ckpt file, or 'last' / 'best'."
@@ -394,6 +397,7 @@ class TemplateCLI(LightningCLI):
                 )
             return
         if ckpt_path == "last":
+            restore_interrupted(folder)  # a sharded checkpoint a kill left aside while replacing it
             candidates = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
             if candidates and not is_intact(candidates[-1]):
                 # a requeued job must not stop on a damaged file: continue from the newest intact checkpoint

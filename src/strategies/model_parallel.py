@@ -27,8 +27,10 @@ scaler of ``16-mixed`` agrees on overflow across ranks (DTensor reduces its ``fo
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -40,6 +42,7 @@ from torch.distributed.tensor import DTensor
 
 from src.compat import set_mesh_sizes
 from src.errors import ConfigurationError
+from src.sharded_checkpoint import move_into_place, staging_path
 from src.strategies.sharding import DefaultShardingPolicy
 
 if TYPE_CHECKING:
@@ -68,7 +71,26 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float, norm_type: flo
 
 
 class _ModelParallelMixin:
-    """What the two strategies share: gradient clipping that works across device meshes."""
+    """What the two strategies share: gradient clipping across device meshes, atomic sharded checkpoints."""
+
+    sharded_checkpoints: bool
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """Write the shards into a staging folder, then move it over the old checkpoint (``src/sharded_checkpoint.py``):
+        a kill mid-write leaves the previous checkpoint whole."""
+        if not self.sharded_checkpoints or "://" in str(filepath):
+            super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
+            return
+        final = Path(self.broadcast(str(filepath)))  # type: ignore[attr-defined]
+        staging = staging_path(final)
+        if self.global_rank == 0:  # type: ignore[attr-defined]
+            shutil.rmtree(staging, ignore_errors=True)  # a write a kill interrupted
+        self.barrier()  # type: ignore[attr-defined]
+        super().save_checkpoint(checkpoint, staging, storage_options)  # type: ignore[misc]
+        self.barrier()  # type: ignore[attr-defined]
+        if self.global_rank == 0:  # type: ignore[attr-defined]
+            move_into_place(staging, final)
+        self.barrier()  # type: ignore[attr-defined]
 
     def setup(self, trainer: pl.Trainer) -> None:
         super().setup(trainer)  # type: ignore[misc]
@@ -106,6 +128,7 @@ class FSDP2Strategy(_ModelParallelMixin, ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+        self.sharded_checkpoints = save_distributed_checkpoint
         self._default_policy: DefaultShardingPolicy | None = None
 
     def setup_environment(self) -> None:
@@ -161,6 +184,7 @@ class TensorParallelStrategy(_ModelParallelMixin, ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+        self.sharded_checkpoints = save_distributed_checkpoint
 
     def setup_environment(self) -> None:
         module = self.lightning_module
