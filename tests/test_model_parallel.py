@@ -7,6 +7,7 @@ fsdp2 on two processes: the default policy must give the model one device trains
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -234,3 +235,19 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_resumable(runs, tmp_
     restore_interrupted(folder)
     assert is_intact(last)
     assert load_sharded_checkpoint(last)["global_step"] == STEPS
+
+
+@pytest.mark.slow
+def test_each_rank_holds_half_the_model_gradients_and_optimizer_state(runs):
+    def plan(run_dir: Path) -> dict:
+        return json.loads((run_dir / "logs" / "version_0" / "run_plan.json").read_text())
+
+    single, sharded = plan(runs["single"]), plan(runs["fsdp2"])
+    assert sharded["strategy"] == "FSDP2Strategy" and sharded["global_batch"] == single["global_batch"] == 32
+    # every tensor of the tests' workload splits evenly over two ranks
+    assert single["parameters_bytes_per_rank"] == 8 * sum(p.numel() for p in TinyClassifier().parameters())
+    for name in ("parameters", "gradients"):
+        assert sharded[f"{name}_bytes_per_rank"] * 2 == single[f"{name}_bytes_per_rank"]
+    logged = [r for r in read_metrics(runs["fsdp2"]) if r.get("perf/optimizer_state_bytes_per_rank")]
+    adam_moments = float(logged[-1]["perf/optimizer_state_bytes_per_rank"])  # two per parameter
+    assert adam_moments == 2 * sharded["parameters_bytes_per_rank"]

@@ -38,6 +38,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from src.compat import set_mesh_sizes
@@ -221,3 +222,39 @@ def data_parallel_world(strategy: Any) -> tuple[int, int] | None:
         return None
     kwargs = strategy.distributed_sampler_kwargs
     return int(kwargs["num_replicas"]), int(kwargs["rank"])
+
+
+def _local(tensor: Tensor) -> Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def memory_per_rank(module: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer] = ()) -> dict[str, int]:
+    """Bytes this rank holds of the parameters, their gradients and the optimizer state, under any strategy.
+
+    Under ``fsdp2`` / ``tensor_parallel`` a parameter is a DTensor and only its local shard counts. Gradients are
+    counted for every trainable parameter (their size once the first backward allocated them); the optimizer
+    state counts what exists (Adam allocates its moments at the first step, so it is 0 before). FSDP2 units a
+    forward left gathered (the root keeps its parameters after an evaluation forward) are resharded first, so
+    the figures are what the rank holds between steps; the next forward gathers them again.
+    """
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.reshard()
+    params = {id(p): p for p in module.parameters()}.values()  # a tied weight once
+
+    def size(tensor: Tensor) -> int:
+        local = _local(tensor)
+        return local.numel() * local.element_size()
+
+    optimizer_bytes = sum(
+        size(value)
+        for optimizer in optimizers
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, Tensor) and value.dim() > 0  # not Adam's 0-dim step counter
+    )
+    return {
+        "parameters": sum(size(p) for p in params),
+        "gradients": sum(size(p) for p in params if p.requires_grad),
+        "optimizer_state": optimizer_bytes,
+    }
