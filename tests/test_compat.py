@@ -18,6 +18,7 @@ def test_set_mesh_sizes_sets_the_sizes_model_parallel_strategy_keeps():
     set_mesh_sizes(strategy, data_parallel=4, tensor_parallel=1)
     assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (4, 1)
 
+
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------
 
 # -- torch --------------------------------------------------------------------------------------------------

@@ -249,5 +249,6 @@ def test_each_rank_holds_half_the_model_gradients_and_optimizer_state(runs):
     for name in ("parameters", "gradients"):
         assert sharded[f"{name}_bytes_per_rank"] * 2 == single[f"{name}_bytes_per_rank"]
     logged = [r for r in read_metrics(runs["fsdp2"]) if r.get("perf/optimizer_state_bytes_per_rank")]
+    assert logged
     adam_moments = float(logged[-1]["perf/optimizer_state_bytes_per_rank"])  # two per parameter
     assert adam_moments == 2 * sharded["parameters_bytes_per_rank"]
