@@ -32,6 +32,7 @@ STRATEGY_LABELS = {
     "dp": "template, dp",
     "ddp": "template, ddp",
     "ddp_spawn": "template, ddp_spawn",
+    "fsdp2": "template, fsdp2 (sharded)",
     "bare-lightning": "bare Lightning",
     "bare-lightning-ddp": "bare Lightning, ddp",
     "plain-loop": "plain PyTorch loop",
@@ -40,7 +41,9 @@ STRATEGY_LABELS = {
 #: the 1-device rows every table shows side by side, and their multi-process counterparts
 ONE_DEVICE_ROWS = ("single", "bare-lightning", "plain-loop")
 MULTIPROCESS_BASELINES = ("bare-lightning-ddp", "plain-ddp")
-MULTIPROCESS = ("ddp", "ddp_spawn", *MULTIPROCESS_BASELINES)
+MULTIPROCESS = ("ddp", "ddp_spawn", "fsdp2", *MULTIPROCESS_BASELINES)
+#: rows run only when ``--strategies`` names them (not part of "all"): fsdp2 is for models that do not fit one device
+OPT_IN = ("fsdp2",)
 #: how ``python -m src.bench.plain`` runs each baseline (``--mode``)
 BASELINE_MODES = {
     "plain-loop": "loop",
