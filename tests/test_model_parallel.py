@@ -28,7 +28,7 @@ from src.consolidate import main as consolidate_main
 from src.errors import ConfigurationError
 from src.sharded_checkpoint import is_sharded_checkpoint, load_sharded_checkpoint, move_into_place, restore_interrupted
 from src.strategies import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
-from src.strategies.model_parallel import clip_grad_norm, data_parallel_world
+from src.strategies.model_parallel import clip_grad_norm, data_parallel_world, memory_per_rank
 from src.strategies.sharding import DefaultShardingPolicy
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics, relative_difference
 from tests.fixtures.workload import TinyClassifier
@@ -90,6 +90,17 @@ def test_clip_grad_norm_matches_torch_on_plain_tensors():
     assert torch.allclose(total, expected)
     for a, b in zip(ours, theirs, strict=True):
         assert torch.allclose(a.grad, b.grad)
+
+
+def test_memory_per_rank_counts_parameters_gradients_and_optimizer_state():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2, bias=False))
+    model[1].weight.requires_grad_(False)
+    optimizer = torch.optim.Adam(p for p in model.parameters() if p.requires_grad)
+    before = memory_per_rank(model, [optimizer])
+    assert before == {"parameters": 4 * (12 + 3 + 6), "gradients": 4 * (12 + 3), "optimizer_state": 0}
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    assert memory_per_rank(model, [optimizer])["optimizer_state"] == 2 * 4 * (12 + 3)  # Adam's two moments
 
 
 def test_consolidate_refuses_a_folder_that_is_no_checkpoint(tmp_path, capsys):

@@ -57,3 +57,19 @@ def test_sharded_gpt_trains_the_model_ddp_trains(runs, strategy):
     assert len(list(checkpoint.glob("*.distcp"))) == 2
     state = load_sharded_checkpoint(checkpoint)["state_dict"]
     assert relative_difference(load_state(runs["ddp"] / "checkpoints" / "last.ckpt"), state) < 1e-9
+
+
+@pytest.mark.slow
+def test_heads_that_do_not_split_over_the_tensor_parallel_ranks_are_refused(tmp_path):
+    args = [*TINY_GPT, "--model.init_args.n_head=1", "--trainer.devices=2", "--trainer.strategy=tensor_parallel"]
+    args += ["--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "src.cli", "fit", *args],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "--model.init_args.n_head=1 heads cannot be split evenly over 2 tensor-parallel ranks" in result.stderr
+    assert "Fix:" in result.stderr and "Traceback" not in result.stderr
