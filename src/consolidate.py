@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m src.consolidate runs/gpt/checkpoints/last.ckpt gpt.ckpt
+    python -m src.consolidate runs/NAME/checkpoints/last.ckpt model.ckpt
 
 The file is what a one-device or ddp run writes (the whole ``state_dict``, optimizer states keyed by parameter
 position, the loops' state), so any strategy, any script and ``torch.load`` read it. The runs themselves need no
@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m src.consolidate",
         description="Write one .ckpt file from a sharded checkpoint folder (fsdp2, tensor_parallel).",
     )
-    parser.add_argument("folder", type=Path, help="the sharded checkpoint, e.g. runs/gpt/checkpoints/last.ckpt")
-    parser.add_argument("output", type=Path, help="the single file to write, e.g. gpt.ckpt")
+    parser.add_argument("folder", type=Path, help="the sharded checkpoint, e.g. runs/NAME/checkpoints/last.ckpt")
+    parser.add_argument("output", type=Path, help="the single file to write, e.g. model.ckpt")
     args = parser.parse_args(argv)
     if args.output.resolve() == args.folder.resolve():
         parser.error("OUTPUT must differ from FOLDER: the folder is read while the file is written.")

@@ -6,7 +6,7 @@ Both are Lightning's ``ModelParallelStrategy`` (FSDP2 and tensor parallelism on 
 - ``fsdp2`` shards parameters, gradients and optimizer state over every process (``data_parallel`` = world size,
   ``tensor_parallel`` = 1). A model needs no code for it: without a ``configure_model`` hook the default policy
   (``src/strategies/sharding.py``) shards each child module that holds parameters. A large transformer should
-  shard per block in its own ``configure_model`` (``src/models/gpt.py`` shows how).
+  shard per block in its own ``configure_model`` (README, "Make it yours"; the example GPT does it).
 - ``tensor_parallel`` splits each layer's matrices within a node (``tensor_parallel`` = processes per node) and
   shards with FSDP2 across nodes (``data_parallel`` = nodes), Lightning's default split. The model says how its
   layers split in ``configure_model`` (a ``parallelize_module`` plan); ``--trainer.strategy.tensor_parallel_size``
@@ -194,8 +194,8 @@ class TensorParallelStrategy(_ModelParallelMixin, ModelParallelStrategy):
             raise ConfigurationError(
                 f"--trainer.strategy=tensor_parallel needs the model to say how its layers split:"
                 f" {type(module).__name__} has no configure_model hook. Fix: add a configure_model that applies a"
-                " tensor-parallel plan (parallelize_module, see src/models/gpt.py), or use --trainer.strategy=fsdp2,"
-                " which shards any model without code."
+                " tensor-parallel plan (parallelize_module; docs/strategies.md, tensor_parallel), or use"
+                " --trainer.strategy=fsdp2, which shards any model without code."
             )
         super().setup_environment()
 
