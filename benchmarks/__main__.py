@@ -8,7 +8,8 @@ Examples, run from the repository root (the folder that holds benchmarks/ and sr
     python -m benchmarks --model=my_project.models.Net --data=my_project.data.Data --quick   # your own model
     python -m benchmarks --config configs/experiment/mine.yaml --devices 1,2                 # ... from a config
 
-Rows: ``single`` (one device), ``dp``, ``ddp``, ``ddp_spawn`` (the template through ``python -m src.cli fit``),
+Rows: ``single`` (one device), ``dp``, ``ddp``, ``ddp_spawn`` (the template through ``python -m src.cli fit``;
+``fsdp2`` when ``--strategies`` names it),
 ``bare-lightning``, ``bare-lightning-ddp`` (a minimal LightningModule and a plain ``L.Trainer``) and
 ``plain-loop``, ``plain-ddp`` (hand-written PyTorch). On a CPU, devices are processes with a fixed number of
 threads each, DDP uses gloo, and ``dp`` is a pass-through (one process). Results go to ``--out``:
@@ -41,6 +42,7 @@ from benchmarks.runner import (
     MULTIPROCESS,
     MULTIPROCESS_BASELINES,
     ONE_DEVICE_ROWS,
+    OPT_IN,
     STRATEGY_LABELS,
     Row,
     Settings,
@@ -108,8 +110,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--strategies",
         type=_names,
-        help=f"comma-separated from {', '.join(STRATEGY_LABELS)} (default: all); the 1-device rows"
-        f" ({', '.join(ONE_DEVICE_ROWS)}) are always added, and with any multi-process row"
+        help=f"comma-separated from {', '.join(STRATEGY_LABELS)} (default: all but {', '.join(OPT_IN)}); the"
+        f" 1-device rows ({', '.join(ONE_DEVICE_ROWS)}) are always added, and with any multi-process row"
         f" {' and '.join(MULTIPROCESS_BASELINES)}",
     )
     parser.add_argument(
@@ -193,7 +195,7 @@ def chosen_workloads(args: argparse.Namespace) -> list[Workload]:
 
 def chosen_strategies(args: argparse.Namespace) -> list[str]:
     """The strategies asked for, plus the baselines every table shows beside them, in the table's order."""
-    wanted = set(args.strategies or STRATEGY_LABELS)
+    wanted = set(args.strategies or (name for name in STRATEGY_LABELS if name not in OPT_IN))
     unknown = sorted(wanted - set(STRATEGY_LABELS))
     if unknown:
         fail(f"--strategies {','.join(unknown)} is not a strategy. Fix: choose from {', '.join(STRATEGY_LABELS)}.")

@@ -52,7 +52,7 @@ def counterpart(rows: list[Row], row: Row, accelerator: str, baseline: str) -> R
     if row.implementation == baseline or (row.implementation == "bare" and baseline != "plain"):
         return None
     single, multi = ("bare-lightning", "bare-lightning-ddp") if baseline == "bare" else ("plain-loop", "plain-ddp")
-    if row.strategy in ("ddp", "ddp_spawn", "bare-lightning-ddp"):
+    if row.strategy in ("ddp", "ddp_spawn", "fsdp2", "bare-lightning-ddp"):
         return _find(rows, row, multi, row.devices)
     one_process_dp = row.strategy == "dp" and (accelerator == "cpu" or row.devices == 1)
     if row.strategy in ("single", "bare-lightning") or one_process_dp:

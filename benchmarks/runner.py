@@ -33,6 +33,7 @@ STRATEGY_LABELS = {
     "dp": "template, dp",
     "ddp": "template, ddp",
     "ddp_spawn": "template, ddp_spawn",
+    "fsdp2": "template, fsdp2 (sharded)",
     "bare-lightning": "bare Lightning",
     "bare-lightning-ddp": "bare Lightning, ddp",
     "plain-loop": "plain PyTorch loop",
@@ -43,7 +44,9 @@ STRATEGY_LABELS = {
 ONE_DEVICE_ROW = {"template": "single", "bare": "bare-lightning", "plain": "plain-loop"}
 ONE_DEVICE_ROWS = tuple(ONE_DEVICE_ROW.values())
 MULTIPROCESS_BASELINES = ("bare-lightning-ddp", "plain-ddp")
-MULTIPROCESS = ("ddp", "ddp_spawn", *MULTIPROCESS_BASELINES)
+MULTIPROCESS = ("ddp", "ddp_spawn", "fsdp2", *MULTIPROCESS_BASELINES)
+#: rows run only when ``--strategies`` names them (not part of "all"): fsdp2 is for models that do not fit one device
+OPT_IN = ("fsdp2",)
 #: how ``python -m benchmarks.plain`` runs each baseline (``--mode``)
 BASELINE_MODES = {
     "plain-loop": "loop",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU check, for a machine with at least one CUDA GPU (about 8 minutes on one GPU):
+# GPU check, for a machine with at least one CUDA GPU (about 10 minutes on one GPU):
 #   1. the GPU tests (tests/workflows/test_gpu.py): dp with real replicas (two on one GPU when there is only one),
 #      the autocast dtype inside the replicas for 16-mixed and bf16-mixed, manual optimization under dp,
-#      and every GPU preset (gpu, dp, ddp, ddp_spawn) and precision preset;
+#      and every GPU preset (gpu, dp, ddp, ddp_spawn) and precision preset; fsdp2 and tensor_parallel on the GPT
+#      in bf16-mixed and bf16-true (tests/examples/test_gpu_model_parallel.py, NCCL, sharded checkpoints);
 #   2. a throughput line per strategy and precision: the image workload under single, dp, ddp, ddp_spawn and a
 #      plain PyTorch loop, in 32, bf16-mixed and 16-mixed (python -m benchmarks; BENCH_ARGS replaces the selection).
 # Usage: bash scripts/gpu_check.sh [OUTPUT_DIR]      (default: gpu_check/)
@@ -20,7 +21,10 @@ status=0
 } 2>&1 | tee "$out/machine.txt"
 
 echo "== GPU tests"
-timeout "${TEST_TIMEOUT:-240}" python -m pytest -m gpu -v -p no:cacheprovider -s tests/workflows/test_gpu.py 2>&1 | tee "$out/gpu_tests.log"
+gpu_tests=(tests/workflows/test_gpu.py)
+# the example GPT's fsdp2 / tensor_parallel runs, while the examples are there (scripts/make_it_yours.py removes them)
+[ -e tests/examples/test_gpu_model_parallel.py ] && gpu_tests+=(tests/examples/test_gpu_model_parallel.py)
+timeout "${TEST_TIMEOUT:-420}" python -m pytest -m gpu -v -p no:cacheprovider -s "${gpu_tests[@]}" 2>&1 | tee "$out/gpu_tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== throughput per strategy and precision"

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from src.sharded_checkpoint import is_sharded_checkpoint, load_sharded_checkpoint
+
 log = logging.getLogger(__name__)
 
 
@@ -76,9 +78,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         atomic_torch_save(checkpoint, path)
 
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
+        if is_sharded_checkpoint(path):  # a folder saved under fsdp2 / tensor_parallel, read whole
+            return load_sharded_checkpoint(path)
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
 
 def is_intact(path: Path) -> bool:
     """Whether ``path`` is a complete ``torch.save`` archive: every member present and matching its checksum."""
+    if Path(path).is_dir():
+        return is_sharded_checkpoint(path)
     try:
         with zipfile.ZipFile(path) as archive:
             return archive.testzip() is None

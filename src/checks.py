@@ -26,7 +26,7 @@ from src.errors import DEBUG_ENV, ConfigurationError, describe
 
 GPU_ACCELERATORS = ("gpu", "cuda")
 #: strategies that run one process per device (the world size is devices x num_nodes)
-MULTIPROCESS_PREFIXES = ("ddp", "fsdp", "deepspeed")
+MULTIPROCESS_PREFIXES = ("ddp", "fsdp", "deepspeed", "tensor_parallel")
 
 
 #: Lightning ignores SLURM in a job with one of these names (``salloc`` names its job ``interactive``)

@@ -86,7 +86,8 @@ from src.errors import (
     user_error_of,
 )
 from src.quiet import silence_known_noise
-from src.strategies import register_dp_strategy
+from src.sharded_checkpoint import is_sharded_checkpoint, restore_interrupted
+from src.strategies import register_dp_strategy, register_model_parallel_strategies
 from src.tuning import Trainer as TuningTrainer
 
 PROG = "python -m src.cli"
@@ -149,6 +150,8 @@ def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[s
     """
     ckpt_path, run_dir = config.get("ckpt_path"), config.trainer.get("default_root_dir")
     folder = Path(checkpoint_dir(run_dir))
+    if ckpt_path == "last":
+        restore_interrupted(folder)  # a sharded checkpoint that a kill left aside while replacing it
     existing = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     if ckpt_path is None:
         if subcommand == "fit" and existing:
@@ -163,6 +166,8 @@ def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[s
         if not candidates:
             return None  # Lightning says there is nothing to resume and starts afresh
         path = candidates[-1]
+        if is_sharded_checkpoint(path):
+            return None  # a complete folder of shards (fsdp2, tensor_parallel): Lightning's strategy reads it
         # torch.save writes a zip archive: a truncated or overwritten file has no valid central directory
         if not zipfile.is_zipfile(path):
             fallback = newest_intact_checkpoint(folder, skip=path)
@@ -178,6 +183,8 @@ def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[s
             config["ckpt_path"], path = str(fallback), fallback
         return path, load_checkpoint(path)
     if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path):
+        return None
+    if is_sharded_checkpoint(Path(ckpt_path)):
         return None
     if not Path(ckpt_path).is_file():
         raise ConfigurationError(
@@ -221,6 +228,7 @@ class TemplateCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         silence_known_noise()  # src/quiet.py: the lines every run printed that say nothing about the run
         register_dp_strategy()
+        register_model_parallel_strategies()
         per_subcommand = {"default_config_files": [str(DEFAULT_CONFIG)], "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("trainer_class", TuningTrainer)  # a Trainer with `tune` (src/tuning/)

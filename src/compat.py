@@ -92,6 +92,13 @@ def stop_started_processes(trainer: L.Trainer, signum: signal.Signals = signal.S
 MODEL_CHECKPOINT_HOOKS = ("_save_topk_checkpoint", "_save_last_checkpoint", "_monitor_candidates")
 
 
+def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:
+    """Set a ``ModelParallelStrategy``'s mesh sizes once the world size is known (its ``__init__`` takes them
+    before the processes exist, and its ``"auto"`` puts the processes of a node on the tensor-parallel side)."""
+    strategy._data_parallel_size = data_parallel
+    strategy._tensor_parallel_size = tensor_parallel
+
+
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ LAYERS = {
     "src.models": 1,
     "src.strategies": 1,
     "src.checkpoint_io": 1,
+    "src.sharded_checkpoint": 1,
     "src.callbacks": 2,
     "src.checks": 3,
     "src.tuning": 3,

@@ -111,6 +111,18 @@ def test_strategy_setup_still_hands_the_model_to_setup_model_which_dp_overrides(
     assert "_setup_model" in vars(DataParallelStrategy)
 
 
+def test_set_mesh_sizes_sets_the_sizes_model_parallel_strategy_keeps():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from src.compat import set_mesh_sizes
+
+    strategy = ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size="auto")
+    kept = {name: value for name, value in vars(strategy).items() if value == "auto"}
+    assert set(kept) == {"_data_parallel_size", "_tensor_parallel_size"}  # the names the function writes
+    set_mesh_sizes(strategy, data_parallel=4, tensor_parallel=1)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (4, 1)
+
+
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------
 
 

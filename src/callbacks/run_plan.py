@@ -17,6 +17,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
+from src.strategies.model_parallel import data_parallel_world, memory_per_rank
+
 PLAN_FILE = "run_plan.json"
 
 #: torch's BatchNorm layers (the lazy ones become BatchNormNd once they see an input); the common base class of
@@ -112,8 +114,9 @@ def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]
         "devices_per_node": trainer.num_devices,
         "world_size": trainer.world_size,
         "precision": str(trainer.precision),
-        # dp splits a process's micro-batch over its GPUs; ddp gives each process its own
-        "global_batch": micro * accumulate * trainer.world_size if micro else None,
+        # dp splits a process's micro-batch over its GPUs; ddp gives each process its own; the ranks of one
+        # tensor-parallel group share theirs
+        "global_batch": micro * accumulate * _replicas(trainer) if micro else None,
         "micro_batch_per_process": micro,
         "accumulate_grad_batches": accumulate,
         "steps_per_epoch": _count(steps_per_epoch),
@@ -128,7 +131,13 @@ def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]
         "resumes_from": str(trainer.ckpt_path) if trainer.ckpt_path else None,
         "seed": int(os.environ["PL_GLOBAL_SEED"]) if "PL_GLOBAL_SEED" in os.environ else None,
         "deterministic": torch.are_deterministic_algorithms_enabled(),
+        **{f"{name}_bytes_per_rank": value for name, value in memory_per_rank(pl_module, trainer.optimizers).items()},
     }
+
+
+def _replicas(trainer: L.Trainer) -> int:
+    data_parallel = data_parallel_world(trainer.strategy)
+    return data_parallel[0] if data_parallel else trainer.world_size
 
 
 def format_plan(plan: dict[str, Any]) -> str:

@@ -28,6 +28,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from src.callbacks.steps import EveryNSteps
 from src.compat import logging_step
+from src.strategies.model_parallel import data_parallel_world, memory_per_rank
 
 #: dense (not sparse) tensor-core peaks of one device, TFLOP/s, from the vendors' datasheets; the first entry whose
 #: name pattern the device's name contains wins ("h200"/"h100" alone are the SXM parts, e.g. "H100 80GB HBM3")
@@ -231,7 +232,10 @@ class SpeedMonitor(Callback):
         elapsed = self._busy + (now - self._batch_start) + self._wait
         if elapsed <= 0 or self._batches == 0:
             return
-        processes, devices = trainer.world_size, trainer.world_size * self._devices_per_process
+        # ranks of one tensor-parallel group load the same batch: count it once per data-parallel replica
+        data_parallel = data_parallel_world(trainer.strategy)
+        processes = data_parallel[0] if data_parallel else trainer.world_size
+        devices = trainer.world_size * self._devices_per_process
         # every process loads the same micro-batch size, so the global rate is this process's times the processes
         metrics = {
             "perf/samples_per_s": self._samples * processes / elapsed,
@@ -242,12 +246,16 @@ class SpeedMonitor(Callback):
             metrics["perf/tokens_per_s_per_device"] = self._tokens * processes / elapsed / devices
         if self._flops is not None:
             name, value = self._flops
+            # the whole model's FLOPs of this process's batches, shared by the ranks of its tensor-parallel group
             flops = value * (self._batches if name == "flops_per_batch" else self._samples)
+            flops *= processes / trainer.world_size
             flops_per_device = flops / elapsed / self._devices_per_process
             metrics["perf/tflops_per_device"] = flops_per_device / 1e12
             if self._peak_flops:
                 metrics["perf/mfu"] = flops_per_device / self._peak_flops
         metrics.update(peak_memory(trainer.strategy.root_device))
+        held = memory_per_rank(pl_module, trainer.optimizers)  # this rank's shards under fsdp2 / tensor_parallel
+        metrics.update({f"perf/{name}_bytes_per_rank": float(value) for name, value in held.items()})
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and scaler.is_enabled():
             # 16-mixed scales the loss so fp16 gradients do not underflow; a falling scale means overflowing steps

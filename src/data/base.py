@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from src.compat import batch_progress
 from src.data.sampling import BatchedDataset, EvaluationBatches, GlobalBatchSampler, per_process_batch_size
+from src.strategies.model_parallel import data_parallel_world
 
 
 class ResumableDataLoader(DataLoader):
@@ -69,11 +70,17 @@ class GlobalBatchDataModule(L.LightningDataModule):
     # -- how this process fits into the run --------------------------------------------------------------------
 
     def _world(self) -> tuple[int, int, int]:
-        """(world size, global rank, accumulated micro-batches per step); (1, 0, 1) outside a Trainer."""
+        """(data-parallel size, data-parallel rank, accumulated micro-batches per step); (1, 0, 1) outside a Trainer.
+
+        The data-parallel size is the world size, except under ``tensor_parallel``, where the ranks of one
+        tensor-parallel group compute one model replica together and load the same samples.
+        """
         trainer = self.trainer
         if trainer is None:
             return 1, 0, 1
-        return trainer.world_size, trainer.global_rank, trainer.accumulate_grad_batches
+        data_parallel = data_parallel_world(trainer.strategy)
+        size, rank = data_parallel or (trainer.world_size, trainer.global_rank)
+        return size, rank, trainer.accumulate_grad_batches
 
     def _loader_kwargs(self) -> dict[str, Any]:
         trainer = self.trainer

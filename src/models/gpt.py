@@ -13,7 +13,10 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from src.errors import ConfigurationError
 from src.models.base import TemplateModule, WeightedMean, at_least_fp32
 
 
@@ -24,18 +27,23 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"--model.init_args.n_embd={n_embd} must be a multiple of n_head={n_head}")
-        self.n_head = n_head
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        self.head_dim = n_embd // n_head
+        # three projections, not one fused: a tensor-parallel split of each keeps whole heads on every rank
+        self.query = nn.Linear(n_embd, n_embd)
+        self.key = nn.Linear(n_embd, n_embd)
+        self.value = nn.Linear(n_embd, n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        batch, time, channels = x.shape
-        q, k, v = self.qkv(x).split(channels, dim=2)
-        q, k, v = (t.view(batch, time, self.n_head, channels // self.n_head).transpose(1, 2) for t in (q, k, v))
+        batch, time, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds n_head / tensor_parallel_size of them
+        q, k, v = (
+            t.view(batch, time, -1, self.head_dim).transpose(1, 2) for t in (self.query(x), self.key(x), self.value(x))
+        )
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(batch, time, channels)))
+        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(batch, time, -1)))
 
 
 class Block(nn.Module):
@@ -129,6 +137,41 @@ class CausalLanguageModel(TemplateModule):
         self.net = GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
         # one mean per stage; WeightedMean keeps the per-step update free of host-device syncs
         self.train_loss, self.val_loss, self.test_loss = WeightedMean(), WeightedMean(), WeightedMean()
+
+    def configure_model(self) -> None:
+        """Under ``fsdp2`` / ``tensor_parallel``: split attention and MLP over the tensor-parallel ranks (if any),
+        then shard each block, and the rest of the network, over the data-parallel ranks with FSDP2.
+
+        Lightning calls this once the processes exist (``self.device_mesh`` is set only under those strategies)
+        and again for test or predict after fit, when the network is already sharded.
+        """
+        mesh = self.device_mesh
+        if mesh is None or any(isinstance(module, FSDPModule) for module in self.net.modules()):
+            return
+        tensor_parallel = mesh["tensor_parallel"]
+        if tensor_parallel.size() > 1:
+            if self.hparams.n_head % tensor_parallel.size():
+                raise ConfigurationError(
+                    f"--model.init_args.n_head={self.hparams.n_head} heads cannot be split evenly over"
+                    f" {tensor_parallel.size()} tensor-parallel ranks. Fix: choose n_head as a multiple of"
+                    " --trainer.devices (processes per node), or set the strategy's tensor_parallel_size."
+                )
+            # Megatron's split: query/key/value and the MLP's first layer by output features (whole heads per
+            # rank), the output projections by input features, so each sub-layer needs one all-reduce
+            plan = {
+                "attn.query": ColwiseParallel(),
+                "attn.key": ColwiseParallel(),
+                "attn.value": ColwiseParallel(),
+                "attn.proj": RowwiseParallel(),
+                "mlp.0": ColwiseParallel(),
+                "mlp.2": RowwiseParallel(),
+            }
+            for block in self.net.blocks:
+                parallelize_module(block, tensor_parallel, plan)
+        data_parallel = mesh["data_parallel"]
+        for block in self.net.blocks:
+            fully_shard(block, mesh=data_parallel)
+        fully_shard(self.net, mesh=data_parallel)  # embeddings, final norm and (tied) output layer
 
     @property
     def num_parameters(self) -> int:

@@ -1,5 +1,12 @@
-"""Strategies this template adds to Lightning's registry (``dp``)."""
+"""Strategies this template adds to Lightning's registry (``dp``, ``fsdp2``, ``tensor_parallel``)."""
 
 from src.strategies.dp import DataParallelStrategy, register_dp_strategy
+from src.strategies.model_parallel import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
 
-__all__ = ["DataParallelStrategy", "register_dp_strategy"]
+__all__ = [
+    "DataParallelStrategy",
+    "FSDP2Strategy",
+    "TensorParallelStrategy",
+    "register_dp_strategy",
+    "register_model_parallel_strategies",
+]

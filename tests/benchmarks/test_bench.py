@@ -53,6 +53,17 @@ def test_every_table_shows_the_template_beside_bare_lightning_and_plain_pytorch(
         plan(argparse.Namespace(**{**vars(args), "strategies": ["dpp"]}), "cpu", {"image": 32}, workloads=["image"])
 
 
+def test_fsdp2_rows_run_only_when_named():
+    args = argparse.Namespace(
+        quick=True, workload=["image"], strategies=None, devices=[2], precisions=None, batch_sizes=[8]
+    )
+    every = {r.strategy for r in plan(args, "cpu", {"image": 32}, workloads=["image"])[0]}
+    assert "ddp" in every and "fsdp2" not in every  # for models that do not fit one device: not in "all"
+    args.strategies = ["fsdp2"]
+    named = {(r.strategy, r.processes) for r in plan(args, "cpu", {"image": 32}, workloads=["image"])[0]}
+    assert ("fsdp2", 2) in named and ("plain-ddp", 2) in named  # beside the baselines it is compared with
+
+
 def _run(step_ms: float, loss: float) -> dict:
     return {
         "step_ms_mean": step_ms,

@@ -26,6 +26,7 @@ import torch
 
 from src import checks
 from src.errors import ConfigurationError
+from src.sharded_checkpoint import is_sharded_checkpoint, load_sharded_checkpoint
 from tests.conftest import REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
 
 MAX_STEPS = 40  # 16 steps per epoch: the run crosses two epoch ends (validation, best-*.ckpt)
@@ -286,6 +287,31 @@ def test_multi_node_script_trains_the_same_model_on_two_nodes(jobs: Jobs, refere
     assert final_step(run_dir) == MAX_STEPS
     reference_state = load_state(reference() / "checkpoints" / "last.ckpt")
     assert relative_difference(reference_state, load_state(run_dir / "checkpoints" / "last.ckpt")) < 1e-9
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_multi_node_script_trains_the_same_model_sharded_under_fsdp2(jobs: Jobs, reference: Callable[[], Path]) -> None:
+    run_dir = jobs.folder / "run"
+    job = jobs.submit(
+        "slurm/multi_node.sbatch",
+        "--ntasks-per-node=1",
+        "--gres=gpu:1",
+        "--cpus-per-task=1",
+        RUN_DIR=str(run_dir),
+        ACCELERATOR="cpu",
+        EXTRA_ARGS=" ".join([*TRAIN_ARGS, "--trainer.strategy=fsdp2"]),  # after the script's ddp: it wins
+    )
+    (record,) = jobs.wait(job)
+    completed([record], jobs)
+    assert record["NumNodes"] == "2", record
+    assert "--trainer.devices=1 --trainer.num_nodes=2" in jobs.logs()
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert is_sharded_checkpoint(last) and len(list(last.glob("*.distcp"))) == 2  # one shard per node
+    state = load_sharded_checkpoint(last)
+    assert state["global_step"] == MAX_STEPS
+    reference_state = load_state(reference() / "checkpoints" / "last.ckpt")
+    assert relative_difference(reference_state, state["state_dict"]) < 1e-9
 
 
 @pytest.mark.slurm

@@ -1,0 +1,75 @@
+"""The GPT under ``fsdp2`` and ``tensor_parallel`` trains the model ddp trains: the same validation rows and
+weights in fp64, with gradient clipping (which must see the norm over every shard and both device meshes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from src.sharded_checkpoint import load_sharded_checkpoint
+from tests.conftest import REPO, cli_env, load_state, read_metrics, relative_difference
+from tests.examples.conftest import TINY_GPT
+
+RUN = [
+    *TINY_GPT,
+    "--trainer.devices=2",
+    "--trainer.precision=64-true",
+    "--trainer.max_steps=8",
+    "--trainer.val_check_interval=4",
+    "--trainer.limit_val_batches=2",
+    "--trainer.gradient_clip_val=0.5",
+]
+STRATEGIES = ("ddp", "fsdp2", "tensor_parallel")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """One fp64 run per strategy, two processes each; their run directories."""
+    dirs = {}
+    for strategy in STRATEGIES:
+        run_dir = tmp_path_factory.mktemp(strategy)
+        args = [*RUN, f"--trainer.strategy={strategy}", f"--trainer.default_root_dir={run_dir}"]
+        result = subprocess.run(
+            [sys.executable, "-m", "src.cli", "fit", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+        dirs[strategy] = run_dir
+    return dirs
+
+
+def validation_rows(run_dir: Path) -> list[tuple[float, float]]:
+    return [(float(r["val/loss"]), float(r["val/perplexity"])) for r in read_metrics(run_dir) if r.get("val/loss")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fsdp2", "tensor_parallel"])
+def test_sharded_gpt_trains_the_model_ddp_trains(runs, strategy):
+    reference = validation_rows(runs["ddp"])
+    rows = validation_rows(runs[strategy])
+    assert len(rows) == len(reference) == 2
+    for row, expected in zip(rows, reference, strict=True):
+        assert row == pytest.approx(expected, rel=1e-9)
+    checkpoint = runs[strategy] / "checkpoints" / "last.ckpt"
+    assert checkpoint.is_dir()  # sharded: one file per rank
+    assert len(list(checkpoint.glob("*.distcp"))) == 2
+    state = load_sharded_checkpoint(checkpoint)["state_dict"]
+    assert relative_difference(load_state(runs["ddp"] / "checkpoints" / "last.ckpt"), state) < 1e-9
+
+
+@pytest.mark.slow
+def test_heads_that_do_not_split_over_the_tensor_parallel_ranks_are_refused(tmp_path):
+    args = [*TINY_GPT, "--model.init_args.n_head=1", "--trainer.devices=2", "--trainer.strategy=tensor_parallel"]
+    args += ["--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "src.cli", "fit", *args],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "--model.init_args.n_head=1 heads cannot be split evenly over 2 tensor-parallel ranks" in result.stderr
+    assert "Fix:" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,265 @@
+"""``fsdp2`` and ``tensor_parallel``: registration, the default sharding policy, clipping across device meshes,
+sharded checkpoints (atomic, resumable bit for bit, readable on one device and under ddp, consolidated).
+
+The slow tests train the tests' workload (``TinyClassifier``, which has no ``configure_model``) in fp64 under
+fsdp2 on two processes: the default policy must give the model one device trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.plugins.precision import DoublePrecision
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from src import sharded_checkpoint
+from src.checkpoint_io import is_intact
+from src.cli import main
+from src.consolidate import main as consolidate_main
+from src.errors import ConfigurationError
+from src.sharded_checkpoint import is_sharded_checkpoint, load_sharded_checkpoint, move_into_place, restore_interrupted
+from src.strategies import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
+from src.strategies.model_parallel import clip_grad_norm, data_parallel_world, memory_per_rank
+from src.strategies.sharding import DefaultShardingPolicy
+from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics, relative_difference
+from tests.fixtures.workload import TinyClassifier
+
+FP64 = ["--trainer.precision=64-true", "--trainer.val_check_interval=8"]
+FSDP2 = ["--trainer.strategy=fsdp2", "--trainer.devices=2"]
+STEPS = 24
+
+
+# -- fast: the pieces ----------------------------------------------------------------------------------------------
+
+
+def test_strategy_names_resolve_and_accept_fp64():
+    register_model_parallel_strategies()
+    assert StrategyRegistry["fsdp2"]["strategy"] is FSDP2Strategy
+    assert StrategyRegistry["tensor_parallel"]["strategy"] is TensorParallelStrategy
+    trainer = L.Trainer(strategy="fsdp2", accelerator="cpu", devices=2, precision="64-true", logger=False)
+    assert isinstance(trainer.strategy, FSDP2Strategy)
+    assert isinstance(trainer.precision_plugin, DoublePrecision)
+    assert trainer.world_size == 2
+
+
+def test_tensor_parallel_refuses_a_model_without_a_plan():
+    strategy = TensorParallelStrategy()
+    strategy.connect(TinyClassifier())
+    with pytest.raises(ConfigurationError, match="configure_model"):
+        strategy.setup_environment()
+
+
+def test_default_policy_is_bound_for_one_run_only():
+    model = TinyClassifier()
+    policy = DefaultShardingPolicy.install(model)
+    assert is_overridden("configure_model", model)
+    policy.uninstall()
+    assert not is_overridden("configure_model", model)
+    assert "configure_model" not in vars(model)
+
+
+def test_data_parallel_world_is_only_for_model_parallel_strategies():
+    assert data_parallel_world(DDPStrategy()) is None
+
+    class TwoByTwo(ModelParallelStrategy):  # a mesh of 2 data-parallel x 2 tensor-parallel ranks, rank 3
+        @property
+        def distributed_sampler_kwargs(self) -> dict:
+            return {"num_replicas": 2, "rank": 1}
+
+    assert data_parallel_world(TwoByTwo()) == (2, 1)
+
+
+def test_clip_grad_norm_matches_torch_on_plain_tensors():
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(5)) for _ in range(3)]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    for a, b in zip(ours, theirs, strict=True):
+        a.grad = torch.randn(5)
+        b.grad = a.grad.clone()
+    total = clip_grad_norm(ours, max_norm=0.5)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm=0.5)
+    assert torch.allclose(total, expected)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a.grad, b.grad)
+
+
+def test_memory_per_rank_counts_parameters_gradients_and_optimizer_state():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2, bias=False))
+    model[1].weight.requires_grad_(False)
+    optimizer = torch.optim.Adam(p for p in model.parameters() if p.requires_grad)
+    before = memory_per_rank(model, [optimizer])
+    assert before == {"parameters": 4 * (12 + 3 + 6), "gradients": 4 * (12 + 3), "optimizer_state": 0}
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    assert memory_per_rank(model, [optimizer])["optimizer_state"] == 2 * 4 * (12 + 3)  # Adam's two moments
+
+
+def test_consolidate_refuses_a_folder_that_is_no_checkpoint(tmp_path, capsys):
+    assert consolidate_main([str(tmp_path), str(tmp_path / "out.ckpt")]) == 2
+    error = capsys.readouterr().err
+    assert "not a complete sharded checkpoint" in error and "Fix:" in error
+    assert not (tmp_path / "out.ckpt").exists()
+
+
+# -- slow: trained runs --------------------------------------------------------------------------------------------
+
+
+def _fit(run_dir: Path, *args: str, exit_code: int = 0) -> None:
+    command = [sys.executable, "-m", "src.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64, *args]
+    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
+    assert result.returncode == exit_code, result.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """fp64 runs of the tests' workload: one device; fsdp2; fsdp2 stopped by SIGTERM at step 10 (mid-epoch,
+    between validations: the stop saves the sharded ``last.ckpt``) and resumed with ``--ckpt_path=last``."""
+    dirs = {name: tmp_path_factory.mktemp(name) for name in ("single", "fsdp2", "resumed")}
+    _fit(dirs["single"], "--trainer.devices=1", f"--trainer.max_steps={STEPS}")
+    _fit(dirs["fsdp2"], *FSDP2, f"--trainer.max_steps={STEPS}")
+    stop = ["--trainer.callbacks+=tests.helpers.SignalAtStep", "--trainer.callbacks.step=10"]
+    _fit(dirs["resumed"], *FSDP2, f"--trainer.max_steps={STEPS}", *stop, "--trainer.callbacks.signal_name=SIGTERM",
+         exit_code=143)  # fmt: skip
+    # ranks agree on a signal without waiting for each other, so the stop may land a step later
+    assert 10 <= load_sharded_checkpoint(last_checkpoint(dirs["resumed"]))["global_step"] < STEPS
+    _fit(dirs["resumed"], *FSDP2, f"--trainer.max_steps={STEPS}", "--ckpt_path=last")
+    return dirs
+
+
+def validation_rows(run_dir: Path) -> list[tuple[str, str, str]]:
+    """Every validation row a run directory logged, over all its launches (a resumed run logs a version each)."""
+    versions = range(len(list((run_dir / "logs").glob("version_*"))))
+    rows = [row for version in versions for row in read_metrics(run_dir, version)]
+    return [(r["step"], r["val/loss"], r["val/acc"]) for r in rows if r.get("val/loss")]
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.slow
+def test_default_policy_trains_the_model_one_device_trains(runs):
+    sharded = last_checkpoint(runs["fsdp2"])
+    assert is_sharded_checkpoint(sharded)
+    assert len(list(sharded.glob("*.distcp"))) == 2  # one shard per rank
+    state = load_sharded_checkpoint(sharded)
+    assert state["global_step"] == STEPS
+    assert relative_difference(load_state(last_checkpoint(runs["single"])), state["state_dict"]) < 1e-9
+    rows, reference = validation_rows(runs["fsdp2"]), validation_rows(runs["single"])
+    assert len(rows) == len(reference) == 3
+    for (step, loss, acc), (ref_step, ref_loss, ref_acc) in zip(rows, reference, strict=True):
+        assert step == ref_step and acc == ref_acc
+        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-9)
+
+
+@pytest.mark.slow
+def test_stopped_and_resumed_sharded_run_is_the_uninterrupted_run_bit_for_bit(runs):
+    assert validation_rows(runs["resumed"]) == validation_rows(runs["fsdp2"])
+    resumed = load_sharded_checkpoint(last_checkpoint(runs["resumed"]))
+    whole = load_sharded_checkpoint(last_checkpoint(runs["fsdp2"]))
+    assert resumed["state_dict"].keys() == whole["state_dict"].keys()
+    for name, tensor in whole["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], tensor), name
+    moments, expected = resumed["optimizer_states"][0]["state"], whole["optimizer_states"][0]["state"]
+    assert moments.keys() == expected.keys()
+    for index, state in expected.items():
+        assert all(torch.equal(moments[index][key], value) for key, value in state.items())
+
+
+@pytest.mark.slow
+def test_one_device_and_ddp_validate_a_sharded_checkpoint(runs, tmp_path):
+    sharded = last_checkpoint(runs["fsdp2"])
+    losses = {}
+    for name, strategy in {"reference": None, "single": ["--trainer.devices=1"]}.items():
+        run_dir = tmp_path / name
+        checkpoint = last_checkpoint(runs["single"]) if strategy is None else sharded
+        main(["validate", *TINY, *FP64, f"--trainer.default_root_dir={run_dir}", f"--ckpt_path={checkpoint}"])
+        losses[name] = float(read_metrics(run_dir)[-1]["val/loss"])
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", f"--trainer.default_root_dir={tmp_path / 'ddp'}"]
+    command = [sys.executable, "-m", "src.cli", "validate", *TINY, *FP64, *ddp, f"--ckpt_path={sharded}"]
+    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    losses["ddp"] = float(read_metrics(tmp_path / "ddp")[-1]["val/loss"])
+    assert losses["single"] == pytest.approx(losses["reference"], rel=1e-9)
+    assert losses["ddp"] == pytest.approx(losses["reference"], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_consolidate_writes_the_single_file_a_one_device_run_writes(runs, tmp_path):
+    output = tmp_path / "whole.ckpt"
+    result = subprocess.run(
+        [sys.executable, "-m", "src.consolidate", str(last_checkpoint(runs["fsdp2"])), str(output)],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    whole = torch.load(output, map_location="cpu", weights_only=False)
+    single = torch.load(last_checkpoint(runs["single"]), map_location="cpu", weights_only=False)
+    assert relative_difference(single["state_dict"], whole["state_dict"]) < 1e-9
+    ours, theirs = whole["optimizer_states"][0], single["optimizer_states"][0]
+    assert [g["params"] for g in ours["param_groups"]] == [g["params"] for g in theirs["param_groups"]]
+    assert (
+        relative_difference(
+            {f"{i}.{k}": v for i, s in theirs["state"].items() for k, v in s.items() if k != "step"},
+            {f"{i}.{k}": v for i, s in ours["state"].items() for k, v in s.items() if k != "step"},
+        )
+        < 1e-9
+    )
+    assert whole["global_step"] == single["global_step"] and whole["loops"].keys() == single["loops"].keys()
+
+
+@pytest.mark.slow
+def test_an_interrupted_save_leaves_the_previous_checkpoint_resumable(runs, tmp_path, monkeypatch):
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(runs["fsdp2"] / "checkpoints", folder)
+    last = folder / "last.ckpt"
+    # killed while writing the shards: the staging folder has no index; the old checkpoint is untouched
+    partial = sharded_checkpoint.staging_path(last)
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half")
+    assert is_intact(last) and not is_intact(partial)
+    # killed between the two renames: the old checkpoint is aside, and restored before `last` is resolved
+    replaced = []
+
+    def killed_after_first_rename(src: os.PathLike, dst: os.PathLike) -> None:
+        if replaced:
+            raise KeyboardInterrupt
+        replaced.append(src)
+        os.rename(src, dst)
+
+    monkeypatch.setattr(sharded_checkpoint.os, "replace", killed_after_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        move_into_place(partial, last)
+    monkeypatch.undo()
+    assert not last.exists()
+    restore_interrupted(folder)
+    assert is_intact(last)
+    assert load_sharded_checkpoint(last)["global_step"] == STEPS
+
+
+@pytest.mark.slow
+def test_each_rank_holds_half_the_model_gradients_and_optimizer_state(runs):
+    def plan(run_dir: Path) -> dict:
+        return json.loads((run_dir / "logs" / "version_0" / "run_plan.json").read_text())
+
+    single, sharded = plan(runs["single"]), plan(runs["fsdp2"])
+    assert sharded["strategy"] == "FSDP2Strategy" and sharded["global_batch"] == single["global_batch"] == 32
+    # every tensor of the tests' workload splits evenly over two ranks
+    assert single["parameters_bytes_per_rank"] == 8 * sum(p.numel() for p in TinyClassifier().parameters())
+    for name in ("parameters", "gradients"):
+        assert sharded[f"{name}_bytes_per_rank"] * 2 == single[f"{name}_bytes_per_rank"]
+    logged = [r for r in read_metrics(runs["fsdp2"]) if r.get("perf/optimizer_state_bytes_per_rank")]
+    assert logged
+    adam_moments = float(logged[-1]["perf/optimizer_state_bytes_per_rank"])  # two per parameter
+    assert adam_moments == 2 * sharded["parameters_bytes_per_rank"]
