@@ -47,6 +47,8 @@ def imports_of_src() -> dict[str, set[str]]:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            if names == ["src"]:  # `from src import checks` imports the module src.checks
+                names = [f"src.{alias.name}" for alias in node.names]
             names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
             imported |= {name for name in names if name == "src" or name.startswith("src.")}
         graph[module_name(path)] = imported
