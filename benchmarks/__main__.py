@@ -9,7 +9,7 @@ Examples, run from the repository root (the folder that holds benchmarks/ and sr
     python -m benchmarks --config configs/experiment/mine.yaml --devices 1,2                 # ... from a config
 
 Rows: ``single`` (one device), ``dp``, ``ddp``, ``ddp_spawn`` (the template through ``python -m src.cli fit``;
-``fsdp2`` when ``--strategies`` names it),
+``fsdp2`` and ``tensor_parallel`` when ``--strategies`` names them),
 ``bare-lightning``, ``bare-lightning-ddp`` (a minimal LightningModule and a plain ``L.Trainer``) and
 ``plain-loop``, ``plain-ddp`` (hand-written PyTorch). On a CPU, devices are processes with a fixed number of
 threads each, DDP uses gloo, and ``dp`` is a pass-through (one process). Results go to ``--out``:
@@ -20,7 +20,8 @@ Your own model (``--model``, ``--data``, ``--config``, as ``python -m src.cli fi
 with your LightningModule and data module in a plain ``L.Trainer`` as bare Lightning; its plain PyTorch rows read
 "n/a" (the plain loop re-implements the built-in workloads' training step). Throughput is in samples/s (tokens/s
 for the built-in language model); TFLOP/s and MFU where the module declares ``flops_per_sample`` or
-``flops_per_batch``.
+``flops_per_batch``. Beside peak memory, each row shows the parameters + gradients + optimizer state that one
+rank holds (sharded under ``fsdp2`` and ``tensor_parallel``); ``--memory-budget-mb`` marks the rows over it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from benchmarks.workloads import (
     tokens_per_sample,
     training_flops,
     user_workload,
+    with_model,
 )
 from src.callbacks.throughput import compute_kind, dense_peak_flops
 
@@ -129,6 +131,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--startup-repeats",
         type=int,
         help="runs of `python -m src.cli fit --help` and of `import lightning.pytorch` (default 5, quick 3; 0: skip)",
+    )
+    parser.add_argument(
+        "--memory-budget-mb",
+        type=float,
+        metavar="MB",
+        help="mark each row whose parameters + gradients + optimizer state per rank exceed MB as 'over budget'"
+        " (on a CPU a budget you set, not a device limit)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench_results"), help="output folder")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
@@ -279,7 +288,7 @@ def built_workloads(args: argparse.Namespace) -> tuple[dict[str, Workload], dict
                 " Fix: give it a batch_size argument, or subclass src.data.base.GlobalBatchDataModule (whose"
                 " batch_size is the global batch)."
             )
-        workload = named(workload, cli)
+        workload = with_model(named(workload, cli), cli)
         workloads[workload.name], clis[workload.name] = workload, cli
     return workloads, clis
 
@@ -326,6 +335,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.memory_budget_mb is not None and args.memory_budget_mb <= 0:
+        fail(f"--memory-budget-mb {args.memory_budget_mb:g} is not a budget. Fix: give a positive number of MB.")
     accelerator = chosen_accelerator(args.accelerator)
     workloads, clis = built_workloads(args)
     batches = {name: global_batch_size(cli) for name, cli in clis.items()}
@@ -351,12 +362,14 @@ def main(argv: list[str] | None = None) -> int:
     startup = measure_startup(startup_repeats, run_env(settings.threads)) if startup_repeats > 0 else None
     environment.update(load_average_end=load_average(), bench_wall_s=round(time.time() - started, 1))
     info = workload_info(rows, workloads, clis)
-    table = build_table(results, accelerator, info, {precision: peak for precision, (peak, _) in peaks.items()})
+    peak = {precision: value for precision, (value, _) in peaks.items()}
+    table = build_table(results, accelerator, info, peak, memory_budget_mb=args.memory_budget_mb)
     output = {
         "environment": environment,
         "settings": {
             **{key: getattr(settings, key) for key in ("accelerator", "quick", "warmup", "steps", "threads")},
             "repeats": repeats,
+            "memory_budget_mb": args.memory_budget_mb,
             "peak_flops_source": {precision: source for precision, (_, source) in peaks.items()},
             "skipped": skipped,
         },

@@ -148,8 +148,16 @@ def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> No
         if step == args.steps:
             break
     strategy = "plain DDP" if distributed else "plain loop"
+    from src.strategies.model_parallel import memory_per_rank  # Lightning: as build_cli, not in the launcher
+
     clock.write(
-        args.out, rank, world_size=world_size, strategy=strategy, precision=args.precision, accumulate_grad_batches=1
+        args.out,
+        rank,
+        world_size=world_size,
+        strategy=strategy,
+        precision=args.precision,
+        accumulate_grad_batches=1,
+        state_bytes=memory_per_rank(net, [optimizer]),
     )
     if distributed:
         dist.destroy_process_group()

@@ -26,8 +26,11 @@ MEMORY_KINDS = {
 #: the columns of the table, after the row's identity (workload, implementation, devices, precision, batch)
 FIGURE_COLUMNS = (
     "samples/s | tokens/s | step ms median [IQR] | efficiency | vs plain | over plain ms/step"
-    " | over bare Lightning ms/step (%) | first step s | peak mem/dev MB | TFLOP/s | MFU"
+    " | over bare Lightning ms/step (%) | first step s | peak mem/dev MB | state/rank MB | TFLOP/s | MFU"
 )
+#: the column ``--memory-budget-mb`` adds after the figures
+BUDGET_COLUMN = "budget"
+OVER_BUDGET = "over budget"
 
 
 def _same_group(a: Row, b: Row) -> bool:
@@ -54,6 +57,8 @@ def counterpart(rows: list[Row], row: Row, accelerator: str, baseline: str) -> R
     single, multi = ("bare-lightning", "bare-lightning-ddp") if baseline == "bare" else ("plain-loop", "plain-ddp")
     if row.strategy in ("ddp", "ddp_spawn", "fsdp2", "bare-lightning-ddp"):
         return _find(rows, row, multi, row.devices)
+    if row.strategy == "tensor_parallel":  # one model replica on the whole batch, as one device computes it
+        return _find(rows, row, single, 1)
     one_process_dp = row.strategy == "dp" and (accelerator == "cpu" or row.devices == 1)
     if row.strategy in ("single", "bare-lightning") or one_process_dp:
         return _find(rows, row, single, 1)
@@ -91,20 +96,32 @@ def _flops(entry: dict[str, Any], info: dict[str, Any], peak: float | None, gpus
     entry["mfu"] = entry["tflops"] * 1e12 / (peak * gpus) if entry["tflops"] and peak else None
 
 
+def fits(state_mb: float | None, budget_mb: float | None) -> bool | None:
+    """Whether a rank's parameters + gradients + optimizer state fit the budget; None without either figure."""
+    return None if state_mb is None or budget_mb is None else state_mb <= budget_mb
+
+
 def build_table(
     results: dict[Row, list[dict[str, Any]]],
     accelerator: str,
     workload_info: dict[str, dict[str, Any]],
     peaks: dict[str, float | None],
+    memory_budget_mb: float | None = None,
 ) -> list[dict[str, Any]]:
-    """One dict per row: the medians over repeats and the figures derived from other rows."""
+    """One dict per row: the medians over repeats and the figures derived from other rows.
+
+    ``memory_budget_mb``: each row's ``fits_budget`` says whether the model state one rank holds fits it.
+    """
     rows = list(results)
     figures = {row: aggregate(runs) for row, runs in results.items()}
     table = []
     for row in rows:
         info = workload_info[row.workload]
         entry: dict[str, Any] = {**row_dict(row), "label": STRATEGY_LABELS[row.strategy], **figures[row]}
-        entry["per_process_batch"] = row.batch_size // row.processes
+        # the ranks of one tensor-parallel group (one node: all of them) share each sample
+        entry["per_process_batch"] = row.batch_size // (1 if row.strategy == "tensor_parallel" else row.processes)
+        entry["memory_budget_mb"] = memory_budget_mb
+        entry["fits_budget"] = fits(entry.get("state_mb_per_rank"), memory_budget_mb)
         entry["builtin"] = info.get("builtin", True)
         entry["note"] = note(row, accelerator)
         measured = entry.get("samples_per_s") is not None and not entry.get("error")
@@ -164,13 +181,19 @@ def environment_lines(results: dict[str, Any]) -> list[str]:
     ]
 
 
-def table_line(row: dict[str, Any]) -> str:
-    """One row of the report's table: its figures, or why it has none (n/a, failed)."""
+def _budget(row: dict[str, Any]) -> str:
+    fit = row.get("fits_budget")
+    return DASH if fit is None else "fits" if fit else OVER_BUDGET
+
+
+def table_line(row: dict[str, Any], budget: bool = False) -> str:
+    """One row of the report's table: its figures, or why it has none (n/a, failed); ``budget``: with the column
+    that says whether it fits the memory budget."""
     who = f"| {row['workload']} | {row['label']}{' ¹' if row['note'] else ''} | {row['devices']} ({row['processes']})"
     who += f" | {row['precision']} | {row['batch_size']}"
     if row.get("not_applicable") or row.get("samples_per_s") is None:
         failed = "FAILED: " if not row.get("not_applicable") and row.get("error") != "not run" else ""
-        return f"{who} | {failed}{row.get('not_applicable') or row.get('error')} |" + " |" * 10
+        return f"{who} | {failed}{row.get('not_applicable') or row.get('error')} |" + " |" * (11 + budget)
     iqr = f"{row['step_ms_median']:.2f} [{row['step_ms_p25']:.2f}{DASH}{row['step_ms_p75']:.2f}]"
     cells = [
         _cell(row["samples_per_s"]),
@@ -182,8 +205,10 @@ def table_line(row: dict[str, Any]) -> str:
         _over_bare(row),
         _cell(row["startup_s"]),
         _cell(row["peak_memory_mb"], 0),
+        _cell(row.get("state_mb_per_rank"), 2),
         _cell(row["tflops"], 2),
         _percent(row["mfu"]),
+        *([_budget(row)] if budget else []),
     ]
     return f"{who} ({row['per_process_batch']}) | " + " | ".join(cells) + " |"
 
@@ -218,6 +243,14 @@ def comparisons(table: list[dict[str, Any]]) -> list[str]:
                 f" {_percent(row['scaling_efficiency'])} vs plain DDP's {_percent(plain.get('scaling_efficiency'))}"
                 + (same("plain") if row.get("same_loss_as_plain") else "")
             )
+        same_run = ("workload", "devices", "precision", "batch_size")
+        ddp = next((r for r in table if r["strategy"] == "ddp" and all(r[k] == row[k] for k in same_run)), {})
+        state, ddp_state, ddp_ms = row.get("state_mb_per_rank"), ddp.get("state_mb_per_rank"), ddp.get("step_ms_median")
+        if row["strategy"] in ("fsdp2", "tensor_parallel") and state and ddp_state and ddp_ms:
+            lines.append(
+                f"{name}: {state:.2f} MB of model state per rank, {100 * state / ddp_state:.0f}% of ddp's"
+                f" {ddp_state:.2f} MB; median step {row['step_ms_median']:.2f} ms vs ddp's {ddp_ms:.2f} ms"
+            )
     return ["## The template against its baselines", "", *lines] if lines else []
 
 
@@ -247,7 +280,9 @@ def startup_section(startup: dict[str, Any] | None, table: list[dict[str, Any]])
 def markdown(results: dict[str, Any]) -> str:
     """The report: environment and settings, the table, the template against its baselines, and start-up."""
     table = results["rows"]
-    header = f"| workload | implementation | devices (procs) | precision | batch (per proc) | {FIGURE_COLUMNS} |"
+    budget = results["settings"].get("memory_budget_mb")
+    columns = FIGURE_COLUMNS + (f" | {BUDGET_COLUMN} {budget:g} MB" if budget is not None else "")
+    header = f"| workload | implementation | devices (procs) | precision | batch (per proc) | {columns} |"
     notes = sorted({row["note"] for row in table if row.get("note")})
     kinds = {row.get("memory_kind") for row in table}
     lines = [
@@ -263,10 +298,18 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         header,
         "|" + "---|" * (header.count("|") - 1),
-        *[table_line(row) for row in table],
+        *[table_line(row, budget is not None) for row in table],
         *(["", *[f"¹ {text}" for text in notes]] if notes else []),
         "",
         "Peak memory per device: " + "; ".join(text for kind, text in MEMORY_KINDS.items() if kind in kinds) + ".",
+        "State per rank: the parameters, gradients and optimizer state one rank holds after the last step (the"
+        " fullest rank; its shards under fsdp2 and tensor_parallel)"
+        + (
+            f"; 'over budget': more than the budget of {budget:g} MB (--memory-budget-mb), which counts this state"
+            " only, not activations or the rest of the process."
+            if budget is not None
+            else "."
+        ),
         "",
         *comparisons(table),
         *startup_section(results.get("startup"), table),

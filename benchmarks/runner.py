@@ -34,6 +34,7 @@ STRATEGY_LABELS = {
     "ddp": "template, ddp",
     "ddp_spawn": "template, ddp_spawn",
     "fsdp2": "template, fsdp2 (sharded)",
+    "tensor_parallel": "template, tensor_parallel (split layers)",
     "bare-lightning": "bare Lightning",
     "bare-lightning-ddp": "bare Lightning, ddp",
     "plain-loop": "plain PyTorch loop",
@@ -44,9 +45,10 @@ STRATEGY_LABELS = {
 ONE_DEVICE_ROW = {"template": "single", "bare": "bare-lightning", "plain": "plain-loop"}
 ONE_DEVICE_ROWS = tuple(ONE_DEVICE_ROW.values())
 MULTIPROCESS_BASELINES = ("bare-lightning-ddp", "plain-ddp")
-MULTIPROCESS = ("ddp", "ddp_spawn", "fsdp2", *MULTIPROCESS_BASELINES)
-#: rows run only when ``--strategies`` names them (not part of "all"): fsdp2 is for models that do not fit one device
-OPT_IN = ("fsdp2",)
+MODEL_PARALLEL = ("fsdp2", "tensor_parallel")
+MULTIPROCESS = ("ddp", "ddp_spawn", *MODEL_PARALLEL, *MULTIPROCESS_BASELINES)
+#: rows run only when ``--strategies`` names them (not part of "all"): they are for models that do not fit one device
+OPT_IN = MODEL_PARALLEL
 #: how ``python -m benchmarks.plain`` runs each baseline (``--mode``)
 BASELINE_MODES = {
     "plain-loop": "loop",
@@ -99,7 +101,14 @@ class Settings:
 
 def not_applicable(row: Row, workload: Workload) -> str | None:
     """Why a row cannot be run for this workload (shown in its place), or None."""
-    return NO_PLAIN_BASELINE if row.implementation == "plain" and not workload.builtin else None
+    if row.implementation == "plain" and not workload.builtin:
+        return NO_PLAIN_BASELINE
+    if row.strategy == "tensor_parallel" and not workload.tensor_parallel_plan:
+        return (
+            f"n/a: {workload.model_name or workload.name} has no configure_model hook, so no tensor-parallel plan"
+            " (fsdp2 shards any model)"
+        )
+    return None
 
 
 def note(row: Row, accelerator: str) -> str:
@@ -108,6 +117,8 @@ def note(row: Row, accelerator: str) -> str:
         return "pass-through on CPU: one process, one device (DataParallel splits across GPUs only)"
     if row.strategy == "dp" and row.devices == 1:
         return "dp on one GPU is a single device"
+    if row.strategy == "tensor_parallel":
+        return "one node: the processes split each layer and all see the whole batch (data-parallel size 1)"
     if row.precision == "16-mixed" and accelerator == "cpu":
         return "Lightning runs 16-mixed as bf16-mixed on a CPU"
     return ""

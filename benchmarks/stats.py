@@ -16,6 +16,23 @@ def device_memory(probe: dict[str, float]) -> tuple[str, float]:
     return kind, probe[kind]
 
 
+#: the model state a rank holds (``state_per_rank``)
+STATE_FIELDS = ("state_mb_per_rank", "parameters_mb_per_rank", "gradients_mb_per_rank", "optimizer_state_mb_per_rank")
+
+
+def state_per_rank(ranks: list[dict[str, Any]]) -> dict[str, float | None]:
+    """MB (10^6 bytes) of parameters + gradients + optimizer state that the fullest rank holds after the last step,
+    and its parts; None where the run did not count them (``src.strategies.model_parallel.memory_per_rank``)."""
+    counted = [r["state_bytes"] for r in ranks if r.get("state_bytes")]
+    if not counted:
+        return dict.fromkeys(STATE_FIELDS)
+    fullest = max(counted, key=lambda parts: sum(parts.values()))
+    return {
+        "state_mb_per_rank": sum(fullest.values()) / 1e6,
+        **{f"{part}_mb_per_rank": fullest[part] / 1e6 for part in ("parameters", "gradients", "optimizer_state")},
+    }
+
+
 def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -> dict[str, Any]:
     """Figures of one run from the JSON of each of its processes (rank 0 first).
 
@@ -49,6 +66,7 @@ def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -
         "startup_s": max(startups) if startups else None,
         "peak_memory_mb": 1000 * max(gb for _, gb in memory),
         "memory_kind": memory[0][0],
+        **state_per_rank(ranks),
         "threads_per_process": sorted({r["threads"] for r in ranks}),
         "processes": len(ranks),
         "device": rank0["device"],
@@ -87,6 +105,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     result["samples_per_s_min"] = min(throughputs)
     result["samples_per_s_max"] = max(throughputs)
     result["peak_memory_mb"] = max(run["peak_memory_mb"] for run in ok)
+    for name in STATE_FIELDS:  # the same in every repeat: what the model and optimizer hold, not a timing
+        result[name] = ok[0].get(name)
     for name in ("memory_kind", "threads_per_process", "processes", "device", "strategy_class", "precision_run"):
         result[name] = ok[0][name]
     result["loss_first"] = ok[0]["loss_first"]

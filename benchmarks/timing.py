@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from benchmarks.clock import StepClock
+from src.strategies.model_parallel import memory_per_rank
 
 
 class StepTimer(Callback):
@@ -56,4 +57,6 @@ class StepTimer(Callback):
             strategy=type(trainer.strategy).__name__,
             precision=str(trainer.precision),
             accumulate_grad_batches=trainer.accumulate_grad_batches,
+            # after the last step: Adam's moments exist, and under fsdp2 / tensor_parallel only this rank's shards
+            state_bytes=memory_per_rank(pl_module, trainer.optimizers),
         )

@@ -28,7 +28,9 @@ class Workload:
     ``requires``: the repository files of a built-in workload (absent once the examples are removed);
     ``builtin``: False for a user's model, which has no plain PyTorch baseline and no ``--quick`` variant;
     ``counts_tokens``: throughput in tokens too (the built-in language model); ``batch_per_process``: the data
-    module's ``batch_size`` is per process (a plain ``LightningDataModule``), not global.
+    module's ``batch_size`` is per process (a plain ``LightningDataModule``), not global; ``tensor_parallel_plan``:
+    the model has a ``configure_model`` hook (a tensor-parallel plan), ``model_name`` its class; both known once the
+    workload is built (``with_model``).
     """
 
     name: str
@@ -40,6 +42,8 @@ class Workload:
     builtin: bool = True
     counts_tokens: bool = False
     batch_per_process: bool = False
+    tensor_parallel_plan: bool = False
+    model_name: str = ""
 
     def settings(self, quick: bool) -> dict[str, Any]:
         return {**self.overrides, **(self.quick_overrides if quick else {})}
@@ -140,6 +144,16 @@ def named(workload: Workload, cli: Any) -> Workload:
         description=f"{model.__module__}.{model.__qualname__} on {data.__module__}.{data.__qualname__}"
         + "".join(f", {Path(path).name}" for path in workload.configs),
         batch_per_process=not batch_is_global(cli),
+    )
+
+
+def with_model(workload: Workload, cli: Any) -> Workload:
+    """The workload with what its built model tells: its class name, and whether it has a tensor-parallel plan."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden  # as the tensor_parallel strategy checks
+
+    model = cli.model
+    return replace(
+        workload, model_name=type(model).__name__, tensor_parallel_plan=is_overridden("configure_model", model)
     )
 
 

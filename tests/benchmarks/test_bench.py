@@ -4,14 +4,17 @@ tests/examples/test_bench_workloads.py)."""
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+from dataclasses import replace
 
 import pytest
 
-from benchmarks.__main__ import plan
+from benchmarks.__main__ import entry, plan
 from benchmarks.report import build_table, markdown, write_all
-from benchmarks.runner import Row
-from benchmarks.stats import scaling_efficiency, summarise_run
+from benchmarks.runner import Row, not_applicable
+from benchmarks.stats import aggregate, scaling_efficiency, summarise_run
+from benchmarks.workloads import WORKLOADS
 
 
 def test_summary_leaves_out_warm_up_and_epoch_boundaries():
@@ -25,7 +28,14 @@ def test_summary_leaves_out_warm_up_and_epoch_boundaries():
         "threads": 1,
         "device": "cpu",
     }
-    other = {**rank, "first_step_s": 3.5, "peak_memory": {"perf/memory_rss_gb": 0.5}}
+    rank["state_bytes"] = {"parameters": 1_000_000, "gradients": 1_000_000, "optimizer_state": 2_000_000}
+    other = {
+        **rank,
+        "first_step_s": 3.5,
+        "peak_memory": {"perf/memory_rss_gb": 0.5},
+        # an uneven split: rank 1 holds more of the shards
+        "state_bytes": {"parameters": 1_500_000, "gradients": 1_500_000, "optimizer_state": 3_000_000},
+    }
     figures = summarise_run([rank, other], warmup=2, global_batch=32)
     assert figures["timed_steps"] == 3 and figures["epoch_boundaries_excluded"] == 1
     assert figures["step_ms_median"] == pytest.approx(11.0)
@@ -33,7 +43,12 @@ def test_summary_leaves_out_warm_up_and_epoch_boundaries():
     assert figures["startup_s"] == 3.5  # the slowest rank
     assert (figures["step_ms_p25"], figures["step_ms_p75"]) == pytest.approx((10.5, 11.5))  # as numpy's default
     assert figures["peak_memory_mb"] == pytest.approx(500.0) and figures["memory_kind"] == "perf/memory_rss_gb"
+    assert figures["state_mb_per_rank"] == pytest.approx(6.0)  # the fullest rank: 1.5 + 1.5 + 3 MB
+    assert (figures["parameters_mb_per_rank"], figures["optimizer_state_mb_per_rank"]) == pytest.approx((1.5, 3.0))
+    assert aggregate([figures, {**figures, "samples_per_s": 1.0}])["state_mb_per_rank"] == pytest.approx(6.0)
     assert scaling_efficiency(150.0, 2, 100.0) == pytest.approx(0.75)
+    unknown = summarise_run([{k: v for k, v in rank.items() if k != "state_bytes"}], warmup=2, global_batch=32)
+    assert unknown["state_mb_per_rank"] is None  # a run that did not count them: no figure, not 0
 
 
 def test_every_table_shows_the_template_beside_bare_lightning_and_plain_pytorch():
@@ -53,19 +68,36 @@ def test_every_table_shows_the_template_beside_bare_lightning_and_plain_pytorch(
         plan(argparse.Namespace(**{**vars(args), "strategies": ["dpp"]}), "cpu", {"image": 32}, workloads=["image"])
 
 
-def test_fsdp2_rows_run_only_when_named():
+def test_model_parallel_rows_run_only_when_named():
     args = argparse.Namespace(
         quick=True, workload=["image"], strategies=None, devices=[2], precisions=None, batch_sizes=[8]
     )
     every = {r.strategy for r in plan(args, "cpu", {"image": 32}, workloads=["image"])[0]}
-    assert "ddp" in every and "fsdp2" not in every  # for models that do not fit one device: not in "all"
-    args.strategies = ["fsdp2"]
+    assert "ddp" in every and not {"fsdp2", "tensor_parallel"} & every  # for models that do not fit one device
+    args.strategies = ["fsdp2", "tensor_parallel"]
     named = {(r.strategy, r.processes) for r in plan(args, "cpu", {"image": 32}, workloads=["image"])[0]}
-    assert ("fsdp2", 2) in named and ("plain-ddp", 2) in named  # beside the baselines it is compared with
+    assert {("fsdp2", 2), ("tensor_parallel", 2), ("plain-ddp", 2)} <= named  # beside the baselines
 
 
-def _run(step_ms: float, loss: float) -> dict:
+def test_tensor_parallel_row_is_refused_for_a_model_without_a_plan():
+    row = Row("image", "tensor_parallel", 2, "32-true", 8)
+    image = replace(WORKLOADS["image"], model_name="ImageClassifier", tensor_parallel_plan=False)
+    reason = not_applicable(row, image)
+    assert reason == (
+        "n/a: ImageClassifier has no configure_model hook, so no tensor-parallel plan (fsdp2 shards any model)"
+    )
+    assert not_applicable(row, replace(image, tensor_parallel_plan=True)) is None
+    assert not_applicable(replace(row, strategy="fsdp2"), image) is None  # fsdp2 needs no plan
+
+
+def test_a_budget_that_is_not_positive_is_refused(capsys):
+    assert entry(["--workload", "gpt", "--memory-budget-mb", "0"]) == 2  # before anything is built or run
+    assert "--memory-budget-mb 0 is not a budget. Fix: give a positive number of MB." in capsys.readouterr().err
+
+
+def _run(step_ms: float, loss: float, state_mb: float | None = 1.0) -> dict:
     return {
+        "state_mb_per_rank": state_mb,
         "step_ms_mean": step_ms,
         "step_ms_median": step_ms,
         "step_ms_p25": step_ms,
@@ -140,3 +172,65 @@ def test_report_splits_the_overhead_into_lightnings_and_the_templates(tmp_path):
     ]
     assert all(path.read_bytes()[:4] == b"\x89PNG" for path in written[3:])
     assert json.loads(written[0].read_text())["rows"][3]["key"] == "image-ddp-2dev-32-true-b8"
+
+
+def test_rows_over_the_memory_budget_are_marked_in_the_table_report_and_csv(tmp_path):
+    rows = {
+        Row("gpt", "single", 1, "32-true", 16): [_run(8.0, 2.0, state_mb=0.6)],
+        Row("gpt", "ddp", 2, "32-true", 16): [_run(5.0, 2.0, state_mb=0.6)],
+        Row("gpt", "fsdp2", 2, "32-true", 16): [_run(6.0, 2.0, state_mb=0.3)],
+        Row("gpt", "tensor_parallel", 2, "32-true", 16): [_run(7.0, 2.0, state_mb=0.4)],  # exactly the budget
+        Row("gpt", "plain-loop", 1, "32-true", 16): [_run(7.5, 2.0, state_mb=0.6)],
+        Row("gpt", "plain-ddp", 2, "32-true", 16): [_run(4.5, 2.0, state_mb=None)],  # not counted
+    }
+    table = build_table(rows, "cpu", {"gpt": {}}, {}, memory_budget_mb=0.4)
+    assert [row["fits_budget"] for row in table] == [False, False, True, True, False, None]
+    assert [row["state_mb_per_rank"] for row in table] == [0.6, 0.6, 0.3, 0.4, 0.6, None]
+    assert table[3]["per_process_batch"] == 16  # the tensor-parallel ranks share every sample
+    assert table[2]["plain_key"] == "gpt-plain-ddp-2dev-32-true-b16"
+    assert table[3]["plain_key"] == "gpt-plain-loop-1dev-32-true-b16"  # one replica on the whole batch, as one device
+    results = {
+        "environment": {
+            "command": "python -m benchmarks --memory-budget-mb 0.4",
+            "cpu": "cpu",
+            "cpu_cores": 2,
+            "cpu_cores_usable": 2,
+            "memory_gib": 1,
+            "gpus": [],
+            "python": "3",
+            "torch": "2",
+            "lightning": "2",
+            "torchmetrics": "1",
+            "git_commit": None,
+            "git_dirty": None,
+            "load_average_start": None,
+        },
+        "settings": {
+            "accelerator": "cpu",
+            "threads": 1,
+            "warmup": 1,
+            "steps": 4,
+            "repeats": 1,
+            "quick": True,
+            "memory_budget_mb": 0.4,
+        },
+        "rows": table,
+    }
+    text = markdown(results)
+    assert (
+        "gpt 32-true b16 template, fsdp2 (sharded) x2: 0.30 MB of model state per rank, 50% of ddp's 0.60 MB;" in text
+    )
+    report = text.splitlines()
+    header = next(line for line in report if line.startswith("| workload"))
+    assert header.endswith("| peak mem/dev MB | state/rank MB | TFLOP/s | MFU | budget 0.4 MB |")
+    lines = {line.split(" | ")[1]: line for line in report if line.startswith("| gpt")}
+    assert lines["template, ddp"].endswith("| 0.60 | \u2013 | \u2013 | over budget |")
+    assert lines["template, fsdp2 (sharded)"].endswith("| 0.30 | \u2013 | \u2013 | fits |")
+    assert lines["template, tensor_parallel (split layers) \u00b9"].endswith("| 0.40 | \u2013 | \u2013 | fits |")
+    assert all(line.count("|") == header.count("|") for line in lines.values())
+    write_all(tmp_path, results, plots=False)
+    written = {row["strategy"]: row for row in csv.DictReader((tmp_path / "results.csv").read_text().splitlines())}
+    assert (written["ddp"]["state_mb_per_rank"], written["ddp"]["fits_budget"]) == ("0.6", "False")
+    assert written["fsdp2"]["fits_budget"] == "True" and written["plain-ddp"]["fits_budget"] == ""
+    without = markdown({**results, "settings": {**results["settings"], "memory_budget_mb": None}})
+    assert "over budget" not in without and "budget" not in without.split("| state/rank MB |")[1].splitlines()[0]
