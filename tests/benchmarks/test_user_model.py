@@ -138,8 +138,9 @@ def _read_rows(out: Path) -> dict[str, dict[str, str]]:
     ids=["model-data", "config"],
 )
 def test_quick_benchmark_of_a_user_model(tmp_path, workload, devices):
-    """single, dp, ddp and bare Lightning measured on the user's model; plain PyTorch says n/a."""
-    command = [sys.executable, "-m", "benchmarks", "--quick", *workload, "--strategies=single,dp,ddp"]
+    """single, dp, ddp and bare Lightning measured on the user's model, with the model state each rank holds;
+    plain PyTorch says n/a, and so does tensor_parallel (the model has no configure_model plan)."""
+    command = [sys.executable, "-m", "benchmarks", "--quick", *workload, "--strategies=single,dp,ddp,tensor_parallel"]
     command += [f"--devices={devices}", "--steps=3", "--warmup=1", "--startup-repeats=0", "--no-plots"]
     result = subprocess.run(
         [*command, f"--out={tmp_path}"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600
@@ -148,7 +149,16 @@ def test_quick_benchmark_of_a_user_model(tmp_path, workload, devices):
 
     rows = _read_rows(tmp_path)
     measured = {"single", "dp", "ddp", "bare-lightning", "bare-lightning-ddp"}
-    assert set(rows) == measured | {"plain-loop", "plain-ddp"}
+    assert set(rows) == measured | {"plain-loop", "plain-ddp", "tensor_parallel"}
+    assert rows["tensor_parallel"]["status"].startswith("n/a: TinyClassifier has no configure_model hook")
+    assert rows["tensor_parallel"]["samples_per_s"] == ""  # refused, not run
+    # every rank of these rows holds the whole model, its gradients and AdamW's two moments
+    model, data, configs = (TINY_MODEL, TINY_DATA, None) if "--model" in workload else (None, None, [str(TINY_CONFIG)])
+    net = build_cli(user_workload(model, data, configs), quick=True).model
+    parameters_mb = sum(p.numel() * p.element_size() for p in net.parameters()) / 1e6
+    for strategy in measured:
+        assert float(rows[strategy]["parameters_mb_per_rank"]) == pytest.approx(parameters_mb, rel=1e-6)
+        assert float(rows[strategy]["state_mb_per_rank"]) == pytest.approx(4 * parameters_mb, rel=1e-6)
     for strategy in measured:
         row = rows[strategy]
         assert row["workload"] == "TinyClassifier" and row["status"] == "ok", row
