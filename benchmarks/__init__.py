@@ -1,4 +1,5 @@
-"""The strategy benchmark: one device, ``dp``, ``ddp`` and ``ddp_spawn`` against bare Lightning and plain PyTorch.
+"""The strategy benchmark: one device, ``dp``, ``ddp``, ``ddp_spawn`` (and, when named, ``fsdp2`` and
+``tensor_parallel``) against bare Lightning and plain PyTorch.
 
 A tool about the template, kept beside the package a project imports (``src/``), as Lightning keeps its
 ``benchmarks/`` outside its package: run it from the repository root, ``python -m benchmarks --quick`` (about two
