@@ -31,7 +31,7 @@ from typing import Any, Literal, NoReturn
 import lightning as L
 import yaml
 from jsonargparse import ActionConfigFile, Namespace
-from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -532,8 +532,10 @@ def _with_atomic_checkpoints(plugins: Any, slurm_requeue: bool = False) -> list[
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
         plugins.append(AtomicCheckpointIO())
-    # the environment Lightning would pick itself (SLURM comes first in its detection), with one switch changed
-    if not slurm_requeue and SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in plugins):
+    # the environment Lightning would pick itself, with one switch changed: SLURM's, unless torchrun started the
+    # processes (Lightning detects TorchElastic first, since torchrun also runs inside SLURM jobs)
+    slurm = SLURMEnvironment.detect() and not TorchElasticEnvironment.detect()
+    if not slurm_requeue and slurm and not any(isinstance(p, ClusterEnvironment) for p in plugins):
         plugins.append(SLURMEnvironment(auto_requeue=False))
     return plugins
 
