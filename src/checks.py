@@ -1,9 +1,7 @@
 """Checks that run before any process starts, so that a bad launch fails in a second, not in a hang.
 
 A wrong device count or a SLURM allocation that does not match ``--trainer.devices`` otherwise shows up as a
-process group waiting forever for ranks that never come; these checks turn it into one clear message. The
-checkpoint to resume is read here once (memory-mapped) and checked against the configured model, and
-``import_class`` is the one place a config's class path is imported.
+process group waiting forever; the checkpoint to resume is read here once and checked against the model.
 """
 
 from __future__ import annotations

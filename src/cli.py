@@ -482,18 +482,14 @@ def _strategy_name(trainer: Namespace | dict[str, Any]) -> Any:
 
 
 def _strategy_with_timeout(strategy: Any, seconds: float | None, model: L.LightningModule) -> dict[str, Any]:
-    """``{"strategy": DDPStrategy(timeout=...)}`` for a ddp-family strategy given by name; else nothing.
-
-    Manual optimization backpropagates one network at a time (a GAN's discriminator, then its generator), so DDP
-    must then expect parameters without a gradient in each backward, or it stops at the second one.
-    """
+    """``{"strategy": DDPStrategy(timeout=...)}`` for a ddp-family strategy given by name; else nothing."""
     if not isinstance(strategy, str) or strategy not in StrategyRegistry:
         return {}
     entry = StrategyRegistry[strategy]
     params = dict(entry["init_params"])
     if seconds is not None:
         params["timeout"] = timedelta(seconds=seconds)
-    if not model.automatic_optimization:
+    if not model.automatic_optimization:  # a GAN backpropagates one network at a time: some params get no grad
         params.setdefault("find_unused_parameters", True)
     if not issubclass(entry["strategy"], DDPStrategy) or params == entry["init_params"]:
         return {}

@@ -58,9 +58,8 @@ def _all_equal(counts: Any) -> bool:
 
 
 def save_as_next_epoch_start(trainer: L.Trainer) -> None:
-    """After an epoch that ran to its end, let the batch position say "0 batches of the next epoch" (the public
-    ``reset_on_run`` Lightning calls when that epoch starts), so that the loader position saved with it is the
-    next epoch's start rather than the end of an epoch that ``current_epoch`` already counts."""
+    """After an epoch that ran to its end, save the batch position as the next epoch's start (Lightning's own
+    ``reset_on_run`` at that start), not the end of an epoch that ``current_epoch`` already counts."""
     batch_progress(trainer).reset_on_run()
 
 

@@ -1,15 +1,9 @@
 """Stop cleanly on a signal: save ``last.ckpt`` at a step boundary on every rank, exit non-zero, requeue on SLURM.
 
-``SIGUSR1`` (the preemption notice, ``--preemption.signal_name``; SLURM's ``--signal=SIGUSR1@90``) exits with 75,
-which the ``slurm/`` scripts requeue; ``SIGTERM`` (``kill``, ``scancel``, an eviction) with 143; ``SIGINT``
-(Ctrl-C) with 130, and a second Ctrl-C stops at once without saving.
-
-The handler only sets a flag: Lightning's own handlers save inside the signal handler (possibly in the middle of
-an optimizer step, and under DDP while the other ranks sit in a collective) or let the run end with status 0.
-At each optimizer-step boundary the ranks agree on the flags with an asynchronous all-reduce read one step later
-(``AnyRankVote``), so training never waits for it, and then save ``last.ckpt`` together: right away, or, when
-Lightning is about to validate after this step, once that validation and ``ModelCheckpoint`` are done, so that
-the resumed run neither skips nor repeats it. ``--ckpt_path=last`` then continues from exactly that step.
+The README's "Stopping" has the signals and exit statuses. The handler only sets a flag (Lightning's own save
+inside the handler, possibly mid-step and under DDP while the other ranks sit in a collective); at each
+optimizer-step boundary the ranks agree on it (``AnyRankVote``) and save together, after the validation that step
+triggers, if any, so that the resumed run neither skips nor repeats it.
 """
 
 from __future__ import annotations

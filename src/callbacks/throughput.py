@@ -1,16 +1,10 @@
 """Throughput, TFLOP/s, MFU, peak memory and the data-wait share of every training run.
 
-Logged with the other metrics every ``log_every_n_steps`` optimizer steps (``perf/*`` in ``metrics.csv``,
-TensorBoard, wandb) and shown in the progress output. The step itself is never made to wait for the device:
-the per-step work is a few host clock reads and a look at the batch's shape.
-
-Why not Lightning's ``ThroughputMonitor``: it syncs with the device after every batch, its figures never reach
-the progress bar, it measures neither memory nor data wait, and its table holds sparse peaks (twice the dense
-ones MFU is quoted against). Its ``get_available_flops`` is the fallback peak table here.
-
-A module gets MFU by exposing its training FLOPs (forward + backward) as one of, looked up in this order:
-``flops_per_batch`` (one micro-batch of one process, Lightning's convention) or ``flops_per_sample``, each an
-attribute or a method called without arguments, once, when training starts.
+Logged every ``log_every_n_steps`` optimizer steps (``perf/*``) and shown in the progress output; the step never
+waits for the device. Not Lightning's ``ThroughputMonitor``: it syncs after every batch, measures neither memory
+nor data wait, and its table holds sparse peaks (twice the dense ones MFU is quoted against). A module gets MFU
+by exposing its training FLOPs as ``flops_per_batch`` (one micro-batch of one process) or ``flops_per_sample``,
+an attribute or a method, read once when training starts.
 """
 
 from __future__ import annotations

@@ -20,12 +20,8 @@ def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
 class WeightedMean(Metric):
     """A sample-weighted mean (or several, updated together) that never waits for the device.
 
-    A torchmetrics ``Metric`` (states, DDP reduction in ``compute``) with ``MeanMetric``'s arithmetic but not its
-    update, which either checks its inputs for NaN with ``.any()``, a host-device sync on every training step,
-    or, with ``nan_strategy="disable"``, silently ignores the weights (torchmetrics 1.9). A NaN loss shows as a
-    NaN mean. A weight given as a number (the samples a value stands for) goes into the kernel as an argument:
-    no host-to-device copy either. ``shape=(k,)`` keeps ``k`` means updated by one call: each torchmetrics
-    update costs tens of microseconds of Python per training step, a measurable share of a small step.
+    ``MeanMetric``'s arithmetic without its update's NaN check (a host-device sync every step; see
+    ``docs/benchmarks.md``); a NaN loss shows as a NaN mean. ``shape=(k,)`` keeps ``k`` means updated by one call.
     """
 
     full_state_update = False

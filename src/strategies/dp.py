@@ -124,13 +124,9 @@ def replicated_children(module: nn.Module) -> list[str]:
 
 
 def in_callers_modes(forward: Callable[..., Any], device_type: str) -> Callable[..., Any]:
-    """``forward(replica, ...)`` run in the calling thread's grad, inference and autocast modes.
-
-    These modes are per thread. torch's parallel_apply re-enters grad mode and autocast in each replica thread,
-    but autocast with the default dtype (float16 on CUDA: bf16-mixed would silently run in fp16) and not inference
-    mode (Lightning's validation/test/predict: in-place ops on the input chunks would then fail, "Inplace update to
-    inference tensor outside InferenceMode"). So the caller's exact state is captured here and re-entered there.
-    """
+    """``forward(replica, ...)`` run in the calling thread's grad, inference and autocast modes, which are per
+    thread: torch's parallel_apply re-enters autocast with the default dtype (bf16-mixed would silently run in
+    fp16) and not inference mode (in-place ops on the input chunks would then fail in validation)."""
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     autocast, dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
@@ -184,11 +180,8 @@ def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Seq
 
 
 class ParallelForward:
-    """Stands in for ``module.forward``: scatter the inputs, replicate, run the replicas in parallel, gather.
-
-    This is what ``nn.DataParallel.forward`` does, without wrapping the module, so that Lightning keeps calling
-    the module's own hooks and state-dict keys stay unprefixed.
-    """
+    """Stands in for ``module.forward``: scatter, replicate, run the replicas in parallel, gather; what
+    ``nn.DataParallel.forward`` does, without wrapping the module (its hooks and state-dict keys stay its own)."""
 
     def __init__(self, module: nn.Module, devices: list[torch.device]) -> None:
         self.module = module
