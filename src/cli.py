@@ -312,9 +312,8 @@ class TemplateCLI(LightningCLI):
             subcommand_parser(self, subcommand).callback_keys.remove("checkpoint")
 
     def _parse_with_the_chosen_classes_defaults(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse so that ``--model=X`` / ``--data=Y`` start from X's and Y's own defaults: jsonargparse keeps the
-        init_args the previous class shares by name, so the default config's (``batch_size: 128``) would leak into
-        another class. When the chosen class differs, the arguments are parsed again without that section."""
+        """Parse so that ``--model=X`` / ``--data=Y`` start from their own defaults, not the init_args the default
+        config's class shares with them by name (jsonargparse keeps those): parse again without that section."""
         argv = list(sys.argv[1:] if args is None else args) if isinstance(args, (list, tuple, type(None))) else None
         if argv is None:
             super().parse_arguments(parser, args)

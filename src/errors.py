@@ -116,8 +116,7 @@ def is_network_error(exception: BaseException) -> bool:
 
 
 def network_failure(exception: BaseException, url: str | None = None, fix: str | None = None) -> EnvironmentFailure:
-    """The one-paragraph error for a failed network request: no network, or a download that failed (a timeout, an
-    HTTP error, a broken connection), naming the URL when the caller or the exception (``url``) gives it."""
+    """The one-paragraph error for no network or a failed download, naming the URL where one is known."""
     if url is None:  # HTTPError keeps its URL, and requests' and httpx's errors their request's
         chain = causes(exception)
         found = [getattr(e, "url", None) or getattr(getattr(e, "request", None), "url", None) for e in chain]

@@ -82,14 +82,8 @@ def resumable(loader: Any) -> bool:
 
 
 class ExactContinuation(Callback):
-    """Save the end of training as the position it is, so that a continued run with larger limits is exact.
-
-    - Training stopped mid-epoch (``max_steps``, ``max_time``): ``last.ckpt`` holds the epoch in progress and the
-      batch reached, as a stop signal's checkpoint does; ``--ckpt_path=last`` continues at the next batch.
-    - Training stopped at an epoch's end: the continued run starts the next epoch afresh, also under ``max_steps``.
-    - A continued run whose training loader cannot restore its position (a plain ``DataLoader``) says so: Lightning
-      restarts the interrupted epoch's data.
-    """
+    """Save the end of training as the position it is (mid-epoch, or the next epoch's start), so that a continued
+    run with larger limits is exact; a continued run whose loader cannot restore its position says so."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if restarts_a_finished_epoch(trainer):
