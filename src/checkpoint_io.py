@@ -1,11 +1,8 @@
 """Checkpoint files: written atomically and durably next to their destination, and checked before a resume.
 
-Lightning's local save serialises the checkpoint into memory and writes it through an fsspec transaction, which
-stages the file in ``$TMPDIR`` and moves it into place. Where ``/tmp`` is another file system than the run
-directory (node-local ``/tmp``, shared scratch: the usual cluster layout) that move is a copy, so a job killed
-during it leaves a truncated ``last.ckpt``, and a large checkpoint can fill ``/tmp``. ``AtomicCheckpointIO``
-writes a temporary file in the destination folder, flushes and fsyncs it, then renames it over the old file: a
-reader sees the old checkpoint or the new one, never a part of either, whatever kills the process.
+Lightning's local save stages the file in ``$TMPDIR`` and moves it into place, which is a copy where ``/tmp`` is
+another file system (the usual cluster layout): a job killed during it leaves a truncated ``last.ckpt``.
+``AtomicCheckpointIO`` writes, fsyncs and renames a temporary file in the destination folder instead.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Checks that run before any process starts, so that a bad launch fails in a second, not in a hang.
 
 A wrong device count or a SLURM allocation that does not match ``--trainer.devices`` otherwise shows up as a
-process group waiting forever for ranks that never come; these checks turn it into one clear message. The
-checkpoint to resume is read here once (memory-mapped) and checked against the configured model, and
-``import_class`` is the one place a config's class path is imported.
+process group waiting forever; the checkpoint to resume is read here once and checked against the model.
 """
 
 from __future__ import annotations
@@ -36,9 +34,7 @@ NON_SRUN_STEP_IDS = ("batch", "extern", "interactive", "4294967294", "4294967291
 
 
 def started_by_srun() -> bool:
-    """True in a task that ``srun`` started: SLURM sets ``SLURM_STEP_ID`` there, never in a batch script or an
-    ``salloc`` shell (checked on SLURM 22.05: the batch script has ``SLURM_JOB_ID``, ``SLURM_NTASKS`` and even
-    ``SLURM_PROCID=0``, but no ``SLURM_STEP_ID``)."""
+    """True in a task that ``srun`` started (a batch script has even ``SLURM_PROCID=0``, but no step id)."""
     step = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID"))
     return "SLURM_JOB_ID" in os.environ and step is not None and step not in NON_SRUN_STEP_IDS
 
@@ -98,11 +94,6 @@ def requested_devices(devices: Any, accelerator: str) -> int | None:
     return None
 
 
-def strategy_name(strategy: Any) -> str | None:
-    """The strategy's registry name, or None for a strategy given as a class (from YAML ``class_path``)."""
-    return strategy.lower() if isinstance(strategy, str) else None
-
-
 def world_size(strategy: str | None, devices: int, num_nodes: int) -> int:
     """Processes the run will have: one per device for the multi-process strategies (and ``auto``), else one."""
     if strategy is None or strategy == "auto" or strategy.startswith(MULTIPROCESS_PREFIXES):
@@ -121,12 +112,8 @@ def check_strategy(strategy: str | None) -> None:
 
 
 def option_origin(args: Sequence[Any] | None, key: str) -> tuple[str | None, list[str]]:
-    """Which ``--config`` file among ``args`` sets ``trainer.<key>`` last, and the flags for it given before it.
-
-    jsonargparse applies arguments in order, a later one winning, but keeps no record of where a value came from,
-    so the arguments are read here again: ``(file, earlier flags)`` when a file sets the value (the earlier flags
-    are the ones it overrides), ``(None, [])`` when a flag sets it or nothing among the arguments does.
-    """
+    """``(file, earlier flags it overrides)`` when a ``--config`` file sets ``trainer.<key>`` last, else
+    ``(None, [])``; jsonargparse keeps no record of where a value came from, so the arguments are read again."""
     if not isinstance(args, (list, tuple)):
         return None, []
     origin: str | None = None
@@ -309,15 +296,6 @@ def check_slurm(strategy: str | None, devices: int | None, num_nodes: int, proce
         )
 
 
-def check_batch_size(batch_size: Any, processes: int, accumulate: int) -> None:
-    if not isinstance(batch_size, int):
-        return
-    try:
-        per_process_batch_size(batch_size, processes, accumulate)
-    except ValueError as error:
-        raise ConfigurationError(str(error)) from None
-
-
 def check_run_dir(run_dir: Any) -> None:
     """The run directory must be a folder, or a path where one can be made."""
     if not isinstance(run_dir, (str, os.PathLike)) or str(run_dir) in ("", "."):
@@ -338,12 +316,10 @@ def check_run_dir(run_dir: Any) -> None:
 
 
 def check_launch(trainer: Mapping[str, Any], batch_size: Any = None, args: Sequence[Any] | None = None) -> None:
-    """Check a trainer config (the ``trainer`` section of the CLI config) before anything starts.
-
-    Raises ``ConfigurationError`` with the option to change and how. ``args`` (the command's arguments) let a
-    message name the ``--config`` file that set a value.
-    """
-    strategy = strategy_name(trainer.get("strategy", "auto"))
+    """Check the ``trainer`` section of the config before anything starts; ``args`` (the command's arguments)
+    let a message name the ``--config`` file that set a value."""
+    strategy = trainer.get("strategy", "auto")
+    strategy = strategy.lower() if isinstance(strategy, str) else None  # None: a class from YAML's class_path
     check_strategy(strategy)
     accelerator = resolve_accelerator(trainer.get("accelerator", "auto"))
     num_nodes = int(trainer.get("num_nodes") or 1)
@@ -352,7 +328,11 @@ def check_launch(trainer: Mapping[str, Any], batch_size: Any = None, args: Seque
     processes = world_size(strategy, devices or 1, num_nodes)
     check_slurm(strategy, devices, num_nodes, processes)
     check_nodes(num_nodes, args)
-    check_batch_size(batch_size, processes, int(trainer.get("accumulate_grad_batches") or 1))
+    if isinstance(batch_size, int):
+        try:
+            per_process_batch_size(batch_size, processes, int(trainer.get("accumulate_grad_batches") or 1))
+        except ValueError as error:
+            raise ConfigurationError(str(error)) from None
     check_run_dir(trainer.get("default_root_dir"))
 
 
@@ -360,12 +340,8 @@ def check_launch(trainer: Mapping[str, Any], batch_size: Any = None, args: Seque
 
 
 def check_optimizer(model: Any) -> None:
-    """Build the model's optimizer and scheduler on a stand-in parameter, so a bad option fails now.
-
-    Lightning builds them in ``configure_optimizers``, after the processes have started and the run directory
-    is written; a negative learning rate would otherwise surface there as a traceback from every rank. Applies
-    to models that take their optimizer as a callable (``TemplateModule``'s ``optimizer_factory``).
-    """
+    """Build the model's optimizer and scheduler (``TemplateModule``'s factories) on a stand-in parameter, so a
+    bad option fails now, not as a traceback from every rank in ``configure_optimizers``."""
     optimizer_factory = getattr(model, "optimizer_factory", None)
     if not callable(optimizer_factory):
         return
@@ -401,8 +377,7 @@ def import_class(class_path: str) -> type | None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint once, before launch, for the checks below: memory-mapped (the tensors stay on disk until
-    used) and ``weights_only``, as Lightning reads it."""
+    """Read a checkpoint once, for the checks below: memory-mapped and ``weights_only``, as Lightning reads it."""
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except pickle.UnpicklingError as error:  # torch's refusal of a global that weights_only does not allow
@@ -422,11 +397,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_class_path: Any) -> None:
-    """The checkpoint must hold the configured model class.
-
-    LightningCLI rebuilds the model from a checkpoint's hyperparameters, class included: a checkpoint of another
-    model would silently replace ``--model`` and then fail deep inside training on the configured data.
-    """
+    """The checkpoint must hold the configured model class: LightningCLI rebuilds the model from the checkpoint's
+    hyperparameters, so another model would silently replace ``--model``."""
     hparams = checkpoint.get("hyper_parameters") or {}
     trained = hparams.get("_class_path") if isinstance(hparams, Mapping) else None
     if trained is None or not isinstance(model_class_path, str) or trained == model_class_path:
@@ -442,11 +414,8 @@ def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_clas
 
 
 def check_model_flags(args: Any, init_args: Any, checkpoint: Mapping[str, Any], path: Path) -> None:
-    """Refuse a ``--model.*`` flag that differs from the hyperparameters saved in the ``--ckpt_path`` checkpoint.
-
-    LightningCLI rebuilds the model from the checkpoint's hyperparameters, so such a flag would be dropped
-    without a word (a run trained with ``n_embd=128`` would continue at 128 under ``--model.init_args.n_embd=64``).
-    """
+    """Refuse a ``--model.*`` flag that differs from the checkpoint's hyperparameters, which LightningCLI
+    rebuilds the model from: the flag would be dropped without a word."""
     if not isinstance(args, (list, tuple)) or not isinstance(init_args, Namespace):
         return
     hparams = checkpoint.get("hyper_parameters") or {}
@@ -469,10 +438,8 @@ def _plain(value: Any) -> Any:
 
 
 def check_checkpoint_fits(model: Any, checkpoint: Mapping[str, Any], path: Path) -> None:
-    """The checkpoint's weights must have the model's names and shapes (a checkpoint of another model does not).
-
-    Lightning would otherwise fail in ``load_state_dict`` with one line per missing or unexpected tensor.
-    """
+    """The checkpoint's weights must have the model's names and shapes (else ``load_state_dict`` fails with one
+    line per tensor)."""
     saved = checkpoint.get("state_dict")
     if not getattr(model, "strict_loading", True) or not isinstance(saved, Mapping):
         return  # the model itself allows a partial match, or there are no weights to compare
@@ -525,10 +492,7 @@ def yaml_problem(args: Any) -> str | None:
 
 
 def check_sequence_length(model: Any, datamodule: Any) -> None:
-    """A data module's sequences must fit the model's context (``block_size`` on both, as the GPT workload has).
-
-    The model would otherwise raise in its first ``training_step``, after the processes started.
-    """
+    """A data module's sequences must fit the model's context (``block_size`` on both, as the GPT workload has)."""
     hparams = getattr(model, "hparams", {})
     model_block, data_block = hparams.get("block_size"), getattr(datamodule, "block_size", None)
     if isinstance(model_block, int) and isinstance(data_block, int) and data_block > model_block:
@@ -540,15 +504,11 @@ def check_sequence_length(model: Any, datamodule: Any) -> None:
 
 
 def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: bool) -> None:
-    """``--trainer.sync_batchnorm=true`` must be able to do what it says for a model with BatchNorm layers.
-
-    On CPU processes torch's DistributedDataParallel refuses SyncBatchNorm ("SyncBatchNorm layers only work with GPU
-    modules") once every process has started, as a traceback per rank; under ``dp`` Lightning does not apply it at
-    all (it synchronises processes, and dp is one), so the flag would be silently ignored.
-    """
-    if not sync_batchnorm or not batch_norm_layers(model):
+    """``--trainer.sync_batchnorm=true`` must do what it says: DDP refuses it on CPU processes (a traceback per
+    rank), and under ``dp`` (one process) Lightning silently ignores it."""
+    layers = batch_norm_layers(model) if sync_batchnorm else []
+    if not layers:
         return
-    layers = batch_norm_layers(model)
     example = f"{len(layers)} BatchNorm layer(s), e.g. {layers[0] or type(model).__name__}"
     strategy = trainer.strategy
     if isinstance(strategy, (DDPStrategy, FSDPStrategy)) and strategy.root_device.type == "cpu":
@@ -558,8 +518,7 @@ def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: b
             " process then normalises its own part of the batch, which the run plan reports), train in one CPU"
             " process (--trainer.devices=1), whose statistics cover the whole batch, or run on GPUs."
         )
-    parallel_forward = getattr(strategy, "parallel_forward_active", False)  # the template's dp over several GPUs
-    if parallel_forward:
+    if getattr(strategy, "parallel_forward_active", False):  # the template's dp over several GPUs
         raise ConfigurationError(
             f"--trainer.sync_batchnorm=true has no effect under --trainer.strategy=dp: it synchronises processes and dp"
             f" is one process, whose {example} normalise each GPU's chunk of the batch. Fix: use"

@@ -1,18 +1,9 @@
 """The command line: ``python -m src.cli {fit,validate,test,predict,tune} [--config FILE ...] [--key=value ...]``.
 
-Every option of the Trainer, the model, the data module, the optimizer and the LR scheduler comes from
-LightningCLI: on the command line, in YAML (``--config``, several compose), from environment variables
-(``PL_FIT__TRAINER__MAX_STEPS=100``), and listed by ``--help``, ``--model.help CLASS`` and ``--data.help CLASS``.
-Arguments apply in order and a later one wins: a ``--config`` file overrides the flags before it, so config files
-go first. ``configs/default.yaml`` is read before everything (a bare ``python -m src.cli fit`` trains the embedded
-image workload), then environment variables, then the arguments. Model and data are chosen by class path:
-``--model=my_pkg.MyModel --data=my_pkg.MyData``.
-
-On top of LightningCLI this adds, before anything starts: a check of the launch (strategy name, device count,
-presets this machine cannot run, nodes, SLURM allocation, batch divisibility, checkpoint files, SyncBatchNorm)
-that fails with one clear message; loggers that write under the run directory (``--trainer.default_root_dir``); a
-stable wandb run id per run directory; checkpoints in ``<run dir>/checkpoints``; preemption handling; and the
-``dp`` strategy.
+Every option comes from LightningCLI (the README's "The command line" has the rules); ``configs/default.yaml`` is
+read first. On top of LightningCLI this adds: checks of the launch before anything starts (``src/checks.py``),
+loggers, checkpoints and a stable wandb run id under the run directory, preemption handling, and the ``dp``
+strategy.
 """
 
 from __future__ import annotations
@@ -107,12 +98,6 @@ def checkpoint_dir(run_dir: str | None) -> str:
     return os.path.join(run_dir or os.getcwd(), "checkpoints")
 
 
-def _loggers(trainer: Namespace) -> list[Namespace]:
-    logger = trainer.get("logger")
-    loggers = logger if isinstance(logger, list) else [logger]
-    return [entry for entry in loggers if isinstance(entry, Namespace) and "class_path" in entry]
-
-
 def _stable_wandb_id(run_dir: str) -> str:
     """One wandb run per run directory: the id is created once, on rank 0, and read back on every restart."""
     path = Path(run_dir) / WANDB_ID_FILE
@@ -126,13 +111,8 @@ def _stable_wandb_id(run_dir: str) -> str:
 
 
 def shared_random_seed() -> int:
-    """The seed ``seed_everything: true`` draws, the same on every process of one launch.
-
-    Each process of a SLURM or torchrun job runs the command itself, so a seed drawn per process would give
-    every rank its own data order. Processes started by Lightning (``ddp``, ``ddp_spawn``) inherit the seed
-    of the first one (``PL_GLOBAL_SEED``); processes of one job derive it from the job's id, which is also kept
-    by a requeued job. Anything else draws a fresh one.
-    """
+    """The seed ``seed_everything: true`` draws, the same on every process of one launch: processes of a SLURM or
+    torchrun job each run the command, so they derive it from the job's id (kept by a requeued job too)."""
     if "PL_GLOBAL_SEED" in os.environ:
         return int(os.environ["PL_GLOBAL_SEED"])
     job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "none")
@@ -144,9 +124,8 @@ def shared_random_seed() -> int:
 def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[str, Any]] | None:
     """The local file ``--ckpt_path`` names (``last`` resolved in the run directory) and its contents, read once.
 
-    Refuses a fresh ``fit`` into a run directory that holds checkpoints, and a path that is not a checkpoint. A
-    damaged newest ``last*.ckpt`` (a kill during a non-atomic copy) falls back to the newest intact checkpoint, so
-    that a requeued job does not stop on it. URLs and Lightning's other special paths are left to Lightning.
+    Refuses a fresh ``fit`` into a run directory that holds checkpoints; a damaged newest ``last*.ckpt`` falls
+    back to the newest intact one, so that a requeued job does not stop on it.
     """
     ckpt_path, run_dir = config.get("ckpt_path"), config.trainer.get("default_root_dir")
     folder = Path(checkpoint_dir(run_dir))
@@ -182,9 +161,7 @@ def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[s
             )
             config["ckpt_path"], path = str(fallback), fallback
         return path, load_checkpoint(path)
-    if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path):
-        return None
-    if is_sharded_checkpoint(Path(ckpt_path)):
+    if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path) or is_sharded_checkpoint(Path(ckpt_path)):
         return None
     if not Path(ckpt_path).is_file():
         raise ConfigurationError(
@@ -335,13 +312,8 @@ class TemplateCLI(LightningCLI):
             subcommand_parser(self, subcommand).callback_keys.remove("checkpoint")
 
     def _parse_with_the_chosen_classes_defaults(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse so that ``--model=X`` / ``--data=Y`` start from X's and Y's own defaults.
-
-        jsonargparse keeps the init_args of the previous class that the new one shares by name, so the default
-        config's image workload would leak into any model or data module chosen on top of it (its
-        ``batch_size: 128``, CIFAR's ``val_size: 5000``, ``num_classes: 10``). When the chosen class differs from
-        the default config's, the arguments are parsed again on the default config without that section.
-        """
+        """Parse so that ``--model=X`` / ``--data=Y`` start from their own defaults, not the init_args the default
+        config's class shares with them by name (jsonargparse keeps those): parse again without that section."""
         argv = list(sys.argv[1:] if args is None else args) if isinstance(args, (list, tuple, type(None))) else None
         if argv is None:
             super().parse_arguments(parser, args)
@@ -389,9 +361,12 @@ class TemplateCLI(LightningCLI):
     # -- run directory: loggers and wandb ----------------------------------------------------------------------
 
     def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        run_dir = config.trainer.get("default_root_dir") or os.getcwd()
-        for logger in _loggers(config.trainer):
+        trainer = self._chosen().trainer
+        run_dir = trainer.get("default_root_dir") or os.getcwd()
+        loggers = trainer.get("logger")
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            if not isinstance(logger, Namespace) or "class_path" not in logger:
+                continue
             if logger.get("init_args") is None:
                 logger["init_args"] = Namespace()
             init_args = logger.init_args
@@ -423,8 +398,7 @@ class TemplateCLI(LightningCLI):
         if known is not None:
             return known
         if getattr(self, "config_init", None) is None:  # jsonargparse builds the model, data, callbacks and loggers
-            config = self.config[self.subcommand] if self.subcommand else self.config
-            chosen = {key: config.get(key) for key in ("model", "data")}
+            chosen = {key: self._chosen().get(key) for key in ("model", "data")}
             named = [
                 f"--{k}={c.class_path}" for k, c in chosen.items() if isinstance(c, Namespace) and "class_path" in c
             ]
@@ -496,8 +470,8 @@ class TemplateCLI(LightningCLI):
 
 
 def _strategy_name(trainer: Namespace | dict[str, Any]) -> Any:
-    """``--trainer.strategy``, with ``auto`` named as Lightning resolves it for several processes (``ddp``), so
-    that such a run gets the template's collective timeout and DDP options too."""
+    """``--trainer.strategy``, with ``auto`` named ``ddp`` where Lightning picks it (several processes), so that
+    such a run gets the template's collective timeout and DDP options too."""
     strategy = trainer.get("strategy")
     if strategy != "auto" or hasattr(sys, "ps1") or sys.flags.interactive:  # a notebook: Lightning forks there
         return strategy
@@ -507,18 +481,14 @@ def _strategy_name(trainer: Namespace | dict[str, Any]) -> Any:
 
 
 def _strategy_with_timeout(strategy: Any, seconds: float | None, model: L.LightningModule) -> dict[str, Any]:
-    """``{"strategy": DDPStrategy(timeout=...)}`` for a ddp-family strategy given by name; else nothing.
-
-    Manual optimization backpropagates one network at a time (a GAN's discriminator, then its generator), so DDP
-    must then expect parameters without a gradient in each backward, or it stops at the second one.
-    """
+    """``{"strategy": DDPStrategy(timeout=...)}`` for a ddp-family strategy given by name; else nothing."""
     if not isinstance(strategy, str) or strategy not in StrategyRegistry:
         return {}
     entry = StrategyRegistry[strategy]
     params = dict(entry["init_params"])
     if seconds is not None:
         params["timeout"] = timedelta(seconds=seconds)
-    if not model.automatic_optimization:
+    if not model.automatic_optimization:  # a GAN backpropagates one network at a time: some params get no grad
         params.setdefault("find_unused_parameters", True)
     if not issubclass(entry["strategy"], DDPStrategy) or params == entry["init_params"]:
         return {}
@@ -526,9 +496,8 @@ def _strategy_with_timeout(strategy: Any, seconds: float | None, model: L.Lightn
 
 
 def _with_atomic_checkpoints(plugins: Any, slurm_requeue: bool = False) -> list[Any]:
-    """The user's ``--trainer.plugins``, plus atomic checkpoint saving unless they chose a ``CheckpointIO``, and
-    under SLURM, without Lightning's save-and-requeue inside its signal handler, which ``PreemptionCheckpoint``
-    replaces (``slurm_requeue``: keep it, when that callback is off)."""
+    """The user's ``--trainer.plugins``, plus atomic checkpoint saving unless they chose a ``CheckpointIO``; under
+    SLURM without Lightning's save-and-requeue in its signal handler unless ``slurm_requeue`` (preemption off)."""
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
         plugins.append(AtomicCheckpointIO())

@@ -1,11 +1,8 @@
 """Errors a user can fix, and how the command line reports them: one paragraph and a non-zero exit status.
 
-Bad input is refused before launch by the checks (``src/checks.py``, the data modules' own) and by the libraries
-(jsonargparse, Lightning), as a ``ConfigurationError`` naming the option and the fix: exit status 2. A failure of
-the network or of the file system is named by the exception's type, wherever it was raised (``EnvironmentFailure``:
-no network with the host, disk full, permission denied or file not found with the path): exit status 1, the
-command itself was right. Any other exception is an error of the code that raised it and keeps its traceback.
-``JSONARGPARSE_DEBUG=true`` shows the traceback of every error.
+Bad input is a ``ConfigurationError`` naming the option and the fix (exit status 2); a failure of the network or
+the file system, told by the exception's type, an ``EnvironmentFailure`` (exit status 1); any other exception
+keeps its traceback, as every error does under ``JSONARGPARSE_DEBUG=true``.
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from src.compat import stop_started_processes
 DEBUG_ENV = "JSONARGPARSE_DEBUG"
 MAX_DETAIL_CHARS = 400  # a state-dict mismatch or a pickle error can run to a hundred lines
 #: how long a rank other than 0 waits before it reports: rank 0 usually meets the same error and stops it first
+#: (``StopOtherRanksOnError``), reporting alone
 REPORT_GRACE_SECONDS = 2.0
 
 
@@ -46,11 +44,8 @@ class ConfigurationError(ValueError):
 
 
 class EnvironmentFailure(ConfigurationError):
-    """The network or the file system failed, not an option: the message names the host or the path.
-
-    A ``ConfigurationError`` so that it is reported the same way; ``exit_code`` 1 tells a script that the command
-    itself was right.
-    """
+    """The network or the file system failed, not an option (reported the same way; exit status 1: the command
+    itself was right)."""
 
     exit_code = 1
 
@@ -68,14 +63,10 @@ class TrainingStopped(Exception):
 
 
 class Preempted(TrainingStopped):
-    """Training stopped early after saving a resumable checkpoint (a signal asked it to stop).
+    """Training stopped early after saving a resumable checkpoint (a signal asked it to stop); ``128 + signal``
+    for a stop a person or a scheduler asked for (130 for Ctrl-C, 143 for SIGTERM), which is not requeued."""
 
-    ``exit_code`` is the process's exit status: 75 (EX_TEMPFAIL, "retry later") for a preemption notice such as
-    SLURM's ``SIGUSR1``, which the ``slurm/`` scripts requeue; ``128 + signal`` for a stop a person or a
-    scheduler asked for (130 for Ctrl-C, 143 for SIGTERM), which is not requeued but resumes all the same.
-    """
-
-    exit_code = 75  # the default: EX_TEMPFAIL, "temporary failure; the user is invited to retry"
+    exit_code = 75  # a preemption notice: EX_TEMPFAIL, "retry later", which the slurm/ scripts requeue
     label = "preempted"
 
 
@@ -96,11 +87,8 @@ def describe(exception: BaseException) -> str:
 
 
 def causes(exception: BaseException) -> list[BaseException]:
-    """The exception and the ones it was raised from (``raise ... from``, as jsonargparse wraps a constructor's).
-
-    The implicit context (an exception raised while handling another) is not followed: code that catches a
-    missing cache file and then fails for another reason must not be reported as a missing file.
-    """
+    """The exception and the ones it was raised from (``raise ... from``), not its implicit context: code that
+    catches a missing cache file and then fails otherwise must not be reported as a missing file."""
     chain: list[BaseException] = []
     while exception is not None and exception not in chain:
         chain.append(exception)
@@ -128,8 +116,7 @@ def is_network_error(exception: BaseException) -> bool:
 
 
 def network_failure(exception: BaseException, url: str | None = None, fix: str | None = None) -> EnvironmentFailure:
-    """The one-paragraph error for a failed network request: no network, or a download that failed (a timeout, an
-    HTTP error, a broken connection), naming the URL when the caller or the exception (``url``) gives it."""
+    """The one-paragraph error for no network or a failed download, naming the URL where one is known."""
     if url is None:  # HTTPError keeps its URL, and requests' and httpx's errors their request's
         chain = causes(exception)
         found = [getattr(e, "url", None) or getattr(getattr(e, "request", None), "url", None) for e in chain]
@@ -179,11 +166,8 @@ def file_system_failure(
 
 
 def user_error_of(exception: BaseException) -> ConfigurationError | None:
-    """The configuration, network or file-system error this exception is (or was raised from), or None.
-
-    Told apart by type alone: a ``URLError`` is no network and an ``OSError`` with ``ENOSPC`` a full disk wherever
-    it was raised; anything else is an error of the code that raised it.
-    """
+    """The configuration, network or file-system error this exception is (or was raised from), by type alone; or
+    None (an error of the code that raised it)."""
     for error in causes(exception):
         if isinstance(error, ConfigurationError):
             return error
@@ -198,11 +182,7 @@ def user_error_of(exception: BaseException) -> ConfigurationError | None:
 
 
 def report(exception: BaseException) -> int:
-    """Print a user error as one paragraph and return the exit status; re-raise anything else.
-
-    In a multi-process run, a rank other than 0 waits a moment before it prints: when rank 0 meets the same error
-    (a bad value every rank reads), it stops the ranks it started (``StopOtherRanksOnError``) and reports alone.
-    """
+    """Print a user error as one paragraph and return the exit status; re-raise anything else."""
     if debug_mode():
         raise exception
     error = user_error_of(exception)
@@ -223,11 +203,8 @@ def report(exception: BaseException) -> int:
 
 
 class StopOtherRanksOnError(L.Callback):
-    """Lightning callback: when the first process fails, it stops the ranks it started before it reports.
-
-    Otherwise they would notice only at their next collective, or wait in it until the collective timeout. SIGKILL,
-    as Lightning itself uses on Ctrl-C: a rank inside a collective ignores SIGTERM. A rank that Lightning started
-    has started no process, so this does nothing there.
+    """When the first process fails, stop the ranks it started before it reports, or they would wait in their next
+    collective until the timeout. SIGKILL, as Lightning uses on Ctrl-C: a rank inside a collective ignores SIGTERM.
     """
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:

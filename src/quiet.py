@@ -1,10 +1,7 @@
 """Lines every run printed that say nothing about the run, silenced here, each by its exact message.
 
-Each filter matches one message of one library (and its category or logger), so every other warning still
-shows, the template's own notes and Lightning's real warnings (a precision fallback, a metric not logged)
-included. Delete a line below to see its message again. ``src/cli.py`` calls ``silence_known_noise`` before it
-builds anything; the model summary's FLOPs are fixed at their cause instead (``src/callbacks/summary.py``), and
-the preemption save passes ``weights_only`` (Lightning logged that it was unset at every save).
+Each filter matches one message of one library, so every other warning still shows; delete a line below to see
+its message again. ``src/cli.py`` calls ``silence_known_noise`` before it builds anything.
 """
 
 from __future__ import annotations

@@ -29,14 +29,9 @@ def missing_monitor_message(monitor: str, logged: list[str], from_validation: li
 class RunCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint``, plus two things any user's model needs.
 
-    - ``last.ckpt`` is rewritten when training ends. Stock ``ModelCheckpoint`` only writes ``last`` at the end
-      of training if it never wrote it before, so a run that stops on ``max_steps`` between two validations
-      leaves a ``last.ckpt`` from an earlier step, and ``--ckpt_path=last`` would silently retrain those steps.
-      No checkpoint is decided at the epoch end Lightning adds when ``max_steps`` / ``max_time`` stop mid-epoch:
-      an uninterrupted run has none there (see ``src/callbacks/continuation.py``).
-    - A ``monitor`` that the model does not log (the template's default ``val/loss`` with a model that logs
-      ``val/mse``) gives one warning at the first validation, naming the metrics that are logged, and the run
-      keeps training and writing ``last.ckpt``. Stock ``ModelCheckpoint`` raises after the first epoch.
+    - ``last.ckpt`` is rewritten when training ends (stock ``ModelCheckpoint`` keeps one from an earlier step if it
+      wrote one), and nothing is decided at the epoch end Lightning adds to a mid-epoch stop.
+    - A ``monitor`` that the model does not log gives one warning naming the logged metrics, instead of an error.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -44,17 +44,9 @@ def compile_refusal(strategy: Strategy) -> str | None:
 class CompileModel(Callback):
     """Compiles the LightningModule's ``forward`` (what ``self(x)`` in the steps runs) with ``torch.compile``.
 
-    Only ``forward`` is compiled, under every strategy; the steps, ``self.log`` and torchmetrics stay eager.
-    Compiling the module's whole call (``nn.Module.compile``) would do more under ``ddp``: Lightning runs each
-    step through the DDP wrapper's call by pointing the module's ``forward`` at ``training_step`` for that call,
-    so the compiled call would trace the whole step, metrics and logging included, and recompile until torch's
-    recompile limit. The compiled ``forward`` is set on the instance: the module is not wrapped, so parameter
-    names, and with them the checkpoint's state-dict keys, are the same with and without compile (no
-    ``_orig_mod.`` prefix) and a run resumes with compile switched on or off. It compiles in ``setup``, on every
-    process after the launch, so ``ddp_spawn`` never has to pickle a compiled function, and puts the eager
-    ``forward`` back in ``teardown``. Single device, ``ddp`` and ``ddp_spawn`` are supported; other strategies
-    are refused before training starts. The first steps of each stage are slow while the graph compiles (on a
-    CPU this needs a C++ compiler).
+    Only ``forward``, set on the instance: the steps, ``self.log`` and metrics stay eager and the checkpoint's keys
+    are unchanged (``docs/best_practices.md`` says why). It compiles in ``setup``, after the launch, so
+    ``ddp_spawn`` never pickles a compiled function, and puts the eager ``forward`` back in ``teardown``.
 
     Args:
         mode: ``torch.compile``'s mode: ``default``, ``reduce-overhead`` (CUDA graphs) or ``max-autotune``.

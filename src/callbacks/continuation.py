@@ -1,15 +1,10 @@
 """Continue a finished run with larger limits, exactly: ``--ckpt_path=last`` plus a larger ``--trainer.max_steps``,
 ``max_epochs`` or ``max_time`` trains on as if the run had never stopped.
 
-Lightning ends every fit by counting the current epoch as finished, also when ``max_steps``, ``max_time`` or a
-callback's ``should_stop`` ended it in the middle (``FitLoop.on_advance_end``), and saves that in ``last.ckpt``: a
-continued run would start the next epoch, skipping the rest of the interrupted one and shifting every later
-validation. At the end of training, ``ExactContinuation`` makes the saved loop state say what a stop signal's
-checkpoint says (``src/callbacks/preemption.py``): the epoch is in progress and the last step's batch is done, so
-the continued run resumes at the next batch, with the same data order, validations and best checkpoint as an
-uninterrupted run. A run that stopped at an epoch's end saves the next epoch's start, and its continuation starts
-that epoch afresh, also under ``max_steps`` (where Lightning would restart the finished epoch's loop and skip the
-new epoch). ``RunTimer`` is ``max_time``'s timer, stopping at an optimizer-step boundary like ``max_steps`` does.
+Lightning ends every fit by counting the current epoch as finished, also when ``max_steps`` or ``max_time`` ended
+it in the middle (``FitLoop.on_advance_end``): a continued run would skip the rest of that epoch.
+``ExactContinuation`` saves the end of training as the position it is, as a stop signal's checkpoint does;
+``RunTimer`` is ``max_time``'s timer, stopping at an optimizer-step boundary like ``max_steps`` does.
 """
 
 from __future__ import annotations
@@ -41,13 +36,8 @@ def epoch_interrupted(trainer: L.Trainer) -> bool:
 
 
 def save_as_mid_epoch(trainer: L.Trainer) -> bool:
-    """Turn the loop state Lightning leaves after training stopped mid-epoch into a mid-epoch position.
-
-    Lightning's ``FitLoop.on_advance_end`` counts the interrupted epoch as processed and completed, and the epoch
-    loop counts the last batch as completed and its step as logged. The state a checkpoint holds when saved in
-    ``on_train_batch_end`` (a stop signal's save, which Lightning resumes at the next batch) has neither: undo
-    them. Returns whether the state was changed (not when the epoch was not counted, e.g. already undone).
-    """
+    """Undo what Lightning counts after training stopped mid-epoch (the epoch completed, the last batch completed
+    and its step logged), as in a checkpoint saved in ``on_train_batch_end``. Returns whether anything changed."""
     epochs, batches = epoch_progress(trainer), batch_progress(trainer)
     if not _all_equal(epochs.current):
         return False
@@ -68,19 +58,14 @@ def _all_equal(counts: Any) -> bool:
 
 
 def save_as_next_epoch_start(trainer: L.Trainer) -> None:
-    """After an epoch that ran to its end, let the batch position say "0 batches of the next epoch" (the public
-    ``reset_on_run`` Lightning calls when that epoch starts), so that the loader position saved with it is the
-    next epoch's start rather than the end of an epoch that ``current_epoch`` already counts."""
+    """After an epoch that ran to its end, save the batch position as the next epoch's start (Lightning's own
+    ``reset_on_run`` at that start), not the end of an epoch that ``current_epoch`` already counts."""
     batch_progress(trainer).reset_on_run()
 
 
 def restarts_a_finished_epoch(trainer: L.Trainer) -> bool:
-    """Whether Lightning is about to restart the epoch loop on an epoch that has already ended.
-
-    Under ``max_steps`` Lightning restarts the loops on every resume (``FitLoop.restarting``), also from a
-    checkpoint saved after a complete epoch; its epoch loop then treats the new epoch as the continuation of the
-    old one (it keeps its batch count and may spend the first iteration on an already-run validation).
-    """
+    """Whether Lightning (under ``max_steps``, which restarts the loops on every resume) is about to treat a new
+    epoch as the continuation of one that has already ended."""
     batches = batch_progress(trainer)
     at_epoch_end = batches.current.ready == 0 or batches.is_last_batch
     return (
@@ -97,14 +82,8 @@ def resumable(loader: Any) -> bool:
 
 
 class ExactContinuation(Callback):
-    """Save the end of training as the position it is, so that a continued run with larger limits is exact.
-
-    - Training stopped mid-epoch (``max_steps``, ``max_time``): ``last.ckpt`` holds the epoch in progress and the
-      batch reached, as a stop signal's checkpoint does; ``--ckpt_path=last`` continues at the next batch.
-    - Training stopped at an epoch's end: the continued run starts the next epoch afresh, also under ``max_steps``.
-    - A continued run whose training loader cannot restore its position (a plain ``DataLoader``) says so: Lightning
-      restarts the interrupted epoch's data.
-    """
+    """Save the end of training as the position it is (mid-epoch, or the next epoch's start), so that a continued
+    run with larger limits is exact; a continued run whose loader cannot restore its position says so."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if restarts_a_finished_epoch(trainer):
@@ -137,16 +116,9 @@ class ExactContinuation(Callback):
 
 
 class RunTimer(Timer):
-    """``--trainer.max_time``: Lightning's ``Timer``, stopping the way ``max_steps`` stops.
-
-    - The time is checked at optimizer-step boundaries only: between the micro-batches of an accumulated step the
-      gradients would be lost, and the continued run could not be exact.
-    - A stop on time does not add a validation: Lightning validates when ``should_stop`` is set mid-epoch, which an
-      uninterrupted run does not do at that step (an extra row, a changed best checkpoint and ``val/acc_best``).
-      The validations the schedule asks for at that step still run.
-
-    Its state is saved under Lightning's ``Timer`` key, so the time spent continues across resumes either way.
-    """
+    """``--trainer.max_time``: Lightning's ``Timer`` (and its state key), stopping the way ``max_steps`` stops: at
+    optimizer-step boundaries only, and without the extra validation Lightning runs when ``should_stop`` is set
+    mid-epoch (the validations the schedule asks for still run)."""
 
     def __init__(self, duration: str | timedelta | dict[str, int] | None = None, verbose: bool = True) -> None:
         super().__init__(duration=duration, interval="step", verbose=verbose)

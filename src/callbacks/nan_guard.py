@@ -1,13 +1,9 @@
 """Stop training at a NaN or infinite loss, before the bad weights reach a checkpoint.
 
-How often the loss is read is a trade-off. Reading it (``bool(tensor)``) waits for the device to finish the
-step, which on a GPU stalls the host's run-ahead on every step. So the guard records the first non-finite step
-on the device, with no sync, and reads that record only at the moments that matter: every step in a single CPU
-process, where a read costs nothing (the step stops before its backward pass); every ``log_every_n_steps`` steps
-on an accelerator or under several processes (Lightning's logger already waits for the device on those steps to
-write the loss, and the processes must agree on the record with a blocking all-reduce, which would cost
-milliseconds per step with gloo); and always before a checkpoint is written, so the weights of a non-finite
-step, which the optimizer has already applied, never overwrite the last good checkpoint.
+Reading the loss waits for the device, so the guard records the first non-finite step on the device and reads
+that record only when it is cheap or needed: every step in one CPU process, every ``log_every_n_steps`` steps on
+an accelerator or under several processes (when the logger waits anyway), and always before a checkpoint is
+written, so a non-finite step's weights never overwrite the last good checkpoint.
 """
 
 from __future__ import annotations
@@ -25,13 +21,9 @@ from src.errors import TrainingStopped
 
 
 class NonFiniteLoss(TrainingStopped):
-    """Training stopped because the loss became NaN or infinite; the last good checkpoint was left intact.
+    """Training stopped because the loss became NaN or infinite; the last good checkpoint was left intact."""
 
-    ``exit_code`` (65, EX_DATAERR) is the process's exit status: not a preemption (75), so schedulers do not
-    requeue a run that would diverge again.
-    """
-
-    exit_code = 65
+    exit_code = 65  # EX_DATAERR, not a preemption's 75: a scheduler must not requeue a run that would diverge again
     label = "error"
 
 

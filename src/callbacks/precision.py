@@ -1,8 +1,7 @@
 """Under ``--trainer.precision=64-true``, torchmetrics metrics sum in float64 too.
 
-torchmetrics ignores ``module.double()``, which is how Lightning converts the model to ``64-true``, so a loss mean
-would still be summed in float32 (and many metrics cast every input to their float32 ``dtype`` first): its last
-digits would then depend on how the batches are split between processes, which a float64 run is meant to rule out.
+torchmetrics ignores ``module.double()`` (Lightning's ``64-true``), so a mean's last digits would depend on how the
+batches are split between processes, which a float64 run is meant to rule out.
 """
 
 from __future__ import annotations
@@ -14,11 +13,8 @@ from torchmetrics import Metric
 
 
 def metrics_in_float64(module: nn.Module) -> None:
-    """Put the floating-point states of every torchmetrics metric in ``module`` (and the values ``reset()``
-    restores, and the dtype it casts inputs to) in float64; integer states such as counts stay integers.
-
-    ``Metric.to(torch.float64)`` does exactly that, while ``set_dtype`` would turn integer counts into floats.
-    """
+    """Put the floating-point states of every torchmetrics metric in ``module`` in float64 with ``Metric.to``
+    (``set_dtype`` would turn integer counts into floats too)."""
     for metric in module.modules():
         if isinstance(metric, Metric):
             metric.to(torch.float64)

@@ -1,15 +1,9 @@
 """Stop cleanly on a signal: save ``last.ckpt`` at a step boundary on every rank, exit non-zero, requeue on SLURM.
 
-``SIGUSR1`` (the preemption notice, ``--preemption.signal_name``; SLURM's ``--signal=SIGUSR1@90``) exits with 75,
-which the ``slurm/`` scripts requeue; ``SIGTERM`` (``kill``, ``scancel``, an eviction) with 143; ``SIGINT``
-(Ctrl-C) with 130, and a second Ctrl-C stops at once without saving.
-
-The handler only sets a flag: Lightning's own handlers save inside the signal handler (possibly in the middle of
-an optimizer step, and under DDP while the other ranks sit in a collective) or let the run end with status 0.
-At each optimizer-step boundary the ranks agree on the flags with an asynchronous all-reduce read one step later
-(``AnyRankVote``), so training never waits for it, and then save ``last.ckpt`` together: right away, or, when
-Lightning is about to validate after this step, once that validation and ``ModelCheckpoint`` are done, so that
-the resumed run neither skips nor repeats it. ``--ckpt_path=last`` then continues from exactly that step.
+The README's "Stopping" has the signals and exit statuses. The handler only sets a flag (Lightning's own save
+inside the handler, possibly mid-step and under DDP while the other ranks sit in a collective); at each
+optimizer-step boundary the ranks agree on it (``AnyRankVote``) and save together, after the validation that step
+triggers, if any, so that the resumed run neither skips nor repeats it.
 """
 
 from __future__ import annotations
@@ -48,20 +42,12 @@ STOP_EXIT_CODES = (Preempted.exit_code, *(128 + s for s in STOP_SIGNALS))
 SAME_KEY_PRESS_S = 0.5
 
 
-def slurm_job_id() -> str | None:
-    """The id ``scontrol requeue`` needs (``ARRAYJOB_TASK`` for array jobs)."""
-    if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:
-        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    return os.environ.get("SLURM_JOB_ID")
-
-
 class AnyRankVote:
     """The largest value any rank has raised, agreed by every rank at the same step without stalling training.
 
-    A blocking all-reduce on every step costs milliseconds with gloo and, with NCCL, a host-device sync (that
-    is what ``strategy.reduce_boolean_decision`` does). Instead each step starts an asynchronous all-reduce on a
-    CPU (gloo) group and reads the one started at the previous step, long finished by then: every rank gets the
-    same answer at the same step, one step after the value was raised.
+    A blocking all-reduce per step (``strategy.reduce_boolean_decision``) costs milliseconds and, with NCCL, a
+    host-device sync; instead each step starts an asynchronous all-reduce on a gloo group and reads the previous
+    step's, long finished by then.
     """
 
     def __init__(self) -> None:
@@ -94,12 +80,8 @@ class AnyRankVote:
 
 @contextlib.contextmanager
 def forward_stop_signals_to_workers(strategy: str | None) -> Iterator[None]:
-    """While ``ddp_spawn`` trains, pass the stop signals that reach the launching process on to its workers.
-
-    The launching process of ``ddp_spawn`` only waits for the workers it spawned, and would otherwise die on
-    ``SIGTERM`` (leaving them running) or stop them without saving on Ctrl-C. Each worker's
-    ``PreemptionCheckpoint`` then saves and stops as in any other run.
-    """
+    """While ``ddp_spawn`` trains, pass the stop signals that reach the launching process on to its workers, which
+    save and stop; it would otherwise die on ``SIGTERM`` (leaving them running) or stop them unsaved on Ctrl-C."""
     spawns = isinstance(strategy, str) and strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook"))
     if not spawns or threading.current_thread() is not threading.main_thread():  # only the main thread has signals
         yield
@@ -165,19 +147,6 @@ class PreemptionCheckpoint(Callback):
             self._first_sigint = time.monotonic()
         self.received = max(self.received, signum)  # act later, at a step boundary, never inside the handler
 
-    def _install_handlers(self) -> None:
-        """Take over the stop signals from Lightning, which registers its own just before training starts."""
-        if threading.current_thread() is not threading.main_thread():
-            return  # ddp_spawn workers and notebooks' threads cannot handle signals
-        for signum in (self.signal_number, *STOP_SIGNALS):
-            previous = signal.signal(signum, self._handle)
-            self._previous_handlers.setdefault(signum, previous)
-
-    def _restore_handlers(self) -> None:
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        self._previous_handlers = {}
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Lightning's SLURM save-and-requeue in its handler is off too: `instantiate_trainer` (src/cli.py) passes
         # SLURMEnvironment(auto_requeue=False) under SLURM
@@ -188,7 +157,12 @@ class PreemptionCheckpoint(Callback):
             skip_per_step_sigterm_broadcast(trainer)
 
     def _take_signals(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._install_handlers()  # idempotent: at the sanity check, and at the train start for runs without one
+        """Take over the stop signals from Lightning, which registers its own just before training starts; at the
+        sanity check, and again (idempotent) at the train start for runs without one."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # ddp_spawn workers and notebooks' threads cannot handle signals
+        for signum in (self.signal_number, *STOP_SIGNALS):
+            self._previous_handlers.setdefault(signum, signal.signal(signum, self._handle))
 
     on_sanity_check_start = on_train_start = _take_signals
 
@@ -196,7 +170,9 @@ class PreemptionCheckpoint(Callback):
         self._vote.close()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore_handlers()
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous_handlers = {}
 
     # -- the stop ----------------------------------------------------------------------------------------------
 
@@ -245,7 +221,9 @@ class PreemptionCheckpoint(Callback):
 
     def _stop(self, trainer: L.Trainer) -> None:
         preempted = self._stop_signal == self.signal_number
-        job_id = slurm_job_id()
+        job_id = os.environ.get("SLURM_JOB_ID")
+        if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:  # what scontrol requeue needs
+            job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
         requeued = False
         if preempted and self.requeue and job_id and trainer.is_global_zero:
             # `scontrol requeue` ends the running job at once (SIGTERM to every task): write the logs first.

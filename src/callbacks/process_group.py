@@ -1,10 +1,7 @@
 """Destroy the process group before the interpreter exits, on every rank of a multi-process run.
 
-A process that exits with its gloo process group alive can abort while the interpreter finalises ("terminate
-called without an active exception", SIGABRT, after the run itself succeeded): gloo's worker threads still hold
-work objects whose tensors need the GIL to be released. torch does not destroy the group at exit, and Lightning
-leaves it alive after a run (a script may start another), so each rank registers ``destroy_process_group`` to run
-at exit, while the interpreter is still whole.
+A process that exits with its gloo group alive can abort while the interpreter finalises (SIGABRT after a
+successful run: gloo's threads hold tensors that need the GIL); neither torch nor Lightning destroys it.
 """
 
 from __future__ import annotations

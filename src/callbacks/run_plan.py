@@ -39,15 +39,6 @@ def batch_norm_layers(module: nn.Module) -> list[str]:
     return [name for name, child in module.named_modules() if isinstance(child, BATCH_NORMS)]
 
 
-def _micro_batch(loader: Any) -> int | None:
-    """The per-process batch of a DataLoader (its ``batch_size`` or its batch sampler's), or None if unknown."""
-    for owner in (loader, getattr(loader, "batch_sampler", None)):
-        size = getattr(owner, "batch_size", None)
-        if isinstance(size, int):
-            return size
-    return None
-
-
 def _count(value: float | int) -> int | str:
     return "unbounded" if value is None or (isinstance(value, float) and math.isinf(value)) else int(value)
 
@@ -98,13 +89,19 @@ def batch_norm_note(trainer: L.Trainer, pl_module: L.LightningModule, micro: int
 def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
     """The facts of a fit that is about to start (call it once the data loaders are built, e.g. on_train_start)."""
     loader = trainer.train_dataloader
-    micro = _micro_batch(loader)
+    # the per-process batch: the DataLoader's batch_size, or its batch sampler's
+    sizes = [getattr(owner, "batch_size", None) for owner in (loader, getattr(loader, "batch_sampler", None))]
+    micro = next((size for size in sizes if isinstance(size, int)), None)
     accumulate = trainer.accumulate_grad_batches
     batches_per_epoch = trainer.num_training_batches
     steps_per_epoch = (
         math.ceil(batches_per_epoch / accumulate) if not math.isinf(batches_per_epoch) else batches_per_epoch
     )
     datamodule = getattr(trainer, "datamodule", None)
+    # dp splits a process's micro-batch over its GPUs; ddp gives each process its own; the ranks of one
+    # tensor-parallel group share theirs
+    data_parallel = data_parallel_world(trainer.strategy)
+    replicas = data_parallel[0] if data_parallel else trainer.world_size
     return {
         "model": f"{type(pl_module).__module__}.{type(pl_module).__qualname__}",
         "data": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}" if datamodule else None,
@@ -114,9 +111,7 @@ def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]
         "devices_per_node": trainer.num_devices,
         "world_size": trainer.world_size,
         "precision": str(trainer.precision),
-        # dp splits a process's micro-batch over its GPUs; ddp gives each process its own; the ranks of one
-        # tensor-parallel group share theirs
-        "global_batch": micro * accumulate * _replicas(trainer) if micro else None,
+        "global_batch": micro * accumulate * replicas if micro else None,
         "micro_batch_per_process": micro,
         "accumulate_grad_batches": accumulate,
         "steps_per_epoch": _count(steps_per_epoch),
@@ -133,11 +128,6 @@ def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         **{f"{name}_bytes_per_rank": value for name, value in memory_per_rank(pl_module, trainer.optimizers).items()},
     }
-
-
-def _replicas(trainer: L.Trainer) -> int:
-    data_parallel = data_parallel_world(trainer.strategy)
-    return data_parallel[0] if data_parallel else trainer.world_size
 
 
 def format_plan(plan: dict[str, Any]) -> str:
@@ -168,14 +158,10 @@ class RunPlan(Callback):
         # every rank: `trainer.log_dir` is a broadcast under ddp, so calling it on rank 0 alone would hang
         self.plan = run_plan(trainer, pl_module)
         folder = Path(trainer.log_dir or trainer.default_root_dir)
-        if trainer.is_global_zero:
-            self._report(trainer, folder)
-
-    def _report(self, trainer: L.Trainer, folder: Path) -> None:
-        assert self.plan is not None
+        if not trainer.is_global_zero:
+            return
         if self.print_plan:
             print(format_plan(self.plan), flush=True)
-        if trainer.fast_dev_run:
-            return  # a smoke test writes nothing
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / PLAN_FILE).write_text(json.dumps(self.plan, indent=2) + "\n")
+        if not trainer.fast_dev_run:  # a smoke test writes nothing
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / PLAN_FILE).write_text(json.dumps(self.plan, indent=2) + "\n")

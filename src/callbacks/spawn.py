@@ -1,13 +1,8 @@
 """Give each ``ddp_spawn`` worker its own copy of the module's metric states.
 
-``torch.multiprocessing`` moves every CPU tensor it pickles into shared memory, so the model ``ddp_spawn`` sends
-to its workers arrives with its tensors shared between all of them. Lightning gives each worker private copies
-of the parameters and buffers (``_disable_module_memory_sharing``, CPU only), but torchmetrics keeps its states
-as plain tensor attributes, which stay shared: until a metric's first ``reset()`` replaces them, every rank adds
-its updates into the same tensors, racing with the others, and ``compute()`` then sums those doubled states over
-the ranks. The first validation of a worker (the sanity check, or after a resume, which skips it) and the first
-training epoch's means came out wrong: off by float32 rounding when the adds interleave cleanly, by up to a
-percent when they race. On a GPU the states are copied to the device and are private already.
+``torch.multiprocessing`` pickles CPU tensors into shared memory. Lightning un-shares the parameters and buffers,
+but not torchmetrics' states (plain tensor attributes): until a metric's first ``reset()``, every CPU worker adds
+into the same tensors, and the first validation's and epoch's means came out wrong by up to a percent.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """When per-step work is due: each time the optimizer step count crosses a multiple of ``n``.
 
 "Crossed", not "is": with manual optimization one batch may make several optimizer steps, and between the
-micro-batches of an accumulated step the count does not move. The nan guard, the plain progress bar, the
-throughput monitor, the preemption check and the ``max_time`` timer all ask this one class.
+micro-batches of an accumulated step the count does not move.
 """
 
 from __future__ import annotations

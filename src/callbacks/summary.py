@@ -17,10 +17,8 @@ _RIGHT_ALIGNED = ("Params", "Params per Device", "FLOPs", "In sizes", "Out sizes
 class ModelSummary(RichModelSummary):
     """Lightning's Rich model summary, with FLOPs only where they are known.
 
-    Lightning counts FLOPs by running the module's ``example_input_array``; a module without one got a column of
-    zeros and ``Total FLOPs: 0``. Here the column and the total appear only when Lightning counted them, and a
-    module that declares its training FLOPs (``flops_per_sample`` or ``flops_per_batch``, which the throughput
-    callback turns into MFU) shows that figure instead. Same table otherwise, drawn with Rich's public API.
+    Lightning counts FLOPs only with an ``example_input_array`` (else a column of zeros); without one, a module
+    that declares its training FLOPs (``flops_per_sample`` or ``flops_per_batch``) shows that figure instead.
     """
 
     _declared: tuple[str, float] | None = None

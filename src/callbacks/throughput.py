@@ -1,16 +1,10 @@
 """Throughput, TFLOP/s, MFU, peak memory and the data-wait share of every training run.
 
-Logged with the other metrics every ``log_every_n_steps`` optimizer steps (``perf/*`` in ``metrics.csv``,
-TensorBoard, wandb) and shown in the progress output. The step itself is never made to wait for the device:
-the per-step work is a few host clock reads and a look at the batch's shape.
-
-Why not Lightning's ``ThroughputMonitor``: it syncs with the device after every batch, its figures never reach
-the progress bar, it measures neither memory nor data wait, and its table holds sparse peaks (twice the dense
-ones MFU is quoted against). Its ``get_available_flops`` is the fallback peak table here.
-
-A module gets MFU by exposing its training FLOPs (forward + backward) as one of, looked up in this order:
-``flops_per_batch`` (one micro-batch of one process, Lightning's convention) or ``flops_per_sample``, each an
-attribute or a method called without arguments, once, when training starts.
+Logged every ``log_every_n_steps`` optimizer steps (``perf/*``) and shown in the progress output; the step never
+waits for the device. Not Lightning's ``ThroughputMonitor``: it syncs after every batch, measures neither memory
+nor data wait, and its table holds sparse peaks (twice the dense ones MFU is quoted against). A module gets MFU
+by exposing its training FLOPs as ``flops_per_batch`` (one micro-batch of one process) or ``flops_per_sample``,
+an attribute or a method, read once when training starts.
 """
 
 from __future__ import annotations
@@ -55,12 +49,8 @@ def compute_kind(precision: str) -> str:
 
 
 def dense_peak_flops(device: torch.device, precision: str) -> float | None:
-    """Dense peak FLOP/s of one device at this precision, or None where unknown (any CPU, an unlisted GPU).
-
-    Example::
-
-        dense_peak_flops(torch.device("cuda", 0), "bf16-mixed")  # 989.4e12 on an H100 SXM or H200
-    """
+    """Dense peak FLOP/s of one device at this precision (989.4e12 for ``bf16-mixed`` on an H100 SXM), or None
+    where unknown (any CPU, an unlisted GPU)."""
     if device.type != "cuda":
         return None
     kind = compute_kind(precision)
@@ -123,13 +113,9 @@ def shown_figures(trainer: L.Trainer) -> dict[str, float]:
 class SpeedMonitor(Callback):
     """Logs samples/s (and tokens/s), TFLOP/s, MFU, peak memory and the share of time spent waiting for data.
 
-    Every ``log_every_n_steps`` optimizer steps it logs, over the steps since the last log (validation excluded):
-    ``perf/samples_per_s`` (all devices) and ``perf/samples_per_s_per_device``; the same for tokens when the
-    batch's first tensor holds token ids ``(N, T)``; ``perf/tflops_per_device`` and ``perf/mfu`` when the module
-    exposes its FLOPs (see the module docstring) and the peak is known; ``perf/memory_*_gb``; and
-    ``perf/data_wait``, the share of the time the training loop spent between batches (loading and moving data).
-    The figures go to the run's loggers, and the template's progress output (``--progress_bar``) shows the main
-    ones; they are not in ``trainer.callback_metrics``, so no callback can monitor them.
+    Figures cover the steps since the last log, validation excluded; tokens are counted when the batch's first
+    tensor holds token ids ``(N, T)``, MFU when the module exposes its FLOPs and the peak is known. They go to the
+    loggers only, not ``trainer.callback_metrics``, so no callback can monitor them.
 
     Args:
         peak_tflops: Dense peak of one device at the run's precision, TFLOP/s; overrides the built-in table. Give

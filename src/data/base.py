@@ -15,12 +15,8 @@ from src.strategies.model_parallel import data_parallel_world
 
 
 class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose position in the epoch is saved in checkpoints.
-
-    Lightning saves and restores the ``state_dict`` of any dataloader that has one. The position comes from the
-    training loop (``position()``), not from counting the batches this loader handed out, because the loop's
-    prefetching and the worker processes read ahead of what has actually been trained on.
-    """
+    """A ``DataLoader`` whose position in the epoch Lightning saves in checkpoints: taken from the training loop
+    (``position()``), as prefetching and workers read ahead of what has been trained on."""
 
     def __init__(self, *args: Any, position: Callable[[], dict[str, int]] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -38,18 +34,8 @@ class GlobalBatchDataModule(L.LightningDataModule):
     """Base class for data modules whose ``batch_size`` means one optimizer step over all processes.
 
     Subclasses build ``self.train_set``, ``self.val_set``, ``self.test_set`` (and optionally ``self.predict_set``)
-    in ``setup``; this class turns them into loaders. Each process loads
-    ``batch_size / (world_size * accumulate_grad_batches)`` samples per micro-batch, from a shuffled order shared
-    by all world sizes (see ``src/data/sampling.py``), so ``--trainer.strategy``, ``--trainer.devices`` and
-    ``--trainer.accumulate_grad_batches`` do not change which samples meet in an optimizer step.
-
-    Validation, test and predict sets are read in order, in global batches of ``batch_size`` samples that do not
-    depend on the number of processes (``limit_val_batches=k`` evaluates the same samples on any world size); each
-    process takes a slice of every global batch, each sample is counted once (torchmetrics results are exact),
-    and every process runs the same number of batches, so that per-step collectives in a user's steps
-    (``sync_dist=True``, ``all_gather``) cannot hang. The price: slice sizes may differ by one sample between
-    processes, and a set smaller than the number of processes repeats a sample on the processes that would have
-    none (see ``EvaluationBatches``).
+    in ``setup``; this class turns them into loaders whose order does not depend on the strategy, the device count
+    or the accumulation (``src/data/sampling.py``).
 
     Args:
         batch_size: Global batch size of one optimizer step, across all processes and accumulated micro-batches.
@@ -71,10 +57,7 @@ class GlobalBatchDataModule(L.LightningDataModule):
 
     def _world(self) -> tuple[int, int, int]:
         """(data-parallel size, data-parallel rank, accumulated micro-batches per step); (1, 0, 1) outside a Trainer.
-
-        The data-parallel size is the world size, except under ``tensor_parallel``, where the ranks of one
-        tensor-parallel group compute one model replica together and load the same samples.
-        """
+        The ranks of one tensor-parallel group load the same samples."""
         trainer = self.trainer
         if trainer is None:
             return 1, 0, 1

@@ -44,11 +44,7 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
 class IndexedImages(Dataset):
-    """uint8 images ``(N, 3, H, W)`` and labels; items are ``(image, label, index)``.
-
-    The index travels with the sample so that augmentation can be a function of (seed, epoch, index) alone,
-    the same whichever process or worker loads the sample.
-    """
+    """uint8 images ``(N, 3, H, W)`` and labels; items are ``(image, label, index)``, the index for augmentation."""
 
     def __init__(self, images: Tensor, labels: Tensor) -> None:
         if images.dtype != torch.uint8 or images.ndim != 4 or len(images) != len(labels):
@@ -231,12 +227,8 @@ def _unpack(archive: Path, target: Path) -> None:
 
 
 def download_cifar10(data_dir: str | Path, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5) -> Path:
-    """Download and unpack the official CIFAR-10 python archive into ``data_dir``; return the batch folder.
-
-    Nothing is left behind that a later run would mistake for data: the archive appears only once complete and
-    verified, and the batch folder only once unpacked in full. An archive left by a run that failed while
-    unpacking is checked and used instead of downloading again.
-    """
+    """Download and unpack the official CIFAR-10 python archive into ``data_dir``; return the batch folder. The
+    archive and the folder appear only once complete, so nothing left behind can be mistaken for data."""
     target = Path(data_dir)
     try:
         target.mkdir(parents=True, exist_ok=True)
@@ -273,11 +265,8 @@ def _hash(values: Tensor, salt: int) -> Tensor:
 
 
 def random_crop_flip(images: Tensor, indices: Tensor, seed: int, epoch: int, padding: int = 4) -> Tensor:
-    """Pad-and-crop plus horizontal flip, decided per sample by a hash of (seed, epoch, index).
-
-    Drawing the crop from a random generator instead would make the augmentation depend on which process
-    and which worker loaded the sample, so changing the device count would change the training data.
-    """
+    """Pad-and-crop plus horizontal flip, decided per sample by a hash of (seed, epoch, index): a random generator
+    would depend on which process and worker loaded the sample."""
     n, _, height, width = images.shape
     h = _hash(indices.long() % _PRIME, salt=(seed * 1_000_003 + epoch) % _PRIME)
     span = 2 * padding + 1

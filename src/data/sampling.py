@@ -47,14 +47,9 @@ def global_seed() -> int:
 class GlobalBatchSampler(DistributedSampler):
     """Yields this process's share of every global batch, in an order shared by all world sizes.
 
-    Epoch ``e`` draws one permutation from ``seed + e`` (the same on every rank), cuts it into global batches of
-    ``global_batch_size`` (an incomplete last one is dropped so that every step averages the same number of
-    samples), each global batch into ``accumulate_grad_batches`` micro-batches and each micro-batch into
-    ``num_replicas`` equal slices. Rank ``r`` yields slice ``r`` of every micro-batch in turn; a ``DataLoader``
-    with ``batch_size=per_process_batch_size(...)`` then cuts exactly those slices.
-
-    ``resume_from(epoch, batches_done)`` makes the next pass over ``epoch`` skip the micro-batches a checkpoint
-    had already trained on, which is what makes a mid-epoch resume bit-for-bit the same run.
+    Epoch ``e``'s permutation (from ``seed + e``) is cut into global batches (a short last one dropped, so every
+    step averages as many samples), micro-batches and ``num_replicas`` equal slices; rank ``r`` yields slice ``r``
+    of each micro-batch. ``resume_from`` skips the micro-batches a checkpoint had trained on (a bit-for-bit resume).
     """
 
     def __init__(
@@ -127,12 +122,8 @@ class GlobalBatchSampler(DistributedSampler):
 
 
 def global_evaluation_batches(total: int, global_batch_size: int, world_size: int = 1) -> list[range]:
-    """The global evaluation batches of a set of ``total`` samples, in order: batch ``k`` is samples
-    ``[k * global_batch_size, (k + 1) * global_batch_size)``, whatever the number of processes.
-
-    A last batch with fewer samples than processes joins the one before it, so that no process gets an empty
-    batch; that is the one place where the world size changes a batch. ``limit_val_batches=k`` therefore
-    evaluates the same samples on any number of processes (unless the set has ``k`` batches and a short last one).
+    """The global evaluation batches of ``total`` samples, in order, whatever the number of processes; a last
+    batch with fewer samples than processes joins the one before it, so that no process gets an empty batch.
 
     >>> global_evaluation_batches(10, 4, world_size=3)
     [range(0, 4), range(4, 10)]
@@ -155,21 +146,10 @@ def rank_share(batch: range, world_size: int, rank: int, total: int) -> list[int
 class EvaluationBatches(DistributedSampler):
     """This rank's share of each global evaluation batch: the same samples per global batch at any world size.
 
-    Global batch ``k`` is samples ``[k * B, (k + 1) * B)`` of the set in order (``B``: ``--data.batch_size``),
-    split into ``num_replicas`` consecutive slices whose sizes differ by at most one; rank ``r`` yields slice
-    ``r`` of every global batch (see ``global_evaluation_batches`` for the short last batch). So the first ``k``
-    batches (``limit_val_batches=k``) are the same samples on one process as on eight, every sample is counted
-    exactly once, and torchmetrics' reductions over the ranks are exact.
-
-    Every rank runs the same number of batches: under ``ddp`` a ``validation_step`` that logs with
-    ``sync_dist=True`` on each step, or calls ``self.all_gather``, starts a collective per step, and a rank with
-    one batch more would wait for the others forever. Only a set smaller than the number of processes repeats a
-    sample (each empty rank evaluates one sample again, counted twice), because a batch cannot be empty.
-
-    Predictions under ``ddp``: rank ``r``'s batch ``k`` holds slice ``r`` of global batch ``k``, so concatenating
-    the ranks' ``k``-th batches in rank order gives the samples of global batch ``k`` in order.
-
-    It yields lists of indices; use it with ``BatchedDataset`` and ``DataLoader(batch_size=None)``.
+    Rank ``r`` yields slice ``r`` (consecutive, sizes within one) of every global batch, so each sample is counted
+    once and the ranks' ``k``-th predictions in rank order are global batch ``k``. Every rank runs as many batches
+    (a per-step collective would otherwise hang). Yields index lists, for ``BatchedDataset`` with
+    ``DataLoader(batch_size=None)``.
     """
 
     def __init__(self, dataset: Sized, global_batch_size: int, num_replicas: int = 1, rank: int = 0) -> None:

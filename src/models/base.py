@@ -20,12 +20,8 @@ def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
 class WeightedMean(Metric):
     """A sample-weighted mean (or several, updated together) that never waits for the device.
 
-    A torchmetrics ``Metric`` (states, DDP reduction in ``compute``) with ``MeanMetric``'s arithmetic but not its
-    update, which either checks its inputs for NaN with ``.any()``, a host-device sync on every training step,
-    or, with ``nan_strategy="disable"``, silently ignores the weights (torchmetrics 1.9). A NaN loss shows as a
-    NaN mean. A weight given as a number (the samples a value stands for) goes into the kernel as an argument:
-    no host-to-device copy either. ``shape=(k,)`` keeps ``k`` means updated by one call: each torchmetrics
-    update costs tens of microseconds of Python per training step, a measurable share of a small step.
+    ``MeanMetric``'s arithmetic without its update's NaN check (a host-device sync every step; see
+    ``docs/benchmarks.md``); a NaN loss shows as a NaN mean. ``shape=(k,)`` keeps ``k`` means updated by one call.
     """
 
     full_state_update = False
@@ -47,12 +43,8 @@ class WeightedMean(Metric):
 class TemplateModule(L.LightningModule):
     """Base class for this template's models: injects the optimizer and LR scheduler.
 
-    Both are callables that LightningCLI builds from ``--model.init_args.optimizer`` and
-    ``--model.init_args.lr_scheduler`` (any class from ``torch.optim`` or your own), so every one of their
-    options is on the command line, in YAML and in ``--model.help``. The scheduler steps every optimizer
-    step by default, which is what warm-up and cosine schedules expect; ``ReduceLROnPlateau`` steps once per
-    epoch on ``lr_scheduler_monitor``, and skips a step with a warning (instead of stopping the run) while that
-    metric has not been logged yet.
+    Both are callables LightningCLI builds from ``--model.init_args.optimizer`` and ``--model.init_args.lr_scheduler``
+    (any class from ``torch.optim`` or your own). A missing ``lr_scheduler_monitor`` skips a step with a warning.
 
     Args:
         optimizer: Builds the optimizer from the parameters, e.g. ``torch.optim.AdamW`` with its options.
@@ -94,11 +86,8 @@ class TemplateModule(L.LightningModule):
         }
 
     def should_log_step(self) -> bool:
-        """True on the optimizer steps whose per-step metrics the logger will write.
-
-        ``self.log`` costs about 0.25 ms per value (``docs/benchmarks.md``) even when nothing is written, so
-        per-step metrics are only logged on the steps Lightning flushes (every ``trainer.log_every_n_steps``).
-        """
+        """True on the optimizer steps whose per-step metrics the logger will write: ``self.log`` costs about
+        0.25 ms per value even when nothing is written (``docs/benchmarks.md``)."""
         trainer = attached_trainer(self)
         if trainer is None:
             return False

@@ -1,19 +1,10 @@
 """``strategy="dp"`` for Lightning 2.x: one process, the batch of every forward split across the GPUs.
 
-Lightning 2.x removed its DataParallel strategy. Its 1.x version ran ``training_step`` inside every replica
-thread, which needed ``*_step_end`` hooks (gone in 2.x) and made ``self.log`` and torchmetrics racy. This one
-follows Lightning Fabric's DataParallel instead: the steps run once, in the main process, and only the module's
-``forward`` is parallel. When ``training_step`` calls ``self(x)``, the batch is scattered over the devices,
-the network is replicated, the replicas run in threads and the outputs are gathered on the first device, where
-the loss, ``self.log`` and metrics see the whole batch, exactly as on one device. Autograd carries the gradients
-back through the gather and the replicas and sums them on the first device, so the backpropagated loss and the
-gradients are those of single-device training on the same batch. The module itself is never wrapped, so
-checkpoints have the same keys as single-device ones.
-
-Tensor inputs (also in containers) are split along dim 0, other values reach every replica as they are; outputs
-are concatenated along dim 0 and a 0-dim output (a loss) is the chunk-size-weighted mean; ``dp_modules = ("net",)``
-on the module names the children ``forward`` uses, the only ones copied each step. ``docs/strategies.md`` has
-the full table.
+Lightning 2.x removed its DataParallel strategy. As Lightning Fabric's DataParallel, the steps run once, in the
+main process, and only the module's ``forward`` is parallel: the batch is scattered over the devices, the
+network replicated, the replicas run in threads and the outputs gathered on the first device, where the loss,
+``self.log`` and metrics see the whole batch as on one device. The module is never wrapped, so checkpoints have
+single-device keys. ``docs/strategies.md`` has the full table of what is split, gathered and refused.
 
 Usage: ``python -m src.cli fit --trainer.strategy=dp --trainer.accelerator=gpu --trainer.devices=4``.
 """
@@ -116,12 +107,9 @@ def _not_replicated_message(name: str, child: nn.Module) -> str:
 def replicated_children(module: nn.Module) -> list[str]:
     """Names of the child modules dp copies to every GPU each step: ``module.dp_modules``, else all but metrics.
 
-    Why not the whole module: replication copies every parameter and buffer of what it is given to every GPU on
-    every forward. A LightningModule often holds networks its ``forward`` never uses (an EMA or teacher copy, a
-    GAN discriminator), which would double that traffic and GPU memory; and its torchmetrics objects must not
-    run in replica threads at all. Which children ``forward`` uses cannot be told reliably from outside (a frozen
-    backbone looks like a frozen teacher), so the module says it; the default copies every network, which is
-    always correct.
+    Replication copies every parameter to every GPU on every forward, so networks ``forward`` never uses (an EMA
+    copy, a GAN discriminator) can be left out; only the module can say which, as a frozen backbone looks like a
+    frozen teacher from outside.
     """
     children = dict(module.named_children())
     declared = getattr(module, DP_MODULES, None)
@@ -136,13 +124,9 @@ def replicated_children(module: nn.Module) -> list[str]:
 
 
 def in_callers_modes(forward: Callable[..., Any], device_type: str) -> Callable[..., Any]:
-    """``forward(replica, ...)`` run in the calling thread's grad, inference and autocast modes.
-
-    These modes are per thread. torch's parallel_apply re-enters grad mode and autocast in each replica thread,
-    but autocast with the default dtype (float16 on CUDA: bf16-mixed would silently run in fp16) and not inference
-    mode (Lightning's validation/test/predict: in-place ops on the input chunks would then fail, "Inplace update to
-    inference tensor outside InferenceMode"). So the caller's exact state is captured here and re-entered there.
-    """
+    """``forward(replica, ...)`` run in the calling thread's grad, inference and autocast modes, which are per
+    thread: torch's parallel_apply re-enters autocast with the default dtype (bf16-mixed would silently run in
+    fp16) and not inference mode (in-place ops on the input chunks would then fail in validation)."""
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     autocast, dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
@@ -196,11 +180,8 @@ def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Seq
 
 
 class ParallelForward:
-    """Stands in for ``module.forward``: scatter the inputs, replicate, run the replicas in parallel, gather.
-
-    This is what ``nn.DataParallel.forward`` does, without wrapping the module, so that Lightning keeps calling
-    the module's own hooks and state-dict keys stay unprefixed.
-    """
+    """Stands in for ``module.forward``: scatter, replicate, run the replicas in parallel, gather; what
+    ``nn.DataParallel.forward`` does, without wrapping the module (its hooks and state-dict keys stay its own)."""
 
     def __init__(self, module: nn.Module, devices: list[torch.device]) -> None:
         self.module = module
@@ -242,12 +223,8 @@ class ParallelForward:
 
 
 class DataParallelStrategy(ParallelStrategy):
-    """Single-process data parallelism over the GPUs of one machine (see the module docstring).
-
-    ``--data.batch_size`` is the batch of one step on all GPUs together, as on one device; each GPU computes
-    ``batch_size / devices`` samples of every forward. With ``accelerator=cpu`` (no GPUs to split over) it runs
-    as a single device, and says so.
-    """
+    """Single-process data parallelism over the GPUs of one machine (see the module docstring); on the CPU it
+    runs as a single device, and says so."""
 
     strategy_name = "dp"
 
@@ -308,8 +285,7 @@ class DataParallelStrategy(ParallelStrategy):
         super().setup_environment()
 
     def model_to_device(self) -> None:
-        assert self.model is not None
-        self.model.to(self.root_device)
+        self.model.to(self.root_device)  # type: ignore[union-attr]
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         if self.parallel_forward_active:

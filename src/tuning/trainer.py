@@ -1,10 +1,8 @@
 """``python -m src.cli tune``: the largest micro-batch one device holds and a learning rate, written as a config.
 
-Lightning's ``BatchSizeFinder`` and ``LRFinder`` (through ``Tuner``) run on one device only. So the search always
-runs in the launching process, on a single-device Trainer of the same accelerator and precision as the one
-asked for, and the result is carried over to the requested run: the global batch is the micro-batch found x
-devices x nodes x ``accumulate_grad_batches`` (``--data.init_args.batch_size`` is global for
-``GlobalBatchDataModule``), and the learning rate found at the micro-batch is scaled to that global batch.
+Lightning's finders run on one device only, so the search runs on a single-device Trainer of the requested
+accelerator and precision; the global batch is the micro-batch found x devices x nodes x
+``accumulate_grad_batches``, and the learning rate found at the micro-batch is scaled to it.
 """
 
 from __future__ import annotations
@@ -40,10 +38,8 @@ class TuneResult:
 
 
 class Trainer(L.Trainer):
-    """Lightning's ``Trainer`` with a ``tune`` method, which the CLI offers as the ``tune`` subcommand.
-
-    Named ``Trainer`` because messages about ``--trainer`` options name the class, and that is the one users know.
-    """
+    """Lightning's ``Trainer`` with a ``tune`` method (the ``tune`` subcommand); named ``Trainer`` because messages
+    about ``--trainer`` options name the class."""
 
     def tune(
         self,
