@@ -34,6 +34,7 @@ EXAMPLE_FILES = [
     "src/data/images.py",
     "src/data/text.py",
     "src/data/corpus.py",
+    "configs/sweep/quick.yaml",  # a first sweep over the example model's optimizer options
     "tests/workflows/test_make_it_yours.py",  # the test of this script, which has nothing left to remove afterwards
 ]
 EXAMPLE_DIRS = ["configs/experiment", "tests/examples"]

@@ -1,6 +1,6 @@
 """Every file in configs/ parses to what it says, and runs where this machine allows (the example workloads' own
 presets, configs/experiment/, are tested in tests/examples/test_experiment_configs.py, the sweep files of
-configs/sweep/ in tests/sweep/test_sweep.py)."""
+configs/sweep/ in tests/examples/test_sweep_files.py)."""
 
 import json
 import math
@@ -13,7 +13,7 @@ import yaml
 from src.cli import main
 from tests.conftest import REPO, TINY, last_value, read_metrics
 
-# configs/sweep/ holds sweep files, not fit configs (tests/sweep/test_sweep.py reads them)
+# configs/sweep/ holds sweep files, not fit configs (tests/examples/test_sweep_files.py reads them)
 CONFIGS = sorted(
     p for p in (REPO / "configs").rglob("*.yaml") if not {"experiment", "sweep"} & set(p.relative_to(REPO).parts)
 )
