@@ -5,7 +5,7 @@ import textwrap
 import pytest
 import yaml
 
-from src.cli import main
+from src.cli import _strategy_name, main
 from tests.conftest import REPO, TINY, cli_env, last_value, read_metrics
 
 
@@ -148,3 +148,13 @@ def test_cli_builds_the_objects_without_running_for_notebooks_and_scripts():
     cli = TemplateCLI(args=[*TINY, "--trainer.max_steps=3", "--data.init_args.batch_size=64"], run=False)
     assert isinstance(cli.model, TinyClassifier) and isinstance(cli.datamodule, TinyData)
     assert cli.trainer.max_steps == 3 and cli.datamodule.batch_size == 64
+
+
+def test_a_strategy_of_auto_that_runs_several_processes_is_named_ddp_so_it_gets_the_templates_ddp_options():
+    # the collective timeout and, for manual optimization, find_unused_parameters: both need a DDP strategy object
+    cpu = {"strategy": "auto", "accelerator": "cpu"}
+    assert _strategy_name({**cpu, "devices": 2}) == "ddp"
+    assert _strategy_name({**cpu, "devices": 1, "num_nodes": 2}) == "ddp"
+    assert _strategy_name({**cpu, "devices": 1}) == "auto"  # one process: Lightning's single-device strategy
+    assert _strategy_name({**cpu, "devices": "auto"}) == "auto"  # one CPU process, as Lightning counts it
+    assert _strategy_name({**cpu, "strategy": "ddp_spawn", "devices": 2}) == "ddp_spawn"  # a name is kept
