@@ -28,7 +28,7 @@ from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import DoublePrecision, HalfPrecision
 from lightning.pytorch.plugins.io import CheckpointIO
-from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
 from torch.multiprocessing import ProcessExitedException
 
 from src.callbacks import (
@@ -62,7 +62,7 @@ from src.checks import (
     resolve_accelerator,
     yaml_problem,
 )
-from src.compat import subcommand_parser
+from src.compat import set_collective_timeout, subcommand_parser
 from src.data.base import GlobalBatchDataModule
 from src.errors import (
     DEBUG_ENV,
@@ -285,8 +285,9 @@ class TemplateCLI(LightningCLI):
             "--collective_timeout",
             type=float,
             default=COLLECTIVE_TIMEOUT_S,
-            help="Seconds a ddp / ddp_spawn collective waits for the other ranks before the job fails, so that a"
-            " stuck or dead rank cannot hang the job. Raise it if rank 0 alone does long work (a download).",
+            help="Seconds a collective of several processes (ddp, ddp_spawn, fsdp2, tensor_parallel) waits for the"
+            " other ranks before the job fails, so that a stuck or dead rank cannot hang the job. Raise it if rank 0"
+            " alone does long work (a download).",
         )
 
     # -- checks before anything is instantiated --------------------------------------------------------------
@@ -458,6 +459,8 @@ class TemplateCLI(LightningCLI):
         timeout = self._chosen().get("collective_timeout")
         kwargs.update(_strategy_with_timeout(_strategy_name(trainer_config), timeout, self.model))
         trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
+        if timeout is not None and isinstance(trainer.strategy, ModelParallelStrategy):  # fsdp2, tensor_parallel
+            set_collective_timeout(trainer.strategy, timedelta(seconds=timeout))
         if isinstance(trainer.precision_plugin, (DoublePrecision, HalfPrecision)):
             # Lightning loads a checkpoint's weights before it converts the module to a "-true" precision, so
             # float64 weights would be rounded through float32 on resume: convert first (the later one is a no-op)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Collection, Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
@@ -97,6 +98,13 @@ def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> N
     before the processes exist, and its ``"auto"`` puts the processes of a node on the tensor-parallel side)."""
     strategy._data_parallel_size = data_parallel
     strategy._tensor_parallel_size = tensor_parallel
+
+
+def set_collective_timeout(strategy: Any, timeout: timedelta) -> None:
+    """Set how long a ``ModelParallelStrategy``'s collectives wait, after the Trainer is built and before its process
+    group exists (given as an object, the strategy would meet Lightning's list of precisions, which lacks
+    ``64-true``; by name it is built without the timeout). Its ``_setup_distributed`` reads ``_timeout``."""
+    strategy._timeout = timeout
 
 
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import inspect
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from typing import Any
 
 import lightning as L
@@ -109,6 +110,15 @@ def test_strategy_setup_still_hands_the_model_to_setup_model_which_dp_overrides(
     source = inspect.getsource(Strategy.setup)
     assert source.index("self.model_to_device()") < source.index("self.model = self._setup_model(self.model)")
     assert "_setup_model" in vars(DataParallelStrategy)
+
+
+def test_set_collective_timeout_is_the_timeout_model_parallel_strategy_creates_its_process_group_with():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy()
+    compat.set_collective_timeout(strategy, timedelta(seconds=12))
+    assert strategy._timeout == timedelta(seconds=12)
+    assert '"timeout": self._timeout' in inspect.getsource(ModelParallelStrategy._setup_distributed)
 
 
 def test_set_mesh_sizes_sets_the_sizes_model_parallel_strategy_keeps():

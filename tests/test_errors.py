@@ -483,3 +483,12 @@ def test_collective_timeout_reaches_the_ddp_strategy():
     assert cli.trainer.strategy._start_method == "spawn" and cli.trainer.world_size == 2
     cli = TemplateCLI(args=[*TINY, *args], run=False)
     assert cli.trainer.strategy._timeout.total_seconds() == COLLECTIVE_TIMEOUT_S
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "tensor_parallel", "auto"])
+def test_collective_timeout_reaches_the_model_parallel_strategies_and_auto(strategy):
+    from src.cli import TemplateCLI
+
+    args = ["--trainer.accelerator=cpu", f"--trainer.strategy={strategy}", "--trainer.devices=2"]
+    cli = TemplateCLI(args=[*TINY, *args, "--trainer.precision=64-true", "--collective_timeout=42"], run=False)
+    assert cli.trainer.strategy._timeout.total_seconds() == 42 and cli.trainer.world_size == 2
