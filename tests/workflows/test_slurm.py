@@ -291,8 +291,11 @@ def test_multi_node_script_trains_the_same_model_on_two_nodes(jobs: Jobs, refere
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_multi_node_script_trains_the_same_model_sharded_under_fsdp2(jobs: Jobs, reference: Callable[[], Path]) -> None:
-    run_dir = jobs.folder / "run"
+def test_multi_node_fsdp2_job_preempted_requeues_and_resumes_from_its_sharded_checkpoint(
+    jobs: Jobs, reference: Callable[[], Path]
+) -> None:
+    run_dir, progress = jobs.folder / "run", jobs.folder / "progress"
+    extra = [*TRAIN_ARGS, *pace_args(progress, seconds=0.1), "--trainer.strategy=fsdp2"]  # after the script's ddp
     job = jobs.submit(
         "slurm/multi_node.sbatch",
         "--ntasks-per-node=1",
@@ -300,18 +303,28 @@ def test_multi_node_script_trains_the_same_model_sharded_under_fsdp2(jobs: Jobs,
         "--cpus-per-task=1",
         RUN_DIR=str(run_dir),
         ACCELERATOR="cpu",
-        EXTRA_ARGS=" ".join([*TRAIN_ARGS, "--trainer.strategy=fsdp2"]),  # after the script's ddp: it wins
+        EXTRA_ARGS=" ".join(extra),
     )
-    (record,) = jobs.wait(job)
+    deadline = time.monotonic() + 120
+    while not (progress.is_file() and len(progress.read_text().split()) >= PREEMPT_AFTER):
+        assert time.monotonic() < deadline, f"no training progress\n{jobs.logs()}"
+        assert job_records(job)[0]["JobState"] in ("PENDING", "RUNNING"), jobs.logs()
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)  # as SLURM does before a time limit
+    (record,) = jobs.wait(job, timeout=240)
     completed([record], jobs)
-    assert record["NumNodes"] == "2", record
-    assert "--trainer.devices=1 --trainer.num_nodes=2" in jobs.logs()
+    log = jobs.logs()
+    assert record["NumNodes"] == "2" and record["Restarts"] == "1", log  # both nodes; requeued once
+    assert "--trainer.devices=1 --trainer.num_nodes=2" in log
+    saved = re.findall(r"saved \S+last\.ckpt at step (\d+)", log)
+    assert len(saved) == 2 and len(set(saved)) == 1 and PREEMPT_AFTER <= int(saved[0]) < MAX_STEPS, log
+    assert f"Restoring states from the checkpoint path at {run_dir}/checkpoints/last.ckpt" in log
     last = run_dir / "checkpoints" / "last.ckpt"
     assert is_sharded_checkpoint(last) and len(list(last.glob("*.distcp"))) == 2  # one shard per node
     state = load_sharded_checkpoint(last)
     assert state["global_step"] == MAX_STEPS
     reference_state = load_state(reference() / "checkpoints" / "last.ckpt")
-    assert relative_difference(reference_state, state["state_dict"]) < 1e-9
+    assert relative_difference(reference_state, state["state_dict"]) < 1e-9  # the uninterrupted ddp run's model
 
 
 @pytest.mark.slurm
