@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from src.sharded_checkpoint import is_sharded_checkpoint, load_sharded_checkpoint
+from src.sharded_checkpoint import fsync_directory, is_sharded_checkpoint, load_sharded_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         if cause is not None:  # a full disk or a read-only folder: say so, with the checkpoint's path
             raise OSError(cause.errno, cause.strerror, str(path)) from error
         raise
-    _fsync_directory(path.parent)  # the rename itself survives a power loss
+    fsync_directory(path.parent)  # the rename itself survives a power loss
 
 
 def _file_error(error: BaseException) -> OSError | None:
@@ -51,19 +51,6 @@ def _file_error(error: BaseException) -> OSError | None:
         if isinstance(candidate, OSError) and candidate.errno is not None and not candidate.filename:
             return candidate
     return None
-
-
-def _fsync_directory(folder: Path) -> None:
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # some file systems do not open directories; the rename is still atomic
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

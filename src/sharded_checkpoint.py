@@ -50,7 +50,7 @@ def move_into_place(staging: Path, final: Path) -> None:
     if final.exists():
         os.replace(final, aside)
     os.replace(staging, final)
-    _fsync_directory(final.parent)
+    fsync_directory(final.parent)
     if aside.is_dir():
         shutil.rmtree(aside, ignore_errors=True)
     else:
@@ -68,11 +68,12 @@ def restore_interrupted(folder: str | Path) -> None:
             os.replace(aside, final)
 
 
-def _fsync_directory(folder: Path) -> None:
+def fsync_directory(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (also used by ``src/checkpoint_io.py`` for single files)."""
     try:
         descriptor = os.open(folder, os.O_RDONLY)
     except OSError:
-        return
+        return  # some file systems do not open directories; the rename is still atomic
     try:
         os.fsync(descriptor)
     except OSError:
