@@ -17,6 +17,25 @@ from benchmarks.stats import aggregate, scaling_efficiency, summarise_run
 from benchmarks.workloads import WORKLOADS
 
 
+def environment(command: str) -> dict:
+    """The machine section of a results file, as the benchmark writes it, with placeholder values."""
+    return {
+        "command": command,
+        "cpu": "cpu",
+        "cpu_cores": 2,
+        "cpu_cores_usable": 2,
+        "memory_gib": 1,
+        "gpus": [],
+        "python": "3",
+        "torch": "2",
+        "lightning": "2",
+        "torchmetrics": "1",
+        "git_commit": None,
+        "git_dirty": None,
+        "load_average_start": None,
+    }
+
+
 def test_summary_leaves_out_warm_up_and_epoch_boundaries():
     rank = {
         "step_times_s": [9.0, 0.010, 0.012, 5.0, 0.011],  # steps 2..6; step 5 began a new epoch
@@ -135,21 +154,7 @@ def test_report_splits_the_overhead_into_lightnings_and_the_templates(tmp_path):
     assert bare["overhead_vs_bare_ms_per_step"] is None and plain["overhead_ms_per_step"] is None
     assert template["same_loss_as_bare"] and template["same_loss_as_plain"]
     results = {
-        "environment": {
-            "command": "python -m benchmarks --quick",
-            "cpu": "cpu",
-            "cpu_cores": 2,
-            "cpu_cores_usable": 2,
-            "memory_gib": 1,
-            "gpus": [],
-            "python": "3",
-            "torch": "2",
-            "lightning": "2",
-            "torchmetrics": "1",
-            "git_commit": None,
-            "git_dirty": None,
-            "load_average_start": None,
-        },
+        "environment": environment("python -m benchmarks --quick"),
         "settings": {"accelerator": "cpu", "threads": 1, "warmup": 1, "steps": 4, "repeats": 1, "quick": True},
         "rows": table,
         "startup": {"cli_help_s": 3.0, "import_lightning_s": 2.5, "help_vs_import": 1.2, "repeats": 3},
@@ -190,21 +195,7 @@ def test_rows_over_the_memory_budget_are_marked_in_the_table_report_and_csv(tmp_
     assert table[2]["plain_key"] == "gpt-plain-ddp-2dev-32-true-b16"
     assert table[3]["plain_key"] == "gpt-plain-loop-1dev-32-true-b16"  # one replica on the whole batch, as one device
     results = {
-        "environment": {
-            "command": "python -m benchmarks --memory-budget-mb 0.4",
-            "cpu": "cpu",
-            "cpu_cores": 2,
-            "cpu_cores_usable": 2,
-            "memory_gib": 1,
-            "gpus": [],
-            "python": "3",
-            "torch": "2",
-            "lightning": "2",
-            "torchmetrics": "1",
-            "git_commit": None,
-            "git_dirty": None,
-            "load_average_start": None,
-        },
+        "environment": environment("python -m benchmarks --memory-budget-mb 0.4"),
         "settings": {
             "accelerator": "cpu",
             "threads": 1,

@@ -266,19 +266,24 @@ def test_allocation_that_does_not_match_the_devices_fails_at_once(jobs: Jobs) ->
     assert not (run_dir / "checkpoints").exists()
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_multi_node_script_trains_the_same_model_on_two_nodes(jobs: Jobs, reference: Callable[[], Path]) -> None:
-    run_dir = jobs.folder / "run"
-    job = jobs.submit(
+def submit_on_two_nodes(jobs: Jobs, run_dir: Path, extra: list[str]) -> str:
+    """slurm/multi_node.sbatch on both nodes of the cluster, one CPU process each."""
+    return jobs.submit(
         "slurm/multi_node.sbatch",
         "--ntasks-per-node=1",
         "--gres=gpu:1",
         "--cpus-per-task=1",
         RUN_DIR=str(run_dir),
         ACCELERATOR="cpu",
-        EXTRA_ARGS=" ".join(TRAIN_ARGS),
+        EXTRA_ARGS=" ".join(extra),
     )
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_multi_node_script_trains_the_same_model_on_two_nodes(jobs: Jobs, reference: Callable[[], Path]) -> None:
+    run_dir = jobs.folder / "run"
+    job = submit_on_two_nodes(jobs, run_dir, TRAIN_ARGS)
     (record,) = jobs.wait(job)
     completed([record], jobs)
     log = jobs.logs()
@@ -296,15 +301,7 @@ def test_multi_node_fsdp2_job_preempted_requeues_and_resumes_from_its_sharded_ch
 ) -> None:
     run_dir, progress = jobs.folder / "run", jobs.folder / "progress"
     extra = [*TRAIN_ARGS, *pace_args(progress, seconds=0.1), "--trainer.strategy=fsdp2"]  # after the script's ddp
-    job = jobs.submit(
-        "slurm/multi_node.sbatch",
-        "--ntasks-per-node=1",
-        "--gres=gpu:1",
-        "--cpus-per-task=1",
-        RUN_DIR=str(run_dir),
-        ACCELERATOR="cpu",
-        EXTRA_ARGS=" ".join(extra),
-    )
+    job = submit_on_two_nodes(jobs, run_dir, extra)
     deadline = time.monotonic() + 120
     while not (progress.is_file() and len(progress.read_text().split()) >= PREEMPT_AFTER):
         assert time.monotonic() < deadline, f"no training progress\n{jobs.logs()}"
