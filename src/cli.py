@@ -45,6 +45,7 @@ from src.callbacks.continuation import ExactContinuation, RunTimer
 from src.callbacks.precision import Float64Metrics
 from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
 from src.callbacks.process_group import DestroyProcessGroupAtExit
+from src.callbacks.random_state import RandomState
 from src.callbacks.spawn import UnshareSpawnedTensors
 from src.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from src.checkpoint_io import AtomicCheckpointIO, newest_intact_checkpoint
@@ -444,7 +445,7 @@ class TemplateCLI(LightningCLI):
             kwargs["enable_model_summary"] = False  # Lightning's own is replaced (else it logs that it skips it)
         if self._chosen().get("compile"):
             callbacks.append(CompileModel())
-        callbacks.append(ExactContinuation())
+        callbacks += [ExactContinuation(), RandomState()]
         max_time = trainer_config.get("max_time")
         if max_time is not None and not any(isinstance(c, Timer) for c in callbacks):
             # the same limit, stopping at a step boundary without an extra validation (src/callbacks/continuation.py)

@@ -130,3 +130,16 @@ class RecordComputeDtypes(Callback):
             self.handle.remove()
             with open(self.path, "w") as file:
                 json.dump({**self.seen, "precision": str(trainer.precision)}, file)
+
+
+class CrashAtStep(Callback):
+    """Raises an error after optimizer step ``step``: a crash, as an out-of-memory error or a bug ends a run."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            raise RuntimeError(f"crashed at step {self.step}")

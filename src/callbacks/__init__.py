@@ -10,6 +10,8 @@ hooks each runs at.
 - ``CompileModel`` (compile.py), on with ``--compile=true``: compiles the model's ``forward`` at setup.
 - ``ExactContinuation`` (continuation.py), always: saves a stop as the position it is, so that
   ``--ckpt_path=last`` with larger limits continues exactly.
+- ``RandomState`` (random_state.py), always: every rank's random-number generators in every checkpoint, each
+  rank's own restored when a fit resumes (dropout draws what an uninterrupted run draws).
 - ``RunTimer`` (continuation.py), with ``--trainer.max_time``: that limit, stopping at a step boundary.
 - ``preemption``: ``PreemptionCheckpoint`` (preemption.py): on a stop signal, save ``last.ckpt``, stop, requeue
   (off: Lightning's own handlers, which save inside the signal handler).

@@ -39,6 +39,7 @@ class RunCheckpoint(ModelCheckpoint):
         self._missing_monitor_reported = False
         self._logged_before_validation: set[str] = set()
         self._validated = False  # a validation ran (not the sanity check): its metrics are known
+        self._last_just_saved = False  # the top-k step wrote last.ckpt for a missing monitor (see below)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.fast_dev_run:
@@ -73,5 +74,17 @@ class RunCheckpoint(ModelCheckpoint):
                 logged = sorted(name for name in monitor_candidates if name not in ("epoch", "step"))
                 from_validation = [name for name in logged if name not in self._logged_before_validation]
                 rank_zero_warn(missing_monitor_message(self.monitor, logged, from_validation))
+            if self.save_last:
+                # Lightning writes last.ckpt only at a step the top-k just saved: without the metric it saved
+                # nothing, so a crash would lose the whole run. Write it here; the call that follows repeats it.
+                self._save_last_checkpoint(trainer, monitor_candidates)
+                self._last_just_saved = True
             return
         super()._save_topk_checkpoint(trainer, monitor_candidates)
+
+    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
+        # ModelCheckpoint calls it right after _save_topk_checkpoint at every save point (private, like that one)
+        if self._last_just_saved:
+            self._last_just_saved = False
+            return
+        super()._save_last_checkpoint(trainer, monitor_candidates)

@@ -10,17 +10,35 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from src.compat import batch_progress
-from src.data.sampling import BatchedDataset, EvaluationBatches, GlobalBatchSampler, per_process_batch_size
+from src.data.sampling import (
+    BatchedDataset,
+    EvaluationBatches,
+    GlobalBatchSampler,
+    global_seed,
+    per_process_batch_size,
+)
 from src.strategies.model_parallel import data_parallel_world
 
 
 class ResumableDataLoader(DataLoader):
     """A ``DataLoader`` whose position in the epoch Lightning saves in checkpoints: taken from the training loop
-    (``position()``), as prefetching and workers read ahead of what has been trained on."""
+    (``position()``), as prefetching and workers read ahead of what has been trained on.
+
+    Starting an epoch draws the workers' base seed from the loader's own generator, seeded from the run's seed, the
+    epoch and the rank, not from torch's global one: the model's random draws (dropout) then do not depend on where
+    a run was resumed, and the workers get the same seeds in a resumed epoch as in an uninterrupted one.
+    """
 
     def __init__(self, *args: Any, position: Callable[[], dict[str, int]] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("generator", torch.Generator())
         super().__init__(*args, **kwargs)
         self.position = position
+
+    def __iter__(self) -> Any:
+        sampler = self.sampler
+        if isinstance(sampler, GlobalBatchSampler) and self.generator is not None:
+            self.generator.manual_seed(loader_seed(sampler.seed, sampler.epoch, sampler.rank))
+        return super().__iter__()
 
     def state_dict(self) -> dict[str, int]:
         return self.position() if self.position is not None else {}
@@ -114,7 +132,11 @@ class GlobalBatchDataModule(L.LightningDataModule):
         # the same global batches at every world size, as many on every rank (per-step collectives in a user's
         # validation_step would otherwise hang), every sample once; see EvaluationBatches
         batches = EvaluationBatches(dataset, self.batch_size, num_replicas=world_size, rank=rank)
-        return DataLoader(BatchedDataset(dataset), batch_size=None, sampler=batches, **self._loader_kwargs())
+        # a generator of its own: a validation draws nothing from the global one the training step draws from
+        generator = torch.Generator().manual_seed(loader_seed(global_seed(), 0, rank))
+        return DataLoader(
+            BatchedDataset(dataset), batch_size=None, sampler=batches, generator=generator, **self._loader_kwargs()
+        )
 
     def val_dataloader(self) -> DataLoader:
         return self._evaluation_loader(self.val_set, "val_set")
@@ -129,6 +151,11 @@ class GlobalBatchDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not build self.{name}.")
         return dataset
+
+
+def loader_seed(seed: int, epoch: int, rank: int) -> int:
+    """The seed of a loader's own generator for ``epoch`` on ``rank`` (distinct for every pair)."""
+    return (seed * 1_000_003 + epoch) * 65_537 + rank
 
 
 def seeded_generator(seed: int) -> torch.Generator:

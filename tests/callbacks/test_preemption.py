@@ -1,7 +1,8 @@
 """Every stop saves, and every resume continues exactly: weights, every validation row and the best checkpoint.
 
-Each case trains the tests' workload in fp64, once without interruption and once stopped by a signal and
-resumed with ``--ckpt_path=last``, and compares the two: the weights bit for bit, every logged validation row
+Each case trains the tests' workload in fp64 with dropout on (so the training step draws random numbers, and a
+resume must restore every generator), once without interruption and once stopped by a signal and resumed with
+``--ckpt_path=last``, and compares the two: the weights bit for bit, every logged validation row
 (step and value), and the best checkpoint's name and score. The schedules cover integer, fractional and
 time-based ``val_check_interval``, ``check_val_every_n_epoch`` null and N, gradient accumulation and loader
 workers; the signals land on an ordinary step, on a step that triggers a validation, on the last batch of an
@@ -32,6 +33,7 @@ COMMON = [
     f"--trainer.max_steps={STEPS}",
     "--trainer.max_epochs=-1",
     "--trainer.limit_val_batches=2",
+    "--model.init_args.dropout=0.2",
 ]
 
 SCHEDULES = {
@@ -44,6 +46,8 @@ SCHEDULES = {
         "--trainer.check_val_every_n_epoch=null",
     ],
     "loader-workers": ["--data.init_args.num_workers=2", "--trainer.val_check_interval=0.5"],
+    # dp in one process (on the CPU it runs as one device; on GPUs each replica draws from its device's generator)
+    "dp": ["--trainer.strategy=dp", "--trainer.devices=2", "--trainer.val_check_interval=0.5"],
 }
 
 
@@ -77,6 +81,7 @@ CASES = {
     ),
     "accumulation-validation": ("accumulate-2", signal_at_step(9), 9, 143),
     "loader-workers": ("loader-workers", signal_at_step(11), 11, 143),
+    "dp": ("dp", signal_at_step(11), 11, 143),
 }
 
 
