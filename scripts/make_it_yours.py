@@ -73,13 +73,17 @@ def fail(message: str) -> None:
 
 
 def without_exports(text: str, modules: list[str]) -> str:
-    """``text`` of a package ``__init__.py`` without the imports from ``modules`` and their names in ``__all__``."""
+    """``text`` of a package ``__init__.py`` without the imports from ``modules`` (``from M import A, B`` lines, and
+    ``"A": "M",`` entries of its table of examples imported on first use) and their names in ``__all__``."""
     names: list[str] = []
     kept = []
     for line in text.splitlines(keepends=True):
         imported = re.match(r"from (\S+) import (.+)", line)
+        lazy = re.match(r'\s*"(\w+)": "(\S+)",$', line.rstrip("\n"))
         if imported and imported.group(1) in modules:
             names += [name.strip() for name in imported.group(2).split(",")]
+        elif lazy and lazy.group(2) in modules:
+            names.append(lazy.group(1))
         else:
             kept.append(line)
     text = "".join(kept)

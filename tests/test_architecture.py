@@ -8,8 +8,12 @@ the command line (4); the commands built on it (5). A new module of ``src/`` mus
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 
-from tests.conftest import REPO
+import yaml
+
+from tests.conftest import REPO, cli_env
 
 LAYERS = {
     "src.compat": 0,
@@ -18,6 +22,7 @@ LAYERS = {
     "src.data": 1,
     "src.models": 1,
     "src.strategies": 1,
+    "src.topology": 1,
     "src.checkpoint_io": 1,
     "src.sharded_checkpoint": 1,
     "src.callbacks": 2,
@@ -83,3 +88,32 @@ def test_the_imports_have_no_cycle():
     for module in sorted(edges):
         visit(module, [])
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_a_run_of_a_users_model_imports_none_of_the_examples(tmp_path):
+    """With configs/default.yaml pointed at a model and data module of the user's (the examples kept), a run loads
+    none of the examples: they are imported when a config names them (``--model=src.models.GPT``), not with the
+    package."""
+    default = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+    default["model"] = {"class_path": "tests.fixtures.workload.TinyClassifier"}
+    default["data"] = {"class_path": "tests.fixtures.workload.TinyData"}
+    (tmp_path / "default.yaml").write_text(yaml.safe_dump(default))
+    probe = (
+        "import sys; from pathlib import Path; import src.cli as cli;"
+        f" cli.DEFAULT_CONFIG = Path({str(tmp_path / 'default.yaml')!r}); cli.main(sys.argv[1:]);"
+        " print('LOADED', sorted(m for m in sys.modules if m.startswith('src.')))"
+    )
+    run = ["fit", "--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--trainer.accelerator=cpu",
+           "--progress_bar=none", f"--trainer.default_root_dir={tmp_path / 'run'}"]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *run], cwd=REPO, env=cli_env(), capture_output=True, text=True, check=True
+    )
+    loaded = result.stdout.split("LOADED", 1)[1]
+    examples = ["src.models.gpt", "src.models.image_classifier", "src.data.images", "src.data.text", "src.data.corpus"]
+    assert not [name for name in examples if f"'{name}'" in loaded], loaded
+    # naming one loads that one
+    named = subprocess.run(
+        [sys.executable, "-c", "import sys, src.models; src.models.GPT; print(sorted(sys.modules))"],
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "'src.models.gpt'" in named.stdout and "'src.models.image_classifier'" not in named.stdout

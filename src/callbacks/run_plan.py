@@ -17,7 +17,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from src.strategies.model_parallel import data_parallel_world, memory_per_rank
+from src.strategies.model_parallel import memory_per_rank
+from src.topology import data_parallel_world
 
 PLAN_FILE = "run_plan.json"
 

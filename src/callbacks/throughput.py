@@ -22,7 +22,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from src.callbacks.steps import EveryNSteps
 from src.compat import logging_step
-from src.strategies.model_parallel import data_parallel_world, memory_per_rank
+from src.strategies.model_parallel import memory_per_rank
+from src.topology import data_parallel_world
 
 #: dense (not sparse) tensor-core peaks of one device, TFLOP/s, from the vendors' datasheets; the first entry whose
 #: name pattern the device's name contains wins ("h200"/"h100" alone are the SXM parts, e.g. "H100 80GB HBM3")

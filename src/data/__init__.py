@@ -1,9 +1,19 @@
 """Data modules. Put yours here: subclass ``GlobalBatchDataModule`` to keep the global batch semantics."""
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from src.data.base import GlobalBatchDataModule, ResumableDataLoader
-from src.data.images import CIFAR10DataModule
 from src.data.sampling import EvaluationBatches, GlobalBatchSampler, per_process_batch_size
-from src.data.text import TextDataModule
+
+#: the examples, imported when first named (``--data=src.data.TextDataModule``): a run of your own data module
+#: does not load them
+EXAMPLES = {
+    "CIFAR10DataModule": "src.data.images",
+    "TextDataModule": "src.data.text",
+}
 
 __all__ = [
     "CIFAR10DataModule",
@@ -14,3 +24,9 @@ __all__ = [
     "TextDataModule",
     "per_process_batch_size",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in EXAMPLES:
+        return getattr(importlib.import_module(EXAMPLES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,7 @@ from src.data.sampling import (
     global_seed,
     per_process_batch_size,
 )
-from src.strategies.model_parallel import data_parallel_world
+from src.topology import data_parallel_world
 
 
 class ResumableDataLoader(DataLoader):

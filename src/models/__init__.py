@@ -1,7 +1,25 @@
 """Models. Put yours here: any ``LightningModule`` works; subclass ``TemplateModule`` for CLI-chosen optimizers."""
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from src.models.base import TemplateModule
-from src.models.gpt import GPT, CausalLanguageModel
-from src.models.image_classifier import CompactResNet, ImageClassifier
+
+#: the examples, imported when first named (``--model=src.models.CausalLanguageModel``): a run of your own model
+#: does not load them
+EXAMPLES = {
+    "GPT": "src.models.gpt",
+    "CausalLanguageModel": "src.models.gpt",
+    "CompactResNet": "src.models.image_classifier",
+    "ImageClassifier": "src.models.image_classifier",
+}
 
 __all__ = ["GPT", "CausalLanguageModel", "CompactResNet", "ImageClassifier", "TemplateModule"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in EXAMPLES:
+        return getattr(importlib.import_module(EXAMPLES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -213,17 +213,6 @@ def register_model_parallel_strategies() -> None:
             strategy.register_strategies(StrategyRegistry)
 
 
-def data_parallel_world(strategy: Any) -> tuple[int, int] | None:
-    """``(data-parallel size, data-parallel rank)`` of a model-parallel strategy; ``None`` for any other strategy.
-
-    Ranks of one tensor-parallel group compute one model replica together and must load the same samples.
-    """
-    if not isinstance(strategy, ModelParallelStrategy):
-        return None
-    kwargs = strategy.distributed_sampler_kwargs
-    return int(kwargs["num_replicas"]), int(kwargs["rank"])
-
-
 def _local(tensor: Tensor) -> Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 

@@ -18,7 +18,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.plugins.precision import DoublePrecision
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from src import sharded_checkpoint
@@ -28,7 +28,7 @@ from src.consolidate import main as consolidate_main
 from src.errors import ConfigurationError
 from src.sharded_checkpoint import is_sharded_checkpoint, load_sharded_checkpoint, move_into_place, restore_interrupted
 from src.strategies import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
-from src.strategies.model_parallel import clip_grad_norm, data_parallel_world, memory_per_rank
+from src.strategies.model_parallel import clip_grad_norm, memory_per_rank
 from src.strategies.sharding import DefaultShardingPolicy
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics, relative_difference
 from tests.fixtures.workload import TinyClassifier
@@ -66,17 +66,6 @@ def test_default_policy_is_bound_for_one_run_only():
     policy.uninstall()
     assert not is_overridden("configure_model", model)
     assert "configure_model" not in vars(model)
-
-
-def test_data_parallel_world_is_only_for_model_parallel_strategies():
-    assert data_parallel_world(DDPStrategy()) is None
-
-    class TwoByTwo(ModelParallelStrategy):  # a mesh of 2 data-parallel x 2 tensor-parallel ranks, rank 3
-        @property
-        def distributed_sampler_kwargs(self) -> dict:
-            return {"num_replicas": 2, "rank": 1}
-
-    assert data_parallel_world(TwoByTwo()) == (2, 1)
 
 
 def test_clip_grad_norm_matches_torch_on_plain_tensors():
