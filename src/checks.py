@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -374,26 +373,6 @@ def import_class(class_path: str) -> type | None:
         return getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError):
         return None
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint once, for the checks below: memory-mapped and ``weights_only``, as Lightning reads it."""
-    try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except pickle.UnpicklingError as error:  # torch's refusal of a global that weights_only does not allow
-        unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-        raise ConfigurationError(
-            f"--ckpt_path={path} holds Python objects besides tensors ({unsafe}), which safe loading"
-            " (torch.load weights_only=True) refuses: unpickling them could run any code. Fix: if you trust"
-            " where the file came from, allow those classes with torch.serialization.add_safe_globals([...]) in"
-            " your model's module, or re-save the checkpoint without them (docs/troubleshooting.md, Checkpoints)."
-        ) from error
-    except Exception as error:
-        raise ConfigurationError(
-            f"--ckpt_path={path} is not a readable checkpoint (truncated or corrupt, {path.stat().st_size} bytes:"
-            f" {describe(error)}). Fix: pass an earlier checkpoint from the same folder, e.g. a best-*.ckpt file;"
-            " the file is left as is."
-        ) from error
 
 
 def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_class_path: Any) -> None:

@@ -14,7 +14,6 @@ import random
 import sys
 import uuid
 import warnings
-import zipfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, NoReturn
@@ -27,7 +26,6 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import DoublePrecision, HalfPrecision
-from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
 from torch.multiprocessing import ProcessExitedException
 
@@ -48,7 +46,8 @@ from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.callbacks.random_state import RandomState
 from src.callbacks.spawn import UnshareSpawnedTensors
 from src.callbacks.summary import ModelSummary as FlopsAwareModelSummary
-from src.checkpoint_io import AtomicCheckpointIO, newest_intact_checkpoint
+from src.checkpoints.files import with_atomic_io
+from src.checkpoints.resume import checkpoint_dir, resolve_checkpoint
 from src.checks import (
     check_checkpoint_fits,
     check_checkpoint_model,
@@ -58,7 +57,6 @@ from src.checks import (
     check_sequence_length,
     check_sync_batchnorm,
     import_class,
-    load_checkpoint,
     requested_devices,
     resolve_accelerator,
     yaml_problem,
@@ -73,12 +71,10 @@ from src.errors import (
     causes,
     debug_mode,
     describe,
-    notice,
     report,
     user_error_of,
 )
 from src.quiet import silence_known_noise
-from src.sharded_checkpoint import is_sharded_checkpoint, restore_interrupted
 from src.strategies import register_dp_strategy, register_model_parallel_strategies
 from src.tuning import Trainer as TuningTrainer
 
@@ -86,17 +82,11 @@ PROG = "python -m src.cli"
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
-SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 UNSET_SAVE_DIRS = (None, "", ".")
 WANDB_ID_FILE = "wandb_run_id"
 #: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough
 #: that a dead rank does not hold the others for Lightning's default of 30 minutes
 COLLECTIVE_TIMEOUT_S = 900.0
-
-
-def checkpoint_dir(run_dir: str | None) -> str:
-    """Where ``ModelCheckpoint`` and preemption save: ``<run dir>/checkpoints``, stable across restarts."""
-    return os.path.join(run_dir or os.getcwd(), "checkpoints")
 
 
 def _stable_wandb_id(run_dir: str) -> str:
@@ -120,55 +110,6 @@ def shared_random_seed() -> int:
     if job_id != "none":
         return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "little")
     return random.SystemRandom().randrange(2**32)
-
-
-def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[str, Any]] | None:
-    """The local file ``--ckpt_path`` names (``last`` resolved in the run directory) and its contents, read once.
-
-    Refuses a fresh ``fit`` into a run directory that holds checkpoints; a damaged newest ``last*.ckpt`` falls
-    back to the newest intact one, so that a requeued job does not stop on it.
-    """
-    ckpt_path, run_dir = config.get("ckpt_path"), config.trainer.get("default_root_dir")
-    folder = Path(checkpoint_dir(run_dir))
-    if ckpt_path == "last":
-        restore_interrupted(folder)  # a sharded checkpoint that a kill left aside while replacing it
-    existing = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
-    if ckpt_path is None:
-        if subcommand == "fit" and existing:
-            raise ConfigurationError(
-                f"--trainer.default_root_dir={run_dir} already holds a run ({len(existing)} checkpoint(s) in"
-                f" {folder}). Fix: resume it with --ckpt_path=last, or start a new run in another directory"
-                " with --trainer.default_root_dir=<new dir>; nothing was changed."
-            )
-        return None
-    if ckpt_path == "last":
-        candidates = [p for p in existing if p.name.startswith("last")]
-        if not candidates:
-            return None  # Lightning says there is nothing to resume and starts afresh
-        path = candidates[-1]
-        if is_sharded_checkpoint(path):
-            return None  # a complete folder of shards (fsdp2, tensor_parallel): Lightning's strategy reads it
-        # torch.save writes a zip archive: a truncated or overwritten file has no valid central directory
-        if not zipfile.is_zipfile(path):
-            fallback = newest_intact_checkpoint(folder, skip=path)
-            if fallback is None:
-                raise ConfigurationError(
-                    f"--ckpt_path=last: {path} is damaged and {folder} holds no intact checkpoint."
-                    " Fix: start a new run without --ckpt_path in another --trainer.default_root_dir."
-                )
-            notice(
-                f"--ckpt_path=last: {path} is damaged (truncated or corrupt); resuming from the newest intact"
-                f" checkpoint, {fallback}, instead. The damaged file is left as it is."
-            )
-            config["ckpt_path"], path = str(fallback), fallback
-        return path, load_checkpoint(path)
-    if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path) or is_sharded_checkpoint(Path(ckpt_path)):
-        return None
-    if not Path(ckpt_path).is_file():
-        raise ConfigurationError(
-            f"--ckpt_path={ckpt_path} does not exist. Fix: give the path of a .ckpt file, or 'last' / 'best'."
-        )
-    return Path(ckpt_path), load_checkpoint(Path(ckpt_path))
 
 
 class TemplateArgumentParser(LightningArgumentParser):
@@ -500,11 +441,9 @@ def _strategy_with_timeout(strategy: Any, seconds: float | None, model: L.Lightn
 
 
 def _with_atomic_checkpoints(plugins: Any, slurm_requeue: bool = False) -> list[Any]:
-    """The user's ``--trainer.plugins``, plus atomic checkpoint saving unless they chose a ``CheckpointIO``; under
-    SLURM without Lightning's save-and-requeue in its signal handler unless ``slurm_requeue`` (preemption off)."""
-    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
-    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-        plugins.append(AtomicCheckpointIO())
+    """The user's ``--trainer.plugins`` with atomic checkpoint saving (``src/checkpoints/files.py``); under SLURM
+    without Lightning's save-and-requeue in its signal handler unless ``slurm_requeue`` (preemption off)."""
+    plugins = with_atomic_io(plugins)
     # the environment Lightning would pick itself, with one switch changed: SLURM's, unless torchrun started the
     # processes (Lightning detects TorchElastic first, since torchrun also runs inside SLURM jobs)
     slurm = SLURMEnvironment.detect() and not TorchElasticEnvironment.detect()

@@ -1,7 +1,7 @@
 """The architecture drawn from the imports of ``src/``: no cycles, and no module imports a layer above its own.
 
 Layers, bottom to top: the libraries' private names, errors and quiet (0); the user's rooms and what they build on,
-data, models, strategies and checkpoint files (1); the callbacks (2); the checks before launch and ``tune`` (3);
+data, models, strategies and checkpoints (1); the callbacks (2); the checks before launch and ``tune`` (3);
 the command line (4); the commands built on it (5). A new module of ``src/`` must be given its layer here.
 """
 
@@ -23,8 +23,7 @@ LAYERS = {
     "src.models": 1,
     "src.strategies": 1,
     "src.topology": 1,
-    "src.checkpoint_io": 1,
-    "src.sharded_checkpoint": 1,
+    "src.checkpoints": 1,
     "src.callbacks": 2,
     "src.checks": 3,
     "src.tuning": 3,

@@ -12,6 +12,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import instantiate_class
 
+from src.checkpoints.resume import load_checkpoint
 from src.checks import (
     check_checkpoint_fits,
     check_checkpoint_model,
@@ -19,7 +20,6 @@ from src.checks import (
     check_optimizer,
     check_run_dir,
     import_class,
-    load_checkpoint,
     yaml_problem,
 )
 from src.errors import ConfigurationError, EnvironmentFailure, user_error_of

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from src import checkpoint_io
+from src.checkpoints import files
 from src.cli import main
 from src.errors import DEBUG_ENV, user_error_of
 from tests.conftest import REPO, TINY, cli_env
@@ -265,10 +265,10 @@ class FullDisk(io.FileIO):
 
 def test_a_checkpoint_save_on_a_full_disk_is_disk_full_with_the_checkpoints_path(tmp_path, monkeypatch):
     """torch's zip writer turns the file's ENOSPC into ``RuntimeError: unexpected pos``; the save says disk full."""
-    monkeypatch.setattr(checkpoint_io.os, "fdopen", lambda handle, mode: FullDisk(handle, mode.replace("b", "")))
+    monkeypatch.setattr(files.os, "fdopen", lambda handle, mode: FullDisk(handle, mode.replace("b", "")))
     path = tmp_path / "checkpoints" / "last.ckpt"
     with pytest.raises(OSError) as raised:
-        checkpoint_io.atomic_torch_save({"weights": torch.zeros(10_000)}, path)
+        files.atomic_torch_save({"weights": torch.zeros(10_000)}, path)
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
     assert isinstance(raised.value.__cause__, RuntimeError)  # what torch raised
     assert list(path.parent.iterdir()) == []  # no temporary file left

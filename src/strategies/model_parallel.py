@@ -41,9 +41,9 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from src.checkpoints.sharded import move_into_place, staging_path
 from src.compat import set_mesh_sizes
 from src.errors import ConfigurationError
-from src.sharded_checkpoint import move_into_place, staging_path
 from src.strategies.sharding import DefaultShardingPolicy
 
 if TYPE_CHECKING:
@@ -77,8 +77,8 @@ class _ModelParallelMixin:
     sharded_checkpoints: bool
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
-        """Write the shards into a staging folder, then move it over the old checkpoint (``src/sharded_checkpoint.py``):
-        a kill mid-write leaves the previous checkpoint whole."""
+        """Write the shards into a staging folder, then move it over the old checkpoint
+        (``src/checkpoints/sharded.py``): a kill mid-write leaves the previous checkpoint whole."""
         if not self.sharded_checkpoints or "://" in str(filepath):
             super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
             return

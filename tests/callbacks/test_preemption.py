@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.checkpoint_io import atomic_torch_save, is_intact
+from src.checkpoints.files import is_intact
 from src.cli import main
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics
 
@@ -256,20 +256,6 @@ def test_second_ctrl_c_stops_at_once_without_saving(tmp_path):
 
 
 # -- atomic checkpoints --------------------------------------------------------------------------------------------
-
-
-def test_atomic_save_replaces_the_file_only_when_complete(tmp_path):
-    path = tmp_path / "last.ckpt"
-    atomic_torch_save({"step": 1}, path)
-
-    class Unpicklable:
-        def __reduce__(self):
-            raise RuntimeError("fails mid-write")
-
-    with pytest.raises(RuntimeError, match="mid-write"):
-        atomic_torch_save({"step": 2, "tensor": torch.zeros(1000), "bad": Unpicklable()}, path)
-    assert torch.load(path, weights_only=True) == {"step": 1}
-    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
 
 
 @pytest.mark.slow

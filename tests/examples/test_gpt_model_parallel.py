@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from src.sharded_checkpoint import load_sharded_checkpoint
+from src.checkpoints.sharded import load_sharded_checkpoint
 from tests.conftest import REPO, cli_env, load_state, read_metrics, relative_difference
 from tests.examples.conftest import TINY_GPT
 

@@ -21,12 +21,12 @@ from lightning.pytorch.plugins.precision import DoublePrecision
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from src import sharded_checkpoint
-from src.checkpoint_io import is_intact
+from src.checkpoints import sharded as sharded_checkpoint
+from src.checkpoints.consolidate import main as consolidate_main
+from src.checkpoints.files import is_intact
+from src.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint, move_into_place, restore_interrupted
 from src.cli import main
-from src.consolidate import main as consolidate_main
 from src.errors import ConfigurationError
-from src.sharded_checkpoint import is_sharded_checkpoint, load_sharded_checkpoint, move_into_place, restore_interrupted
 from src.strategies import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
 from src.strategies.model_parallel import clip_grad_norm, memory_per_rank
 from src.strategies.sharding import DefaultShardingPolicy

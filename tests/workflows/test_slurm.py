@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from src import checks
+from src.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from src.errors import ConfigurationError
-from src.sharded_checkpoint import is_sharded_checkpoint, load_sharded_checkpoint
 from tests.conftest import REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
 
 MAX_STEPS = 40  # 16 steps per epoch: the run crosses two epoch ends (validation, best-*.ckpt)

@@ -69,7 +69,7 @@ def restore_interrupted(folder: str | Path) -> None:
 
 
 def fsync_directory(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (also used by ``src/checkpoint_io.py`` for single files)."""
+    """Make a rename in ``folder`` durable (also used by ``files.py`` for single files)."""
     try:
         descriptor = os.open(folder, os.O_RDONLY)
     except OSError:

@@ -1,8 +1,9 @@
-"""Checkpoint files: written atomically and durably next to their destination, and checked before a resume.
+"""Checkpoint files: written atomically and durably next to their destination; what "intact" means.
 
 Lightning's local save stages the file in ``$TMPDIR`` and moves it into place, which is a copy where ``/tmp`` is
 another file system (the usual cluster layout): a job killed during it leaves a truncated ``last.ckpt``.
-``AtomicCheckpointIO`` writes, fsyncs and renames a temporary file in the destination folder instead.
+``AtomicCheckpointIO`` writes, fsyncs and renames a temporary file in the destination folder instead, and reads a
+sharded checkpoint folder whole where a strategy that does not shard reads it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
 
-from src.sharded_checkpoint import fsync_directory, is_sharded_checkpoint, load_sharded_checkpoint
+from src.checkpoints.sharded import fsync_directory, is_sharded_checkpoint, load_sharded_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,14 @@ def _file_error(error: BaseException) -> OSError | None:
     return None
 
 
+def with_atomic_io(plugins: Any) -> list[Any]:
+    """The user's ``--trainer.plugins``, plus ``AtomicCheckpointIO`` unless they chose a ``CheckpointIO``."""
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` with atomic, durable local saves (remote URLs keep Lightning's path)."""
 
@@ -68,13 +77,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
 
-def is_intact(path: Path) -> bool:
-    """Whether ``path`` is a complete ``torch.save`` archive: every member present and matching its checksum."""
-    if Path(path).is_dir():
+def is_intact(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a complete checkpoint: a sharded folder with its index and ``meta.pt``, or a
+    ``torch.save`` archive whose zip directory (written last) is there and names its pickle. A file cut off while
+    it was written, or overwritten with something else, fails; a flipped bit inside an otherwise complete archive
+    is found when Lightning reads it, not here (checking every member's checksum would read the whole file)."""
+    path = Path(path)
+    if path.is_dir():
         return is_sharded_checkpoint(path)
     try:
         with zipfile.ZipFile(path) as archive:
-            return archive.testzip() is None
+            return any(name.endswith("/data.pkl") or name == "data.pkl" for name in archive.namelist())
     except (OSError, zipfile.BadZipFile, EOFError):
         return False
 

@@ -1,0 +1,50 @@
+"""``src/checkpoints/files.py``: atomic single-file checkpoints and the one definition of intact (the kill during a
+real run's write is tested in tests/callbacks/test_preemption.py)."""
+
+import pytest
+import torch
+
+from src.checkpoints.files import (
+    AtomicCheckpointIO,
+    atomic_torch_save,
+    is_intact,
+    newest_intact_checkpoint,
+    with_atomic_io,
+)
+
+
+def test_atomic_save_replaces_the_file_only_when_complete(tmp_path):
+    path = tmp_path / "last.ckpt"
+    atomic_torch_save({"step": 1}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("fails mid-write")
+
+    with pytest.raises(RuntimeError, match="mid-write"):
+        atomic_torch_save({"step": 2, "tensor": torch.zeros(1000), "bad": Unpicklable()}, path)
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
+
+
+def test_intact_means_a_complete_archive_or_a_complete_folder_of_shards(tmp_path):
+    whole = tmp_path / "whole.ckpt"
+    atomic_torch_save({"state_dict": {"w": torch.ones(1000)}}, whole)
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])  # as a kill during a plain copy leaves it
+    other = tmp_path / "other.ckpt"
+    other.write_bytes(b"not a checkpoint")
+    folder = tmp_path / "sharded.ckpt"
+    folder.mkdir()
+    assert is_intact(whole) and not is_intact(cut) and not is_intact(other)
+    assert not is_intact(folder)  # no index and meta.pt: a save was cut off
+    (folder / ".metadata").write_bytes(b"")
+    (folder / "meta.pt").write_bytes(b"")
+    assert is_intact(folder)
+    assert newest_intact_checkpoint(tmp_path, skip=folder) == whole
+
+
+def test_atomic_io_is_added_unless_the_user_chose_a_checkpoint_io():
+    assert [type(p) for p in with_atomic_io(None)] == [AtomicCheckpointIO]
+    own = AtomicCheckpointIO()
+    assert with_atomic_io([own]) == [own]
