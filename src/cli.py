@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import DoublePrecision, HalfPrecision
 from lightning.pytorch.plugins.io import CheckpointIO
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 from torch.multiprocessing import ProcessExitedException
 
 from src.callbacks import (
@@ -81,7 +81,13 @@ from src.errors import (
 )
 from src.quiet import silence_known_noise
 from src.sharded_checkpoint import is_sharded_checkpoint, restore_interrupted
-from src.strategies import register_dp_strategy, register_model_parallel_strategies
+from src.strategies import (
+    FSDP2Strategy,
+    TensorParallelStrategy,
+    register_dp_strategy,
+    register_model_parallel_strategies,
+)
+from src.strategies.model_parallel import ClipAcrossMeshes
 from src.tuning import Trainer as TuningTrainer
 
 PROG = "python -m src.cli"
@@ -94,6 +100,8 @@ WANDB_ID_FILE = "wandb_run_id"
 #: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough
 #: that a dead rank does not hold the others for Lightning's default of 30 minutes
 COLLECTIVE_TIMEOUT_S = 900.0
+#: the model-parallel strategies that clip across device meshes themselves
+TEMPLATE_MODEL_PARALLEL = (FSDP2Strategy, TensorParallelStrategy)
 
 
 def checkpoint_dir(run_dir: str | None) -> str:
@@ -300,6 +308,7 @@ class TemplateCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         self._parse_with_the_chosen_classes_defaults(parser, args)
         subcommand = self.config.get("subcommand")
+        _strategy_as_class(self.config[subcommand].trainer if subcommand is not None else self.config.trainer)
         if subcommand is None:
             return
         config = self.config[subcommand]
@@ -453,6 +462,8 @@ class TemplateCLI(LightningCLI):
         options = _strategy_options(strategy, self._chosen().get("collective_timeout"), self.model)
         if options:
             kwargs["strategy"] = strategy  # `auto` as `ddp`, where Lightning picks it
+        if isinstance(strategy, ModelParallelStrategy) and not isinstance(strategy, TEMPLATE_MODEL_PARALLEL):
+            callbacks.append(ClipAcrossMeshes())  # e.g. Lightning's class, given as a class_path: torch's clipping
         callbacks += [ExactContinuation(), RandomState()]
         max_time = trainer_config.get("max_time")
         if max_time is not None and not any(isinstance(c, Timer) for c in callbacks):
@@ -487,6 +498,17 @@ def _strategy_name(trainer: Namespace | dict[str, Any]) -> Any:
     devices = requested_devices(trainer.get("devices", "auto"), resolve_accelerator(trainer.get("accelerator", "auto")))
     many = (devices or 1) > 1 or (trainer.get("num_nodes") or 1) > 1
     return "ddp" if many else strategy
+
+
+def _strategy_as_class(trainer: Namespace) -> None:
+    """``--trainer.strategy=package.module.Class`` as that class with its defaults, as a ``class_path`` is: the option
+    also takes a name, so jsonargparse keeps the string, which Lightning would refuse as an unknown name."""
+    strategy = trainer.get("strategy")
+    if not isinstance(strategy, str) or "." not in strategy or strategy.lower() in StrategyRegistry:
+        return
+    named = import_class(strategy)
+    if isinstance(named, type) and issubclass(named, Strategy):
+        trainer["strategy"] = Namespace(class_path=strategy)
 
 
 def _strategy_options(strategy: Any, seconds: float | None, model: L.LightningModule) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from src.cli import TemplateCLI, _strategy_name, _strategy_options, main
 from src.compat import collective_timeout
+from src.strategies.model_parallel import ClipAcrossMeshes
 from tests.conftest import REPO, TINY, cli_env, last_value, read_metrics
 
 
@@ -183,6 +184,22 @@ def test_a_strategy_given_as_a_class_in_yaml_keeps_its_own_timeout(tmp_path, cla
     cli = TemplateCLI(args=args, run=False)
     assert type(cli.trainer.strategy).__name__ == class_path.rpartition(".")[2] and cli.trainer.world_size == 2
     assert collective_timeout(cli.trainer.strategy) == timedelta(seconds=60)
+
+
+def test_a_strategy_class_on_the_command_line_keeps_its_settings_and_gets_the_clipping_across_meshes():
+    model_parallel = "lightning.pytorch.strategies.ModelParallelStrategy"
+    args = [f"--trainer.strategy.class_path={model_parallel}", "--trainer.strategy.init_args.timeout=0:01:00"]
+    cli = TemplateCLI(args=[*TINY, "--trainer.devices=2", *args], run=False)
+    assert collective_timeout(cli.trainer.strategy) == timedelta(seconds=60)
+    assert sum(isinstance(c, ClipAcrossMeshes) for c in cli.trainer.callbacks) == 1
+    # its import path alone is the class with its own defaults (jsonargparse keeps it as a string, a name)
+    cli = TemplateCLI(args=[*TINY, "--trainer.devices=2", f"--trainer.strategy={model_parallel}"], run=False)
+    assert type(cli.trainer.strategy).__name__ == "ModelParallelStrategy"
+    assert collective_timeout(cli.trainer.strategy) == default_pg_timeout
+    assert any(isinstance(c, ClipAcrossMeshes) for c in cli.trainer.callbacks)
+    # the template's classes clip across meshes themselves
+    cli = TemplateCLI(args=[*TINY, "--trainer.devices=2", "--trainer.strategy=tensor_parallel"], run=False)
+    assert not any(isinstance(c, ClipAcrossMeshes) for c in cli.trainer.callbacks)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
