@@ -54,6 +54,7 @@ from src.checkpoint_io import AtomicCheckpointIO, newest_intact_checkpoint
 from src.checks import (
     check_checkpoint_fits,
     check_checkpoint_model,
+    check_compile,
     check_launch,
     check_model_flags,
     check_optimizer,
@@ -289,8 +290,8 @@ class TemplateCLI(LightningCLI):
             type=bool,
             default=False,
             help="Compile the model's forward with torch.compile (src/callbacks/compile.py): single device, ddp and"
-            " ddp_spawn; checkpoints keep their keys. For a mode or backend, add src.callbacks.compile.CompileModel"
-            " to --trainer.callbacks instead.",
+            " ddp_spawn (other strategies are refused before launch); checkpoints keep their keys. For a mode or"
+            " backend, add src.callbacks.compile.CompileModel to --trainer.callbacks instead.",
         )
         parser.add_argument(
             "--collective_timeout",
@@ -314,6 +315,8 @@ class TemplateCLI(LightningCLI):
         config = self.config[subcommand]
         argv = sys.argv[1:] if args is None else args
         check_launch(config.trainer.as_dict(), batch_size=self._global_batch_size(config), args=argv)
+        if config.get("compile"):
+            check_compile(config.trainer.get("strategy"))
         # the checkpoint is read once, here, before LightningCLI rebuilds the model from its hyperparameters
         self.resumed = resolve_checkpoint(subcommand, config)
         if self.resumed is not None:
