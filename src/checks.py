@@ -17,6 +17,7 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
+from src.callbacks.compile import compile_refusal
 from src.callbacks.run_plan import batch_norm_layers
 from src.data.sampling import per_process_batch_size
 from src.errors import DEBUG_ENV, ConfigurationError, describe
@@ -333,6 +334,23 @@ def check_launch(trainer: Mapping[str, Any], batch_size: Any = None, args: Seque
         except ValueError as error:
             raise ConfigurationError(str(error)) from None
     check_run_dir(trainer.get("default_root_dir"))
+
+
+def check_compile(strategy: Any) -> None:
+    """``--compile=true`` only under the strategies it supports (single device, ddp, ddp_spawn): refused here, in one
+    paragraph, rather than by every process after the launch. ``strategy`` is ``--trainer.strategy``: a name or a
+    ``class_path`` mapping."""
+    if isinstance(strategy, str):
+        if strategy.lower() not in StrategyRegistry:
+            return  # auto: one device or ddp, as Lightning picks it (an unknown name is refused by check_strategy)
+        kind, given = StrategyRegistry[strategy.lower()]["strategy"], f"--trainer.strategy={strategy}"
+    elif isinstance(strategy, (Mapping, Namespace)) and "class_path" in strategy:
+        kind, given = import_class(strategy["class_path"]), f"--trainer.strategy.class_path={strategy['class_path']}"
+    else:
+        return
+    refusal = compile_refusal(kind, given) if isinstance(kind, type) else None
+    if refusal is not None:
+        raise ConfigurationError(refusal)
 
 
 # -- checks of the built objects, before any process starts ---------------------------------------------------

@@ -8,12 +8,14 @@ strategy.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
 import sys
 import uuid
 import warnings
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, NoReturn
@@ -26,7 +28,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import DoublePrecision, HalfPrecision
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 from torch.multiprocessing import ProcessExitedException
 
 from src.callbacks import (
@@ -51,6 +53,7 @@ from src.checkpoints.resume import checkpoint_dir, resolve_checkpoint
 from src.checks import (
     check_checkpoint_fits,
     check_checkpoint_model,
+    check_compile,
     check_launch,
     check_model_flags,
     check_optimizer,
@@ -61,7 +64,7 @@ from src.checks import (
     resolve_accelerator,
     yaml_problem,
 )
-from src.compat import set_collective_timeout, subcommand_parser
+from src.compat import subcommand_parser
 from src.data.base import GlobalBatchDataModule
 from src.errors import (
     DEBUG_ENV,
@@ -75,7 +78,13 @@ from src.errors import (
     user_error_of,
 )
 from src.quiet import silence_known_noise
-from src.strategies import register_dp_strategy, register_model_parallel_strategies
+from src.strategies import (
+    FSDP2Strategy,
+    TensorParallelStrategy,
+    register_dp_strategy,
+    register_model_parallel_strategies,
+)
+from src.strategies.model_parallel import ClipAcrossMeshes
 from src.tuning import Trainer as TuningTrainer
 
 PROG = "python -m src.cli"
@@ -87,6 +96,8 @@ WANDB_ID_FILE = "wandb_run_id"
 #: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough
 #: that a dead rank does not hold the others for Lightning's default of 30 minutes
 COLLECTIVE_TIMEOUT_S = 900.0
+#: the model-parallel strategies that clip across device meshes themselves
+TEMPLATE_MODEL_PARALLEL = (FSDP2Strategy, TensorParallelStrategy)
 
 
 def _stable_wandb_id(run_dir: str) -> str:
@@ -220,15 +231,17 @@ class TemplateCLI(LightningCLI):
             type=bool,
             default=False,
             help="Compile the model's forward with torch.compile (src/callbacks/compile.py): single device, ddp and"
-            " ddp_spawn; checkpoints keep their keys. For a mode or backend, add src.callbacks.compile.CompileModel"
-            " to --trainer.callbacks instead.",
+            " ddp_spawn (other strategies are refused before launch); checkpoints keep their keys. For a mode or"
+            " backend, add src.callbacks.compile.CompileModel to --trainer.callbacks instead.",
         )
         parser.add_argument(
             "--collective_timeout",
-            type=float,
+            type=float | None,
             default=COLLECTIVE_TIMEOUT_S,
-            help="Seconds a collective of several processes (ddp, ddp_spawn, fsdp2, tensor_parallel) waits for the"
-            " other ranks before the job fails, so that a stuck or dead rank cannot hang the job. Raise it if rank 0"
+            help="Seconds a collective of several processes waits for the other ranks before the job fails, so that a"
+            " stuck or dead rank cannot hang the job; for a strategy given by name (ddp, ddp_spawn, fsdp2,"
+            " tensor_parallel, and auto with several processes). null leaves Lightning's own default (30 minutes). A"
+            " strategy given as a class (class_path, with its init_args) keeps its own timeout. Raise it if rank 0"
             " alone does long work (a download).",
         )
 
@@ -237,11 +250,14 @@ class TemplateCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         self._parse_with_the_chosen_classes_defaults(parser, args)
         subcommand = self.config.get("subcommand")
+        _strategy_as_class(self.config[subcommand].trainer if subcommand is not None else self.config.trainer)
         if subcommand is None:
             return
         config = self.config[subcommand]
         argv = sys.argv[1:] if args is None else args
         check_launch(config.trainer.as_dict(), batch_size=self._global_batch_size(config), args=argv)
+        if config.get("compile"):
+            check_compile(config.trainer.get("strategy"))
         # the checkpoint is read once, here, before LightningCLI rebuilds the model from its hyperparameters
         self.resumed = resolve_checkpoint(subcommand, config)
         if self.resumed is not None:
@@ -386,6 +402,12 @@ class TemplateCLI(LightningCLI):
             kwargs["enable_model_summary"] = False  # Lightning's own is replaced (else it logs that it skips it)
         if self._chosen().get("compile"):
             callbacks.append(CompileModel())
+        strategy = _strategy_name(trainer_config)
+        options = _strategy_options(strategy, self._chosen().get("collective_timeout"), self.model)
+        if options:
+            kwargs["strategy"] = strategy  # `auto` as `ddp`, where Lightning picks it
+        if isinstance(strategy, ModelParallelStrategy) and not isinstance(strategy, TEMPLATE_MODEL_PARALLEL):
+            callbacks.append(ClipAcrossMeshes())  # e.g. Lightning's class, given as a class_path: torch's clipping
         callbacks += [ExactContinuation(), RandomState()]
         max_time = trainer_config.get("max_time")
         if max_time is not None and not any(isinstance(c, Timer) for c in callbacks):
@@ -398,11 +420,8 @@ class TemplateCLI(LightningCLI):
         if "checkpoint" in off:
             kwargs["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
         kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"), slurm_requeue="preemption" in off)
-        timeout = self._chosen().get("collective_timeout")
-        kwargs.update(_strategy_with_timeout(_strategy_name(trainer_config), timeout, self.model))
-        trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
-        if timeout is not None and isinstance(trainer.strategy, ModelParallelStrategy):  # fsdp2, tensor_parallel
-            set_collective_timeout(trainer.strategy, timedelta(seconds=timeout))
+        with _registered_with(strategy, options):
+            trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
         if isinstance(trainer.precision_plugin, (DoublePrecision, HalfPrecision)):
             # Lightning loads a checkpoint's weights before it converts the module to a "-true" precision, so
             # float64 weights would be rounded through float32 on resume: convert first (the later one is a no-op)
@@ -425,19 +444,48 @@ def _strategy_name(trainer: Namespace | dict[str, Any]) -> Any:
     return "ddp" if many else strategy
 
 
-def _strategy_with_timeout(strategy: Any, seconds: float | None, model: L.LightningModule) -> dict[str, Any]:
-    """``{"strategy": DDPStrategy(timeout=...)}`` for a ddp-family strategy given by name; else nothing."""
+def _strategy_as_class(trainer: Namespace) -> None:
+    """``--trainer.strategy=package.module.Class`` as that class with its defaults, as a ``class_path`` is: the option
+    also takes a name, so jsonargparse keeps the string, which Lightning would refuse as an unknown name."""
+    strategy = trainer.get("strategy")
+    if not isinstance(strategy, str) or "." not in strategy or strategy.lower() in StrategyRegistry:
+        return
+    named = import_class(strategy)
+    if isinstance(named, type) and issubclass(named, Strategy):
+        trainer["strategy"] = Namespace(class_path=strategy)
+
+
+def _strategy_options(strategy: Any, seconds: float | None, model: L.LightningModule) -> dict[str, Any]:
+    """The arguments the template adds to a strategy given by name (one given as a class keeps its own settings):
+    ``--collective_timeout`` for the ddp family, fsdp2 and tensor_parallel, and ddp's ``find_unused_parameters``
+    for a model that backpropagates one part at a time."""
     if not isinstance(strategy, str) or strategy not in StrategyRegistry:
         return {}
     entry = StrategyRegistry[strategy]
-    params = dict(entry["init_params"])
-    if seconds is not None:
-        params["timeout"] = timedelta(seconds=seconds)
-    if not model.automatic_optimization:  # a GAN backpropagates one network at a time: some params get no grad
-        params.setdefault("find_unused_parameters", True)
-    if not issubclass(entry["strategy"], DDPStrategy) or params == entry["init_params"]:
-        return {}
-    return {"strategy": entry["strategy"](**params)}
+    options: dict[str, Any] = {}
+    if seconds is not None and issubclass(entry["strategy"], (DDPStrategy, ModelParallelStrategy)):
+        options["timeout"] = timedelta(seconds=seconds)
+    ddp = issubclass(entry["strategy"], DDPStrategy)
+    if ddp and not model.automatic_optimization and "find_unused_parameters" not in entry["init_params"]:
+        options["find_unused_parameters"] = True  # a GAN backpropagates one network at a time: some get no grad
+    return options
+
+
+@contextlib.contextmanager
+def _registered_with(strategy: Any, options: dict[str, Any]) -> Iterator[None]:
+    """Within the block, Lightning builds the strategy named ``strategy`` with ``options`` too: given by name, it is
+    built from the registry, and Lightning checks the precision of a strategy object only (given as one, fsdp2 and
+    tensor_parallel would lose ``64-true``)."""
+    if not options:
+        yield
+        return
+    entry = StrategyRegistry[strategy]
+    params = {**entry["init_params"], **options}
+    StrategyRegistry.register(strategy, entry["strategy"], entry["description"], override=True, **params)
+    try:
+        yield
+    finally:
+        StrategyRegistry[strategy] = entry  # the registry is global: another Trainer of this process gets the original
 
 
 def _with_atomic_checkpoints(plugins: Any, slurm_requeue: bool = False) -> list[Any]:

@@ -100,11 +100,10 @@ def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> N
     strategy._tensor_parallel_size = tensor_parallel
 
 
-def set_collective_timeout(strategy: Any, timeout: timedelta) -> None:
-    """Set how long a ``ModelParallelStrategy``'s collectives wait, after the Trainer is built and before its process
-    group exists (given as an object, the strategy would meet Lightning's list of precisions, which lacks
-    ``64-true``; by name it is built without the timeout). Its ``_setup_distributed`` reads ``_timeout``."""
-    strategy._timeout = timeout
+def collective_timeout(strategy: Any) -> timedelta | None:
+    """How long a ``DDPStrategy``'s or ``ModelParallelStrategy``'s collectives wait: the timeout each creates its
+    process group with, which neither exposes publicly (both keep it in ``_timeout``)."""
+    return strategy._timeout
 
 
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------

@@ -1,11 +1,16 @@
 """The command line: defaults, config round trips, env vars, any model/data class (bad input: test_errors.py)."""
 
 import textwrap
+from datetime import timedelta
 
 import pytest
 import yaml
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.strategies import StrategyRegistry
 
-from src.cli import _strategy_name, main
+from src.cli import TemplateCLI, _strategy_name, _strategy_options, main
+from src.compat import collective_timeout
+from src.strategies.model_parallel import ClipAcrossMeshes
 from tests.conftest import REPO, TINY, cli_env, last_value, read_metrics
 
 
@@ -151,10 +156,68 @@ def test_cli_builds_the_objects_without_running_for_notebooks_and_scripts():
 
 
 def test_a_strategy_of_auto_that_runs_several_processes_is_named_ddp_so_it_gets_the_templates_ddp_options():
-    # the collective timeout and, for manual optimization, find_unused_parameters: both need a DDP strategy object
+    # the collective timeout and, for manual optimization, find_unused_parameters: options of a ddp strategy by name
     cpu = {"strategy": "auto", "accelerator": "cpu"}
     assert _strategy_name({**cpu, "devices": 2}) == "ddp"
     assert _strategy_name({**cpu, "devices": 1, "num_nodes": 2}) == "ddp"
     assert _strategy_name({**cpu, "devices": 1}) == "auto"  # one process: Lightning's single-device strategy
     assert _strategy_name({**cpu, "devices": "auto"}) == "auto"  # one CPU process, as Lightning counts it
     assert _strategy_name({**cpu, "strategy": "ddp_spawn", "devices": 2}) == "ddp_spawn"  # a name is kept
+
+
+# -- strategies given by name and as a class -------------------------------------------------------------------
+
+STRATEGY_CLASSES = [
+    "lightning.pytorch.strategies.DDPStrategy",
+    "lightning.pytorch.strategies.ModelParallelStrategy",
+    "src.strategies.FSDP2Strategy",  # fsdp2's class
+    "src.strategies.TensorParallelStrategy",  # tensor_parallel's class
+]
+
+
+@pytest.mark.parametrize("class_path", STRATEGY_CLASSES)
+def test_a_strategy_given_as_a_class_in_yaml_keeps_its_own_timeout(tmp_path, class_path):
+    config = tmp_path / "strategy.yaml"
+    config.write_text(f"trainer:\n  strategy:\n    class_path: {class_path}\n    init_args:\n      timeout: 0:01:00\n")
+    # two CPU processes: the strategy is built, the processes start only at fit
+    args = [*TINY, "--trainer.devices=2", "--config", str(config), "--collective_timeout=42"]
+    cli = TemplateCLI(args=args, run=False)
+    assert type(cli.trainer.strategy).__name__ == class_path.rpartition(".")[2] and cli.trainer.world_size == 2
+    assert collective_timeout(cli.trainer.strategy) == timedelta(seconds=60)
+
+
+def test_a_strategy_class_on_the_command_line_keeps_its_settings_and_gets_the_clipping_across_meshes():
+    model_parallel = "lightning.pytorch.strategies.ModelParallelStrategy"
+    args = [f"--trainer.strategy.class_path={model_parallel}", "--trainer.strategy.init_args.timeout=0:01:00"]
+    cli = TemplateCLI(args=[*TINY, "--trainer.devices=2", *args], run=False)
+    assert collective_timeout(cli.trainer.strategy) == timedelta(seconds=60)
+    assert sum(isinstance(c, ClipAcrossMeshes) for c in cli.trainer.callbacks) == 1
+    # its import path alone is the class with its own defaults (jsonargparse keeps it as a string, a name)
+    cli = TemplateCLI(args=[*TINY, "--trainer.devices=2", f"--trainer.strategy={model_parallel}"], run=False)
+    assert type(cli.trainer.strategy).__name__ == "ModelParallelStrategy"
+    assert collective_timeout(cli.trainer.strategy) == default_pg_timeout
+    assert any(isinstance(c, ClipAcrossMeshes) for c in cli.trainer.callbacks)
+    # the template's classes clip across meshes themselves
+    cli = TemplateCLI(args=[*TINY, "--trainer.devices=2", "--trainer.strategy=tensor_parallel"], run=False)
+    assert not any(isinstance(c, ClipAcrossMeshes) for c in cli.trainer.callbacks)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_collective_timeout_null_leaves_lightnings_default_to_a_strategy_by_name(strategy):
+    args = [*TINY, "--trainer.devices=2", f"--trainer.strategy={strategy}"]
+    cli = TemplateCLI(args=[*args, "--collective_timeout=null"], run=False)
+    assert collective_timeout(cli.trainer.strategy) == default_pg_timeout  # 30 minutes
+    cli = TemplateCLI(args=[*args, "--collective_timeout=60"], run=False)
+    assert collective_timeout(cli.trainer.strategy) == timedelta(seconds=60)
+    # the options reach the one strategy the Trainer builds: the registry keeps Lightning's own
+    assert StrategyRegistry[strategy]["init_params"] == ({"start_method": "popen"} if strategy == "ddp" else {})
+
+
+def test_a_model_that_optimizes_by_hand_gets_find_unused_parameters_under_a_ddp_strategy_by_name():
+    from tests.zoo.gan import TinyGAN
+
+    minute = timedelta(seconds=60)
+    assert _strategy_options("ddp", 60, TinyGAN()) == {"timeout": minute, "find_unused_parameters": True}
+    assert _strategy_options("ddp_find_unused_parameters_false", 60, TinyGAN()) == {"timeout": minute}  # as named
+    assert _strategy_options("fsdp2", None, TinyGAN()) == {}  # ddp's option only; null: no timeout
+    assert _strategy_options("dp", 60, TinyGAN()) == {}  # one process: no collectives

@@ -112,13 +112,13 @@ def test_strategy_setup_still_hands_the_model_to_setup_model_which_dp_overrides(
     assert "_setup_model" in vars(DataParallelStrategy)
 
 
-def test_set_collective_timeout_is_the_timeout_model_parallel_strategy_creates_its_process_group_with():
-    from lightning.pytorch.strategies import ModelParallelStrategy
+def test_collective_timeout_is_the_timeout_a_strategy_was_built_with():
+    from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
-    strategy = ModelParallelStrategy()
-    compat.set_collective_timeout(strategy, timedelta(seconds=12))
-    assert strategy._timeout == timedelta(seconds=12)
-    assert '"timeout": self._timeout' in inspect.getsource(ModelParallelStrategy._setup_distributed)
+    for strategy_class in (DDPStrategy, ModelParallelStrategy):
+        assert compat.collective_timeout(strategy_class(timeout=timedelta(seconds=12))) == timedelta(seconds=12)
+        assert compat.collective_timeout(strategy_class()) == default_pg_timeout
 
 
 def test_set_mesh_sizes_sets_the_sizes_model_parallel_strategy_keeps():

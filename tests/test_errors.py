@@ -475,20 +475,21 @@ def test_no_environment_secret_reaches_any_file_a_run_writes(tmp_path):
 
 def test_collective_timeout_reaches_the_ddp_strategy():
     from src.cli import COLLECTIVE_TIMEOUT_S, TemplateCLI
+    from src.compat import collective_timeout
 
     args = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn", "--trainer.devices=2"]
     cli = TemplateCLI(args=[*TINY, *args, "--collective_timeout=42"], run=False)
-    # DDPStrategy keeps the timeout it passes to init_process_group in `_timeout` (Lightning 2.6)
-    assert cli.trainer.strategy._timeout.total_seconds() == 42
+    assert collective_timeout(cli.trainer.strategy).total_seconds() == 42
     assert cli.trainer.strategy._start_method == "spawn" and cli.trainer.world_size == 2
     cli = TemplateCLI(args=[*TINY, *args], run=False)
-    assert cli.trainer.strategy._timeout.total_seconds() == COLLECTIVE_TIMEOUT_S
+    assert collective_timeout(cli.trainer.strategy).total_seconds() == COLLECTIVE_TIMEOUT_S
 
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "tensor_parallel", "auto"])
 def test_collective_timeout_reaches_the_model_parallel_strategies_and_auto(strategy):
     from src.cli import TemplateCLI
+    from src.compat import collective_timeout
 
     args = ["--trainer.accelerator=cpu", f"--trainer.strategy={strategy}", "--trainer.devices=2"]
     cli = TemplateCLI(args=[*TINY, *args, "--trainer.precision=64-true", "--collective_timeout=42"], run=False)
-    assert cli.trainer.strategy._timeout.total_seconds() == 42 and cli.trainer.world_size == 2
+    assert collective_timeout(cli.trainer.strategy).total_seconds() == 42 and cli.trainer.world_size == 2

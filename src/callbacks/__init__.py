@@ -8,6 +8,8 @@ hooks each runs at.
 - ``progress_bar``: ``PlainProgressBar`` or Rich (progress.py): a line every 50 steps and after each validation.
 - ``model_summary``: ``ModelSummary`` (summary.py): the parameter table at fit start, FLOPs only where known.
 - ``CompileModel`` (compile.py), on with ``--compile=true``: compiles the model's ``forward`` at setup.
+- ``ClipAcrossMeshes`` (src/strategies/model_parallel.py), with a ``ModelParallelStrategy`` given as a class other
+  than the template's (Lightning's own): gradient clipping across device meshes, as fsdp2 and tensor_parallel clip.
 - ``ExactContinuation`` (continuation.py), always: saves a stop as the position it is, so that
   ``--ckpt_path=last`` with larger limits continues exactly.
 - ``RandomState`` (random_state.py), always: every rank's random-number generators in every checkpoint, each

@@ -24,10 +24,12 @@ from src.errors import ConfigurationError, notice
 _REFUSED_SUBCLASSES = (DeepSpeedStrategy, XLAStrategy, SingleDeviceXLAStrategy)
 
 
-def compile_refusal(strategy: Strategy) -> str | None:
-    """Why ``--compile`` cannot run under this strategy, or None when it can."""
-    name = type(strategy).__name__
-    if isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) and not isinstance(strategy, _REFUSED_SUBCLASSES):
+def compile_refusal(strategy: Strategy | type[Strategy], given: str = "this strategy") -> str | None:
+    """Why ``--compile`` cannot run under this strategy (an object, or its class before the launch), or None when it
+    can; ``given`` is how the message names the strategy."""
+    kind = strategy if isinstance(strategy, type) else type(strategy)
+    name = kind.__name__
+    if issubclass(kind, (SingleDeviceStrategy, DDPStrategy)) and not issubclass(kind, _REFUSED_SUBCLASSES):
         return None
     why = {
         # the template's dp puts its own forward on the module, which copies the module onto the GPUs and runs the
@@ -36,7 +38,7 @@ def compile_refusal(strategy: Strategy) -> str | None:
         " on each copy in place of the module's forward, so a compiled forward would never run",
     }.get(name, f"{name} shards or wraps the module itself, which the template's compile does not support")
     return (
-        f"--compile=true does not work with this strategy: {why}. Fix: train with --trainer.strategy=ddp (or"
+        f"--compile=true does not work with {given}: {why}. Fix: train with --trainer.strategy=ddp (or"
         " ddp_spawn, or a single device) to compile, or drop --compile to keep this strategy."
     )
 

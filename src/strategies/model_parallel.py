@@ -12,6 +12,9 @@ Both are Lightning's ``ModelParallelStrategy`` (FSDP2 and tensor parallelism on 
   layers split in ``configure_model`` (a ``parallelize_module`` plan); ``--trainer.strategy.tensor_parallel_size``
   and ``data_parallel_size`` (a ``class_path`` strategy in YAML) choose another split.
 
+Lightning's own ``ModelParallelStrategy`` given as a class (``class_path``) keeps its settings and gets the same
+clipping across meshes (``ClipAcrossMeshes``, which the CLI adds).
+
 The batch follows the data-parallel dimension: ranks of one tensor-parallel group see the same samples, and the
 global batch (``--data.batch_size``) is split over the data-parallel ranks only (``src/data/base.py``).
 
@@ -35,6 +38,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
@@ -71,6 +76,25 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float, norm_type: flo
     return total
 
 
+def clip_across_meshes(plugin: Precision) -> None:
+    """Make a precision plugin clip gradient norms with ``clip_grad_norm`` above: it clips (after unscaling, under
+    ``16-mixed``) with torch's single-mesh function, which fails under tensor parallelism."""
+
+    def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
+        clip_grad_norm(list(plugin.main_params(optimizer)), clip_val)
+
+    plugin.clip_grad_by_norm = clip_grad_by_norm  # type: ignore[method-assign]
+
+
+class ClipAcrossMeshes(Callback):
+    """The clipping of ``fsdp2`` / ``tensor_parallel`` for a ``ModelParallelStrategy`` of another class (Lightning's
+    own, given as a ``class_path``), which clips with torch's function; the template's classes install it themselves.
+    Installed at ``setup``, in every process, before the first optimizer step."""
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        clip_across_meshes(trainer.precision_plugin)
+
+
 class _ModelParallelMixin:
     """What the two strategies share: gradient clipping across device meshes, atomic sharded checkpoints."""
 
@@ -95,13 +119,7 @@ class _ModelParallelMixin:
 
     def setup(self, trainer: pl.Trainer) -> None:
         super().setup(trainer)  # type: ignore[misc]
-        plugin = self.precision_plugin  # type: ignore[attr-defined]
-
-        def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
-            clip_grad_norm(list(plugin.main_params(optimizer)), clip_val)
-
-        # the precision plugin clips (after unscaling, under 16-mixed) with torch's single-mesh function
-        plugin.clip_grad_by_norm = clip_grad_by_norm
+        clip_across_meshes(self.precision_plugin)  # type: ignore[attr-defined]
 
 
 class FSDP2Strategy(_ModelParallelMixin, ModelParallelStrategy):

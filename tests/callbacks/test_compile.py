@@ -11,7 +11,8 @@ from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from src.callbacks.compile import compile_refusal
-from src.cli import main
+from src.checks import check_compile
+from src.cli import TemplateCLI, main
 from src.data.base import GlobalBatchDataModule
 from src.strategies import DataParallelStrategy
 from tests.conftest import TINY, load_state, relative_difference
@@ -92,18 +93,40 @@ def test_compiled_fit_trains_like_eager_with_the_same_checkpoint_keys_and_resume
     assert relative_difference(*resumed) < 1e-10
 
 
-def test_dp_is_refused_in_one_paragraph_with_exit_status_2(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("strategy", "why"),
+    [
+        (["--trainer.strategy=dp"], "--trainer.strategy=dp: dp copies the module"),
+        (["--trainer.strategy=fsdp2", "--trainer.devices=2"], "--trainer.strategy=fsdp2: FSDP2Strategy shards"),
+        (
+            ["--trainer.strategy.class_path=lightning.pytorch.strategies.ModelParallelStrategy", "--trainer.devices=2"],
+            "--trainer.strategy.class_path=lightning.pytorch.strategies.ModelParallelStrategy: ModelParallelStrategy",
+        ),
+    ],
+)
+def test_an_unsupported_strategy_is_refused_before_launch_in_one_paragraph_with_exit_status_2(
+    tmp_path, capsys, monkeypatch, strategy, why
+):
+    def built(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the objects were built: the refusal came after the checks before launch")
+
+    monkeypatch.setattr(TemplateCLI, "instantiate_classes", built)
+    run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as stopped:
-        main(["fit", *TINY, "--trainer.strategy=dp", "--compile=true", "--progress_bar=none",
-              f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+        main(
+            ["fit", *TINY, *strategy, "--compile=true", "--progress_bar=none", f"--trainer.default_root_dir={run_dir}"]
+        )
     assert stopped.value.code == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith("error: --compile=true does not work with this strategy: dp copies the module")
-    assert "Fix: train with --trainer.strategy=ddp" in error
-    assert not (tmp_path / "checkpoints").exists()
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith(f"error: --compile=true does not work with {why}")
+    assert "Fix: train with --trainer.strategy=ddp (or ddp_spawn, or a single device)" in error[0]
+    assert not run_dir.exists()
 
 
 def test_supported_strategies_are_single_device_and_the_ddp_family():
+    ddp_class = {"class_path": "lightning.pytorch.strategies.DDPStrategy"}
+    for supported in ("auto", "ddp", "ddp_spawn", "single_device", ddp_class):
+        check_compile(supported)  # passes the check before launch
     cpu = torch.device("cpu")
     assert compile_refusal(SingleDeviceStrategy(cpu)) is None
     assert compile_refusal(DDPStrategy()) is None
