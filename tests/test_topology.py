@@ -25,4 +25,4 @@ def test_a_data_module_imports_no_strategy():
     probe = "import sys, src.data.base; print(sorted(m for m in sys.modules if m.startswith('src.')))"
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert "src.topology" in loaded.stdout
-    assert "src.strategies" not in loaded.stdout and "src.sharded_checkpoint" not in loaded.stdout
+    assert "src.strategies" not in loaded.stdout and "src.checkpoints" not in loaded.stdout
