@@ -27,7 +27,6 @@ from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvir
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.plugins import DoublePrecision, HalfPrecision
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 from torch.multiprocessing import ProcessExitedException
 
@@ -42,7 +41,7 @@ from src.callbacks import (
 )
 from src.callbacks.compile import CompileModel
 from src.callbacks.continuation import ExactContinuation, RunTimer
-from src.callbacks.precision import Float64Metrics
+from src.callbacks.precision import Float64Metrics, PrecisionBeforeRestore
 from src.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
 from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.callbacks.random_state import RandomState
@@ -96,6 +95,14 @@ WANDB_ID_FILE = "wandb_run_id"
 #: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough
 #: that a dead rank does not hold the others for Lightning's default of 30 minutes
 COLLECTIVE_TIMEOUT_S = 900.0
+#: the template's callbacks that take options (``--checkpoint.*``, ``--preemption.*``, ...), in hook order
+CALLBACK_OPTIONS = {
+    "preemption": PreemptionCheckpoint,
+    "throughput": SpeedMonitor,
+    "run_plan": RunPlan,
+    "nan_guard": NonFiniteLossGuard,
+    "checkpoint": RunCheckpoint,
+}
 #: the model-parallel strategies that clip across device meshes themselves
 TEMPLATE_MODEL_PARALLEL = (FSDP2Strategy, TensorParallelStrategy)
 
@@ -197,7 +204,10 @@ class TemplateCLI(LightningCLI):
         return {**LightningCLI.subcommands(), "tune": {"model", "datamodule"}}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
+        # the template's callbacks with options of their own; instantiated by the parser, put in the Trainer's one list
+        # by `instantiate_trainer` (in hook order, src/callbacks/__init__.py), not appended by LightningCLI
+        for key, callback_class in CALLBACK_OPTIONS.items():
+            parser.add_class_arguments(callback_class, key, fail_untyped=False, instantiate=True, sub_configs=True)
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val/loss",
@@ -209,10 +219,6 @@ class TemplateCLI(LightningCLI):
             }
         )
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir)
-        parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
-        parser.add_lightning_class_args(SpeedMonitor, "throughput")
-        parser.add_lightning_class_args(RunPlan, "run_plan")
-        parser.add_lightning_class_args(NonFiniteLossGuard, "nan_guard")
         parser.add_argument(
             "--callbacks_off",
             type=list[Literal[OPTIONAL_CALLBACKS]],  # type: ignore[valid-type]
@@ -266,9 +272,6 @@ class TemplateCLI(LightningCLI):
             check_model_flags(argv, model.get("init_args"), self.resumed[1], self.resumed[0])
         if config.get("seed_everything") is True:
             config["seed_everything"] = shared_random_seed()
-        if config.trainer.get("enable_checkpointing") is False:
-            # the Trainer refuses a ModelCheckpoint when checkpointing is off: leave `--checkpoint` out
-            subcommand_parser(self, subcommand).callback_keys.remove("checkpoint")
 
     def _parse_with_the_chosen_classes_defaults(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse so that ``--model=X`` / ``--data=Y`` start from their own defaults, not the init_args the default
@@ -381,12 +384,15 @@ class TemplateCLI(LightningCLI):
         return config[self.subcommand] if self.subcommand else config
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """The Trainer with the template's callbacks, in the order src/callbacks/__init__.py lists them."""
-        trainer_config = self._chosen(self.config_init).get("trainer") or {}
-        off = set(self._chosen().get("callbacks_off") or [])
+        """The Trainer, built once with everything the template adds: its callbacks in one list, in the order
+        ``src/callbacks/__init__.py`` gives, the strategy's options and the checkpoint plugins."""
+        built = self._chosen(self.config_init)  # the objects the parser instantiated
+        trainer_config = built.get("trainer") or {}
+        chosen = self._chosen()
+        off = set(chosen.get("callbacks_off") or [])
         callbacks = trainer_config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
-        bar = None if "progress_bar" in off else progress_bar(self._chosen().get("progress_bar", "auto"))
+        bar = None if "progress_bar" in off else progress_bar(chosen.get("progress_bar", "auto"))
         if trainer_config.get("enable_progress_bar") is not False and not any(
             isinstance(c, ProgressBar) for c in callbacks
         ):
@@ -400,10 +406,10 @@ class TemplateCLI(LightningCLI):
         elif summary and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(FlopsAwareModelSummary())  # no column of zero FLOPs (src/callbacks/summary.py)
             kwargs["enable_model_summary"] = False  # Lightning's own is replaced (else it logs that it skips it)
-        if self._chosen().get("compile"):
+        if chosen.get("compile"):
             callbacks.append(CompileModel())
         strategy = _strategy_name(trainer_config)
-        options = _strategy_options(strategy, self._chosen().get("collective_timeout"), self.model)
+        options = _strategy_options(strategy, chosen.get("collective_timeout"), self.model)
         if options:
             kwargs["strategy"] = strategy  # `auto` as `ddp`, where Lightning picks it
         if isinstance(strategy, ModelParallelStrategy) and not isinstance(strategy, TEMPLATE_MODEL_PARALLEL):
@@ -414,23 +420,17 @@ class TemplateCLI(LightningCLI):
             # the same limit, stopping at a step boundary without an extra validation (src/callbacks/continuation.py)
             callbacks.append(RunTimer(duration=max_time))
             kwargs["max_time"] = None
-        # the class-argument callbacks (--checkpoint, --preemption, ...) that LightningCLI adds after these
-        keys = subcommand_parser(self, self.subcommand).callback_keys
-        keys[:] = [key for key in keys if key not in off]
-        if "checkpoint" in off:
+        if trainer_config.get("enable_checkpointing") is False:
+            off.add("checkpoint")  # the Trainer refuses a ModelCheckpoint when checkpointing is off
+        elif "checkpoint" in off:
             kwargs["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
+        callbacks += [built[key] for key in CALLBACK_OPTIONS if key not in off]
+        # each a no-op where it does not apply (one process; a precision other than 64-true or a "-true" one)
+        callbacks += [PrecisionBeforeRestore(), Float64Metrics()]
+        callbacks += [StopOtherRanksOnError(), UnshareSpawnedTensors(), DestroyProcessGroupAtExit()]
         kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"), slurm_requeue="preemption" in off)
         with _registered_with(strategy, options):
-            trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
-        if isinstance(trainer.precision_plugin, (DoublePrecision, HalfPrecision)):
-            # Lightning loads a checkpoint's weights before it converts the module to a "-true" precision, so
-            # float64 weights would be rounded through float32 on resume: convert first (the later one is a no-op)
-            trainer.precision_plugin.convert_module(self.model)
-        if isinstance(trainer.precision_plugin, DoublePrecision):
-            trainer.callbacks.append(Float64Metrics())  # fp64 metric sums too, equal to 1e-12 at any world size
-        if trainer.world_size > 1:  # one process has no other ranks to stop (and no hooks to pay for)
-            trainer.callbacks += [StopOtherRanksOnError(), UnshareSpawnedTensors(), DestroyProcessGroupAtExit()]
-        return trainer
+            return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
 
 def _strategy_name(trainer: Namespace | dict[str, Any]) -> Any:

@@ -208,4 +208,5 @@ class StopOtherRanksOnError(L.Callback):
     """
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        stop_started_processes(trainer, signal.SIGKILL)
+        if trainer.world_size > 1:  # one process has no other ranks to stop
+            stop_started_processes(trainer, signal.SIGKILL)

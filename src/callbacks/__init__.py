@@ -1,9 +1,11 @@
-"""Every callback the template adds to a run, in the order Lightning calls them at each hook.
+"""Every callback the template adds to a run, in the order the Trainer holds them (the order Lightning calls
+them at each hook).
 
-``TemplateCLI.instantiate_trainer`` (``src/cli.py``) adds them after your own ``--trainer.callbacks``; Lightning
-runs ``ModelCheckpoint`` last. Leave an optional one out with ``--callbacks_off=[name, ...]`` (or
-``callbacks_off:`` in a config); the always-on ones make a run correct. README "The training step" tells the
-hooks each runs at.
+``TemplateCLI.instantiate_trainer`` (``src/cli.py``) builds the one list before the Trainer: your own
+``--trainer.callbacks`` first, then these; Lightning moves ``ModelCheckpoint`` to the end, after LightningCLI's
+``SaveConfigCallback``, and nothing is added once the Trainer is built. Leave an optional one out with
+``--callbacks_off=[name, ...]`` (or ``callbacks_off:`` in a config); the always-on ones make a run correct and do
+nothing where they do not apply. README "The training step" tells the hooks each runs at.
 
 - ``progress_bar``: ``PlainProgressBar`` or Rich (progress.py): a line every 50 steps and after each validation.
 - ``model_summary``: ``ModelSummary`` (summary.py): the parameter table at fit start, FLOPs only where known.
@@ -20,11 +22,13 @@ hooks each runs at.
 - ``throughput``: ``SpeedMonitor`` (throughput.py): ``perf/*`` (samples/s, MFU, memory, data wait).
 - ``run_plan``: ``RunPlan`` (run_plan.py): prints and saves ``run_plan.json`` when training starts.
 - ``nan_guard``: ``NonFiniteLossGuard`` (nan_guard.py): stops at a NaN or infinite loss, before a checkpoint.
+- ``PrecisionBeforeRestore`` (precision.py), always, acting under a "-true" precision: converts the module before
+  a checkpoint is loaded into it.
+- ``Float64Metrics`` (precision.py), always, acting under ``64-true``: torchmetrics states in float64.
+- ``StopOtherRanksOnError`` (src/errors.py), ``UnshareSpawnedTensors`` (spawn.py), ``DestroyProcessGroupAtExit``
+  (process_group.py), always, acting with several processes: an error on one rank stops the others; private
+  metric states in ``ddp_spawn`` workers; the process group destroyed at exit, or gloo may abort a finished rank.
 - ``checkpoint``: ``RunCheckpoint`` (checkpoint.py): ``best-<step>.ckpt`` and ``last.ckpt``.
-- ``Float64Metrics`` (precision.py), under ``64-true``: torchmetrics states in float64.
-- With several processes: ``StopOtherRanksOnError`` (src/errors.py), an error on one rank stops the others;
-  ``UnshareSpawnedTensors`` (spawn.py), private metric states in ``ddp_spawn`` workers;
-  ``DestroyProcessGroupAtExit`` (process_group.py), or gloo may abort a finished rank at exit.
 """
 
 from src.callbacks.checkpoint import RunCheckpoint

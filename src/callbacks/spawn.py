@@ -42,4 +42,5 @@ class UnshareSpawnedTensors(L.Callback):
     attributes that a spawn launcher left in shared memory (see ``unshare_module_tensors``)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        unshare_module_tensors(pl_module)
+        if trainer.world_size > 1:  # one process shares nothing
+            unshare_module_tensors(pl_module)

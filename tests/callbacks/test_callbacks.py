@@ -16,14 +16,19 @@ from src.cli import TemplateCLI, main
 from tests.conftest import TINY
 
 
-def test_every_callback_the_trainer_gets_and_every_switch_is_in_the_one_list():
+def test_the_trainer_holds_the_callbacks_in_the_listed_order_and_every_switch_is_listed():
     listing = src.callbacks.__doc__
     for name in OPTIONAL_CALLBACKS:
         assert f"- ``{name}``: " in listing, name
-    cli = TemplateCLI(args=[*TINY, "--trainer.enable_model_summary=true", "--progress_bar=plain"], run=False)
-    added = {type(callback).__name__ for callback in cli.trainer.callbacks} - {"SaveConfigCallback"}
-    always = ("CompileModel", "ExactContinuation", "RunTimer", "Float64Metrics", "StopOtherRanksOnError")
-    for name in (*added, *always, "UnshareSpawnedTensors", "DestroyProcessGroupAtExit"):
+    args = [*TINY, "--trainer.enable_model_summary=true", "--progress_bar=plain", "--trainer.max_time=00:00:01:00"]
+    cli = TemplateCLI(args=[*args, "--trainer.callbacks+=tests.helpers.Pace"], run=False)
+    held = [type(callback).__name__ for callback in cli.trainer.callbacks]
+    assert held[0] == "Pace"  # the user's own first
+    held = [name for name in held[1:] if name != "SaveConfigCallback"]  # LightningCLI's, which saves config.yaml
+    listed = sorted(held, key=lambda name: listing.index(f"``{name}``"))
+    assert held == listed  # in the listed order, ModelCheckpoint last
+    assert held[-1] == "RunCheckpoint"
+    for name in ("CompileModel", "ClipAcrossMeshes", "ExactContinuation", "RandomState", "RunTimer"):
         assert f"``{name}``" in listing, name
 
 
