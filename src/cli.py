@@ -28,7 +28,7 @@ from lightning.pytorch.callbacks import ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import DoublePrecision, HalfPrecision
 from lightning.pytorch.plugins.io import CheckpointIO
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch.multiprocessing import ProcessExitedException
 
 from src.callbacks import (
@@ -63,7 +63,12 @@ from src.checks import (
     resolve_accelerator,
     yaml_problem,
 )
-from src.compat import set_collective_timeout, subcommand_parser
+from src.compat import (
+    leave_out_class_callbacks,
+    registered_strategy,
+    set_collective_timeout,
+    skip_default_config_files,
+)
 from src.data.base import GlobalBatchDataModule
 from src.errors import (
     DEBUG_ENV,
@@ -311,7 +316,7 @@ class TemplateCLI(LightningCLI):
             config["seed_everything"] = shared_random_seed()
         if config.trainer.get("enable_checkpointing") is False:
             # the Trainer refuses a ModelCheckpoint when checkpointing is off: leave `--checkpoint` out
-            subcommand_parser(self, subcommand).callback_keys.remove("checkpoint")
+            leave_out_class_callbacks(self, subcommand, ["checkpoint"])
 
     def _parse_with_the_chosen_classes_defaults(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse so that ``--model=X`` / ``--data=Y`` start from their own defaults, not the init_args the default
@@ -345,7 +350,7 @@ class TemplateCLI(LightningCLI):
         if not changed:
             return None
         # the default config file is replaced by the same file without those sections
-        subcommand_parser(self, subcommand).default_config_files = []
+        skip_default_config_files(self, subcommand)
         base = yaml.safe_dump({key: value for key, value in defaults.items() if key not in changed})
         at = argv.index(subcommand) + 1 if subcommand is not None else 0
         return [*argv[:at], "--config", base, *(f"--{key}={chosen[key]}" for key in changed), *argv[at:]]
@@ -452,8 +457,7 @@ class TemplateCLI(LightningCLI):
             callbacks.append(RunTimer(duration=max_time))
             kwargs["max_time"] = None
         # the class-argument callbacks (--checkpoint, --preemption, ...) that LightningCLI adds after these
-        keys = subcommand_parser(self, self.subcommand).callback_keys
-        keys[:] = [key for key in keys if key not in off]
+        leave_out_class_callbacks(self, self.subcommand, off)
         if "checkpoint" in off:
             kwargs["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
         kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"), slurm_requeue="preemption" in off)
@@ -486,17 +490,18 @@ def _strategy_name(trainer: Namespace | dict[str, Any]) -> Any:
 
 def _strategy_with_timeout(strategy: Any, seconds: float | None, model: L.LightningModule) -> dict[str, Any]:
     """``{"strategy": DDPStrategy(timeout=...)}`` for a ddp-family strategy given by name; else nothing."""
-    if not isinstance(strategy, str) or strategy not in StrategyRegistry:
+    registered = registered_strategy(strategy) if isinstance(strategy, str) else None
+    if registered is None:
         return {}
-    entry = StrategyRegistry[strategy]
-    params = dict(entry["init_params"])
+    strategy_class, init_params = registered
+    params = dict(init_params)
     if seconds is not None:
         params["timeout"] = timedelta(seconds=seconds)
     if not model.automatic_optimization:  # a GAN backpropagates one network at a time: some params get no grad
         params.setdefault("find_unused_parameters", True)
-    if not issubclass(entry["strategy"], DDPStrategy) or params == entry["init_params"]:
+    if not issubclass(strategy_class, DDPStrategy) or params == init_params:
         return {}
-    return {"strategy": entry["strategy"](**params)}
+    return {"strategy": strategy_class(**params)}
 
 
 def _with_atomic_checkpoints(plugins: Any, slurm_requeue: bool = False) -> list[Any]:

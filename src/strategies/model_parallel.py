@@ -27,6 +27,7 @@ scaler of ``16-mixed`` agrees on overflow across ranks (DTensor reduces its ``fo
 
 from __future__ import annotations
 
+import inspect
 import shutil
 from collections.abc import Iterable
 from datetime import timedelta
@@ -34,20 +35,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from src.compat import set_mesh_sizes
+from src.compat import overrides_hook, set_mesh_sizes, set_own_method
 from src.errors import ConfigurationError
 from src.sharded_checkpoint import move_into_place, staging_path
 from src.strategies.sharding import DefaultShardingPolicy
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+
+#: how long a collective waits unless told: the default of Lightning's own ``ModelParallelStrategy``
+LIGHTNING_TIMEOUT: timedelta | None = inspect.signature(ModelParallelStrategy).parameters["timeout"].default
 
 
 def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
@@ -101,7 +103,7 @@ class _ModelParallelMixin:
             clip_grad_norm(list(plugin.main_params(optimizer)), clip_val)
 
         # the precision plugin clips (after unscaling, under 16-mixed) with torch's single-mesh function
-        plugin.clip_grad_by_norm = clip_grad_by_norm
+        set_own_method(plugin, "clip_grad_by_norm", clip_grad_by_norm)
 
 
 class FSDP2Strategy(_ModelParallelMixin, ModelParallelStrategy):
@@ -120,7 +122,7 @@ class FSDP2Strategy(_ModelParallelMixin, ModelParallelStrategy):
         self,
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
+        timeout: timedelta | None = LIGHTNING_TIMEOUT,
     ) -> None:
         super().__init__(
             data_parallel_size="auto",
@@ -138,7 +140,7 @@ class FSDP2Strategy(_ModelParallelMixin, ModelParallelStrategy):
         set_mesh_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
         super().setup_environment()
         module = self.lightning_module
-        if module is not None and not is_overridden("configure_model", module):
+        if module is not None and not overrides_hook(module, "configure_model"):
             self._default_policy = DefaultShardingPolicy.install(module)
 
     def teardown(self) -> None:
@@ -176,7 +178,7 @@ class TensorParallelStrategy(_ModelParallelMixin, ModelParallelStrategy):
         tensor_parallel_size: Literal["auto"] | int = "auto",
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
+        timeout: timedelta | None = LIGHTNING_TIMEOUT,
     ) -> None:
         super().__init__(
             data_parallel_size=data_parallel_size,
@@ -189,7 +191,7 @@ class TensorParallelStrategy(_ModelParallelMixin, ModelParallelStrategy):
 
     def setup_environment(self) -> None:
         module = self.lightning_module
-        if module is not None and not is_overridden("configure_model", module):
+        if module is not None and not overrides_hook(module, "configure_model"):
             # before any process group exists: the base class would raise a TypeError from every rank, later
             raise ConfigurationError(
                 f"--trainer.strategy=tensor_parallel needs the model to say how its layers split:"
