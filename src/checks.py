@@ -19,6 +19,7 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegi
 
 from src.callbacks.compile import compile_refusal
 from src.callbacks.run_plan import batch_norm_layers
+from src.compat import trained_class_path
 from src.data.sampling import per_process_batch_size
 from src.errors import DEBUG_ENV, ConfigurationError, describe
 
@@ -397,7 +398,7 @@ def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_clas
     """The checkpoint must hold the configured model class: LightningCLI rebuilds the model from the checkpoint's
     hyperparameters, so another model would silently replace ``--model``."""
     hparams = checkpoint.get("hyper_parameters") or {}
-    trained = hparams.get("_class_path") if isinstance(hparams, Mapping) else None
+    trained = trained_class_path(hparams) if isinstance(hparams, Mapping) else None
     if trained is None or not isinstance(model_class_path, str) or trained == model_class_path:
         return
     if import_class(trained) is not None and import_class(trained) is import_class(model_class_path):
@@ -454,7 +455,7 @@ def check_checkpoint_fits(model: Any, checkpoint: Mapping[str, Any], path: Path)
     examples += [f"{len(unexpected)} unexpected (e.g. {unexpected[0]})"] if unexpected else []
     examples += [f"{len(reshaped)} of another shape (e.g. {reshaped[0]})"] if reshaped else []
     hparams = checkpoint.get("hyper_parameters") or {}
-    trained = hparams.get("_class_path") if isinstance(hparams, Mapping) else None
+    trained = trained_class_path(hparams) if isinstance(hparams, Mapping) else None
     raise ConfigurationError(
         f"--ckpt_path={path} holds the weights of another model than the one configured"
         f" ({type(model).__name__}{f', the checkpoint is a {trained}' if trained else ''}): "

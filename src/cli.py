@@ -8,14 +8,12 @@ strategy.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import random
 import sys
 import uuid
 import warnings
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, NoReturn
@@ -63,7 +61,7 @@ from src.checks import (
     resolve_accelerator,
     yaml_problem,
 )
-from src.compat import subcommand_parser
+from src.compat import registered_strategy, registered_with, skip_default_config_files
 from src.data.base import GlobalBatchDataModule
 from src.errors import (
     DEBUG_ENV,
@@ -305,7 +303,7 @@ class TemplateCLI(LightningCLI):
         if not changed:
             return None
         # the default config file is replaced by the same file without those sections
-        subcommand_parser(self, subcommand).default_config_files = []
+        skip_default_config_files(self, subcommand)
         base = yaml.safe_dump({key: value for key, value in defaults.items() if key not in changed})
         at = argv.index(subcommand) + 1 if subcommand is not None else 0
         return [*argv[:at], "--config", base, *(f"--{key}={chosen[key]}" for key in changed), *argv[at:]]
@@ -429,7 +427,7 @@ class TemplateCLI(LightningCLI):
         callbacks += [PrecisionBeforeRestore(), Float64Metrics()]
         callbacks += [StopOtherRanksOnError(), UnshareSpawnedTensors(), DestroyProcessGroupAtExit()]
         kwargs["plugins"] = _with_atomic_checkpoints(trainer_config.get("plugins"), slurm_requeue="preemption" in off)
-        with _registered_with(strategy, options):
+        with registered_with(strategy, options):
             return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
 
@@ -459,33 +457,17 @@ def _strategy_options(strategy: Any, seconds: float | None, model: L.LightningMo
     """The arguments the template adds to a strategy given by name (one given as a class keeps its own settings):
     ``--collective_timeout`` for the ddp family, fsdp2 and tensor_parallel, and ddp's ``find_unused_parameters``
     for a model that backpropagates one part at a time."""
-    if not isinstance(strategy, str) or strategy not in StrategyRegistry:
+    registered = registered_strategy(strategy) if isinstance(strategy, str) else None
+    if registered is None:
         return {}
-    entry = StrategyRegistry[strategy]
+    strategy_class, init_params = registered
     options: dict[str, Any] = {}
-    if seconds is not None and issubclass(entry["strategy"], (DDPStrategy, ModelParallelStrategy)):
+    if seconds is not None and issubclass(strategy_class, (DDPStrategy, ModelParallelStrategy)):
         options["timeout"] = timedelta(seconds=seconds)
-    ddp = issubclass(entry["strategy"], DDPStrategy)
-    if ddp and not model.automatic_optimization and "find_unused_parameters" not in entry["init_params"]:
+    ddp = issubclass(strategy_class, DDPStrategy)
+    if ddp and not model.automatic_optimization and "find_unused_parameters" not in init_params:
         options["find_unused_parameters"] = True  # a GAN backpropagates one network at a time: some get no grad
     return options
-
-
-@contextlib.contextmanager
-def _registered_with(strategy: Any, options: dict[str, Any]) -> Iterator[None]:
-    """Within the block, Lightning builds the strategy named ``strategy`` with ``options`` too: given by name, it is
-    built from the registry, and Lightning checks the precision of a strategy object only (given as one, fsdp2 and
-    tensor_parallel would lose ``64-true``)."""
-    if not options:
-        yield
-        return
-    entry = StrategyRegistry[strategy]
-    params = {**entry["init_params"], **options}
-    StrategyRegistry.register(strategy, entry["strategy"], entry["description"], override=True, **params)
-    try:
-        yield
-    finally:
-        StrategyRegistry[strategy] = entry  # the registry is global: another Trainer of this process gets the original
 
 
 def _with_atomic_checkpoints(plugins: Any, slurm_requeue: bool = False) -> list[Any]:

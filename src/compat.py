@@ -1,24 +1,44 @@
-"""Every private name of Lightning, jsonargparse and torch that the template relies on, in one place.
+"""Every name of Lightning, torch, torchmetrics and jsonargparse that the template relies on and that they do not
+document as public, in one place: private attributes and classes, undocumented keys and module paths, and methods
+replaced on one object.
 
-Each is a small function with a one-line reason; ``tests/test_compat.py`` has a fast test for each that fails
-loudly when a library release renames or changes it. Nothing else in ``src/`` reaches into another object's
-internals, so an upgrade of Lightning is checked by running that one test file.
+Each is a small function with a one-line reason. Nothing else in ``src/`` reaches into another library's internals,
+with one kind of exception: a subclass may override a protected hook of its own base class (``OVERRIDDEN_HOOKS``
+lists them, with the reason). ``tests/test_compat.py`` runs each function and each hook on real objects (a Trainer
+and its loops, a strategy, a ``ModelCheckpoint``, a parser) and fails when a library release changes the behaviour
+relied on; it also scans ``src/`` and fails on a private name used anywhere else. An upgrade of a library is checked
+by running that one test file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
+import torch
+from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from torch import nn
+from torch import Tensor, nn
 
 if TYPE_CHECKING:
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+    from lightning.pytorch.strategies import Strategy
+
+#: the protected hooks that a subclass in ``src/`` overrides (``Base._hook``: the subclass, and why), each run by
+#: ``tests/test_compat.py`` on a real object of the base class
+OVERRIDDEN_HOOKS = {
+    "ModelCheckpoint._save_topk_checkpoint": "RunCheckpoint: ModelCheckpoint's one place that decides on the monitored"
+    " metric, called at every save point; a metric the model does not log is reported there once, not raised",
+    "ModelCheckpoint._save_last_checkpoint": "RunCheckpoint: called right after _save_topk_checkpoint when that saved"
+    " a checkpoint; skips the last.ckpt that the top-k step just wrote for a metric the model does not log",
+    "Strategy._setup_model": "DataParallelStrategy: the strategy's hook that gets the module after it is on its device;"
+    " dp puts its parallel forward on the module there instead of wrapping it",
+}
 
 # -- Lightning: the fit loop's counters and switches --------------------------------------------------------
 
@@ -36,6 +56,50 @@ def batch_progress(trainer: L.Trainer) -> Any:
 def epoch_progress(trainer: L.Trainer) -> Any:
     """The fit loop's epoch counters, which ``FitLoop.on_advance_end`` advances when a fit ends (also mid-epoch)."""
     return trainer.fit_loop.epoch_progress
+
+
+def uncount_epoch_end(trainer: L.Trainer) -> None:
+    """Take back what Lightning counts after a fit stopped mid-epoch (the epoch processed and completed, its last
+    batch completed), so that the loops read as in a checkpoint saved in ``on_train_batch_end``: a resume continues
+    that epoch. The loops' private classes keep these counters."""
+    epochs, batches = epoch_progress(trainer), batch_progress(trainer)
+    for tracker in (epochs.total, epochs.current):
+        tracker.processed -= 1
+        tracker.completed -= 1
+    for tracker in (batches.total, batches.current):
+        tracker.completed -= 1
+
+
+def reset_batch_position(trainer: L.Trainer) -> None:
+    """Set the current epoch's batch counters back to none, as Lightning does when the next epoch starts (its
+    ``reset_on_run``), so that a checkpoint saved now holds the start of that epoch."""
+    batch_progress(trainer).reset_on_run()
+
+
+def epoch_loop_restarting(trainer: L.Trainer) -> bool:
+    """Whether the training epoch loop will continue the epoch of the checkpoint it resumed (its ``restarting``
+    switch; under ``max_steps`` Lightning sets it on every resume, also after an epoch that ended)."""
+    return bool(trainer.fit_loop.epoch_loop.restarting)
+
+
+def start_next_epoch_afresh(trainer: L.Trainer) -> None:
+    """Turn that switch off: the epoch loop starts its next epoch with fresh counters, as a run that never stopped."""
+    trainer.fit_loop.epoch_loop.restarting = False
+
+
+def overrides_hook(module: L.LightningModule, hook: str) -> bool:
+    """Whether ``module`` implements ``hook`` (its class, or the module itself), decided as Lightning decides it (to
+    run a validation loop, or to accept a model under ``ModelParallelStrategy``): with its ``is_overridden``, which
+    ``lightning.pytorch.utilities`` does not export."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    return is_overridden(hook, module)
+
+
+def restarted_mid_epoch(trainer: L.Trainer) -> bool:
+    """Whether this fit resumed a checkpoint saved in the middle of a training epoch (the fit loop's restart stage,
+    known from ``on_train_start``)."""
+    return bool(trainer.fit_loop.restarted_mid_epoch)
 
 
 def logging_step(trainer: L.Trainer) -> int:
@@ -73,11 +137,55 @@ def skip_per_step_sigterm_broadcast(trainer: L.Trainer) -> bool:
     loop = trainer.fit_loop.epoch_loop
     if not callable(getattr(type(loop), "_broadcast_sigterm_tensor", None)):
         return False
-    loop._broadcast_sigterm_tensor = lambda: None  # type: ignore[method-assign]
+    set_own_method(loop, "_broadcast_sigterm_tensor", lambda: None)
     return True
 
 
-# -- Lightning: checkpointing, strategies, launchers --------------------------------------------------------
+# -- Lightning: checkpointing, strategies, launchers, callbacks ---------------------------------------------
+
+
+def monitor_candidates(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> dict[str, Tensor]:
+    """The metrics ``ModelCheckpoint`` decides on and names its files with at this point (``epoch`` and ``step``
+    among them), from its protected helper."""
+    return checkpoint._monitor_candidates(trainer)
+
+
+def save_last_checkpoint(checkpoint: ModelCheckpoint, trainer: L.Trainer, candidates: dict[str, Tensor]) -> None:
+    """Write ``last.ckpt`` now, the way ``ModelCheckpoint`` writes it (its naming, link and removal of the previous
+    one), through its protected method (a subclass's override of it included)."""
+    checkpoint._save_last_checkpoint(trainer, candidates)
+
+
+def trained_class_path(hyperparameters: Mapping[str, Any]) -> Any:
+    """The class path a checkpoint's model was built from, where LightningCLI built it (``--model=CLASS``), else None:
+    LightningCLI keeps it in the saved hyperparameters under a key of its own."""
+    return hyperparameters.get("_class_path")
+
+
+def registered_strategy(name: str) -> tuple[type[Strategy], dict[str, Any]] | None:
+    """The class and constructor arguments ``Trainer(strategy=name)`` builds (``ddp_spawn``: ``DDPStrategy`` with
+    ``start_method="spawn"``), or None for a name not registered: the registry's entries are undocumented dicts."""
+    if name not in StrategyRegistry:
+        return None
+    entry = StrategyRegistry[name]
+    return entry["strategy"], dict(entry["init_params"])
+
+
+@contextlib.contextmanager
+def registered_with(name: Any, options: dict[str, Any]) -> Iterator[None]:
+    """Within the block, ``Trainer(strategy=name)`` builds that strategy with ``options`` too. Given by name, a
+    strategy is built from the registry, and Lightning checks the precision of a strategy object only (given as
+    one, fsdp2 and tensor_parallel would lose ``64-true``); the registry is global, so the entry is put back."""
+    if not options:
+        yield
+        return
+    entry = StrategyRegistry[name]
+    params = {**entry["init_params"], **options}
+    StrategyRegistry.register(name, entry["strategy"], entry["description"], override=True, **params)
+    try:
+        yield
+    finally:
+        StrategyRegistry[name] = entry
 
 
 def stop_started_processes(trainer: L.Trainer, signum: signal.Signals = signal.SIGKILL) -> None:
@@ -86,11 +194,6 @@ def stop_started_processes(trainer: L.Trainer, signum: signal.Signals = signal.S
     launcher = trainer.strategy.launcher
     if isinstance(launcher, _SubprocessScriptLauncher):
         launcher.kill(signum)
-
-
-#: ``ModelCheckpoint``'s protected methods that ``RunCheckpoint`` (its subclass) overrides or calls: the one place
-#: that decides on the monitored metric, its way of writing ``last``, and the metrics it decides on
-MODEL_CHECKPOINT_HOOKS = ("_save_topk_checkpoint", "_save_last_checkpoint", "_monitor_candidates")
 
 
 def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:
@@ -106,22 +209,59 @@ def collective_timeout(strategy: Any) -> timedelta | None:
     return strategy._timeout
 
 
+def run_callback_before(trainer: L.Trainer, callback: Callback, kind: type[Callback]) -> None:
+    """Move ``callback`` in front of the first callback of ``kind``: Lightning calls each hook of the callbacks in the
+    order of the ``trainer.callbacks`` list as it is at that call, so a move in ``setup`` holds for the whole run."""
+    callbacks = trainer.callbacks
+    first = next((i for i, other in enumerate(callbacks) if isinstance(other, kind)), None)
+    if callback in callbacks and first is not None and first < callbacks.index(callback):
+        callbacks.remove(callback)
+        callbacks.insert(first, callback)
+
+
+def available_flops(device: torch.device, dtype: torch.dtype | str) -> float | None:
+    """Lightning's table of peak FLOP/s of a device at a dtype (``"tfloat32"`` for TF32), or None where unknown:
+    a function of ``lightning.fabric.utilities.throughput`` that the package does not export."""
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    peak = get_available_flops(device, dtype)  # type: ignore[arg-type]
+    return float(peak) if peak else None
+
+
+def pytree_warning_module() -> str:
+    """The module (a ``warnings`` filter's pattern) of Lightning's private pytree helper, which calls torch's
+    deprecated ``LeafSpec`` check."""
+    return r"lightning\.pytorch\.utilities\._pytree"
+
+
+def mid_epoch_resume_warning_module() -> str:
+    """The module (a ``warnings`` filter's pattern) of Lightning's training epoch loop, a private class, which warns
+    when a fit resumes mid-epoch with a loader that cannot restore its position."""
+    return r"lightning\.pytorch\.loops\.training_epoch_loop"
+
+
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------
 
 
 def subcommand_parser(cli: LightningCLI, subcommand: str | None) -> LightningArgumentParser:
     """The parser of one subcommand (``fit``, ...), or the only one without subcommands: LightningCLI keeps them in
-    its private ``_parser`` (its ``callback_keys`` and ``default_config_files`` are public)."""
+    its private ``_parser``."""
     return cli._parser(subcommand)
 
 
-# -- torch --------------------------------------------------------------------------------------------------
+def skip_default_config_files(cli: LightningCLI, subcommand: str | None) -> None:
+    """Make the next parse of a subcommand's options read none of its ``default_config_files`` (jsonargparse's own
+    property, on the subcommand's parser that LightningCLI keeps to itself)."""
+    subcommand_parser(cli, subcommand).default_config_files = []
+
+
+# -- torch and torchmetrics ---------------------------------------------------------------------------------
 
 
 def compiled_by_torch(module: nn.Module) -> bool:
     """Whether ``module.compile()`` compiled the module's call, or its ``forward`` is a ``torch.compile`` result:
     compiling either again would trace a compiled function."""
-    forward = module.__dict__.get("forward")
+    forward = own_method(module, "forward")
     return module._compiled_call_impl is not None or hasattr(forward, "_torchdynamo_orig_callable")
 
 
@@ -138,3 +278,46 @@ def only_children(module: nn.Module, names: Collection[str]) -> Iterator[None]:
         yield
     finally:
         module._modules = children
+
+
+def scatter_to_devices(args: tuple, kwargs: dict[str, Any], devices: Sequence[int | None]) -> tuple[tuple, tuple]:
+    """``forward``'s arguments cut for each device, as ``nn.DataParallel`` cuts them: every tensor in chunks along
+    dim 0, anything else repeated; one ``args`` tuple and one ``kwargs`` dict per device (torch's ``scatter_kwargs``,
+    which ``torch.nn.parallel`` does not export)."""
+    from torch.nn.parallel.scatter_gather import scatter_kwargs
+
+    return scatter_kwargs(args, kwargs, list(devices), dim=0)
+
+
+def draw_loader_base_seed() -> None:
+    """Draw from the global generator what creating a torch ``DataLoader`` iterator draws when the loader has no
+    generator of its own (its workers' base seed, drawn by the iterator's private base class)."""
+    torch.empty((), dtype=torch.int64).random_()
+
+
+def instance_attributes(obj: object) -> dict[str, Any]:
+    """The attributes stored on ``obj`` itself: torchmetrics keeps a metric's states there, as plain tensors or lists
+    of them (neither parameters nor buffers), where only the instance's own namespace reaches them."""
+    return dict(vars(obj))
+
+
+# -- methods replaced on one object -------------------------------------------------------------------------
+
+
+def set_own_method(obj: object, name: str, method: Callable[..., Any]) -> None:
+    """Give ``obj`` a ``name`` of its own in place of its class's, for this object only (its class, other objects and
+    checkpoints keep theirs). Relied on: torch's ``nn.Module.__call__`` runs ``self.forward``, Lightning calls a
+    module's hooks and checks ``is_overridden`` through the instance, and a precision plugin's ``clip_gradients``
+    calls ``self.clip_grad_by_norm``: each finds an attribute of the instance first."""
+    setattr(obj, name, method)
+
+
+def own_method(obj: object, name: str) -> Any:
+    """What ``set_own_method`` gave ``obj`` as ``name``, or None where ``obj`` runs its class's."""
+    return vars(obj).get(name)
+
+
+def drop_own_method(obj: object, name: str) -> None:
+    """Let ``obj`` run its class's ``name`` again (nothing to do where it has none of its own)."""
+    if name in vars(obj):
+        delattr(obj, name)

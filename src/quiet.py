@@ -12,6 +12,8 @@ import warnings
 
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 
+from src.compat import mid_epoch_resume_warning_module, pytree_warning_module
+
 #: Lightning's rank-zero info lines come from one of these loggers, depending on which package was imported last
 RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 
@@ -43,7 +45,7 @@ def silence_known_noise() -> None:
         "ignore",
         message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
         category=FutureWarning,
-        module=r"lightning\.pytorch\.utilities\._pytree",
+        module=pytree_warning_module(),
     )
     # Lightning's hint to prefix `srun` fires whenever srun is on PATH (any cluster node), also outside any SLURM
     # job, where there is nothing to launch with srun. Inside a job it stays, and src/checks.py refuses a
@@ -76,5 +78,5 @@ def silence_known_noise() -> None:
     warnings.filterwarnings(
         "ignore",
         message=r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not",
-        module=r"lightning\.pytorch\.loops\.training_epoch_loop",
+        module=mid_epoch_resume_warning_module(),
     )

@@ -1,165 +1,607 @@
-"""One fast test per function of ``src/compat.py``: each fails when the library changes the private name under it."""
+"""``src/compat.py``, proven on real objects: a fast test for each function and for each protected hook a subclass
+overrides (``OVERRIDDEN_HOOKS``), run on a real Trainer and its loops, a real strategy, a real ``ModelCheckpoint`` or
+a real parser. Each fails when a library release changes the behaviour the template relies on, whatever the
+library's source looks like. The last section scans ``src/``: a private name used outside ``src/compat.py`` fails.
+"""
 
 from __future__ import annotations
 
-import inspect
+import ast
+import importlib
+import re
 import signal
+import socket
 import subprocess
 import sys
+import types
+import warnings
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
-from lightning.pytorch.loops.progress import _BatchProgress, _Progress
-from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-from lightning.pytorch.strategies import Strategy
-from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.plugins import Precision
+from lightning.pytorch.strategies import ModelParallelStrategy, SingleDeviceStrategy, Strategy, StrategyRegistry
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics import CatMetric, MeanMetric
 
 from src import compat
-from src.compat import stop_started_processes, subcommand_parser
 from src.strategies import DataParallelStrategy
+from src.strategies.dp import ParallelForward
+from tests.conftest import REPO
+from tests.fixtures.workload import TinyClassifier, TinyData
+
+BATCHES = 4  # training batches per epoch of the small runs below
+
+
+def trainer(**kwargs: Any) -> L.Trainer:
+    """A Trainer for a few CPU steps, with nothing the test does not ask for."""
+    options: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        max_steps=2,
+        limit_train_batches=BATCHES,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    return L.Trainer(**{**options, **kwargs})
+
+
+def tiny_data() -> TinyData:
+    return TinyData(train_size=32 * BATCHES, val_size=32, test_size=32)
+
+
+class Hooks(Callback):
+    """Runs the given functions in the named hooks (``on_train_batch_end=fn(trainer, batch_idx)``, the others
+    ``fn(trainer)``)."""
+
+    def __init__(self, **hooks: Callable[..., Any]) -> None:
+        self.hooks = hooks
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.hooks.get("on_train_start", lambda trainer: None)(trainer)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.hooks.get("on_train_batch_end", lambda trainer, index: None)(trainer, args[-1])
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.hooks.get("on_validation_start", lambda trainer: None)(trainer)
+
+
+class Rows(Logger):
+    """A logger that keeps the ``(step, names)`` of every row it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int | None, set[str]]] = []
+
+    @property
+    def name(self) -> str:
+        return "rows"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((step, set(metrics)))
+
 
 # -- Lightning: the fit loop's counters and switches --------------------------------------------------------
 
 
-def _trainer(**kwargs: Any) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, **kwargs)
+def test_attached_trainer_is_none_before_fit_and_the_trainer_during_it():
+    model, seen = BoringModel(), []
+    assert compat.attached_trainer(model) is None
+    fit = trainer(callbacks=[Hooks(on_train_start=lambda t: seen.append(compat.attached_trainer(t.lightning_module)))])
+    fit.fit(model)
+    assert seen == [fit]
 
 
-def test_attached_trainer_is_none_before_fit_and_the_trainer_after():
-    module = L.LightningModule()
-    assert compat.attached_trainer(module) is None
-    trainer = _trainer()
-    module.trainer = trainer
-    assert compat.attached_trainer(module) is trainer
+def test_batch_and_epoch_counters_count_what_the_template_reads():
+    seen = []
+
+    def record(t: L.Trainer, index: int) -> None:
+        current = compat.batch_progress(t).current
+        seen.append(
+            (index, current.ready, current.processed, current.completed, compat.batch_progress(t).is_last_batch)
+        )
+
+    fit = trainer(max_steps=BATCHES + 1, callbacks=[Hooks(on_train_batch_end=record)])
+    fit.fit(BoringModel())
+    # in on_train_batch_end the batch is ready and processed, not yet completed; the last one of an epoch says so
+    assert seen[:BATCHES] == [(i, i + 1, i + 1, i, i == BATCHES - 1) for i in range(BATCHES)]
+    assert seen[BATCHES] == (0, 1, 1, 0, False)  # the next epoch counts from 0
+    # a fit that stops mid-epoch (after one batch of the second epoch) ends with that epoch counted as finished
+    batches, epochs = compat.batch_progress(fit), compat.epoch_progress(fit)
+    assert (batches.current.completed, batches.total.completed, batches.is_last_batch) == (1, BATCHES + 1, False)
+    assert (epochs.current.processed, epochs.current.completed, fit.current_epoch) == (2, 2, 2)
 
 
-def test_batch_and_epoch_progress_are_lightnings_counters():
-    trainer = _trainer()
-    batches, epochs = compat.batch_progress(trainer), compat.epoch_progress(trainer)
-    assert isinstance(batches, _BatchProgress) and isinstance(epochs, _Progress)
-    for tracker in (batches.current, batches.total, epochs.current, epochs.total):
-        assert (tracker.ready, tracker.started, tracker.processed, tracker.completed) == (0, 0, 0, 0)
-    assert batches.is_last_batch is False and callable(batches.reset_on_run)
+@pytest.fixture(scope="module")
+def mid_epoch_checkpoint(tmp_path_factory) -> Path:
+    """A fit stopped after 2 of 4 batches (a plain DataLoader, which cannot restore its position), saved after
+    ``uncount_epoch_end``."""
+    fit = trainer(max_steps=2)
+    fit.fit(BoringModel())
+    compat.uncount_epoch_end(fit)
+    assert compat.epoch_progress(fit).current.completed == 0 and fit.current_epoch == 0
+    assert compat.batch_progress(fit).current.completed == 1
+    path = tmp_path_factory.mktemp("mid_epoch") / "mid.ckpt"
+    fit.save_checkpoint(path, weights_only=False)
+    return path
 
 
-def test_logging_step_is_the_count_lightning_logs_rows_with():
-    trainer = _trainer()
-    compat.set_logging_step(trainer, 7)
-    assert compat.logging_step(trainer) == 7
-    # the logger connector writes each row at this count, and the loop saves and restores it
-    assert "self.trainer.fit_loop.epoch_loop._batches_that_stepped" in inspect.getsource(_LoggerConnector)
-    assert trainer.fit_loop.epoch_loop.on_save_checkpoint()["_batches_that_stepped"] == 7
+def resumed_positions(checkpoint: Path, **hooks: Callable[..., Any]) -> tuple[list[Any], list[str]]:
+    """``(epoch, batch index)`` of each batch a fit resumed from ``checkpoint`` trains (to 4 steps), after what the
+    hooks record, and the warnings it gave."""
+    seen: list[Any] = []
+    start = hooks.pop("on_train_start", lambda t: None)
+    probe = Hooks(
+        on_train_start=lambda t: seen.append(start(t)),
+        on_train_batch_end=lambda t, i: seen.append((t.current_epoch, i)),
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hooks.pop("filters", lambda: None)()
+        trainer(max_steps=4, callbacks=[probe]).fit(BoringModel(), ckpt_path=checkpoint)
+    return seen, [str(warning.message) for warning in caught]
 
 
-def test_validation_follows_asks_the_loops_own_decision():
-    loop_source = inspect.getsource(_TrainingEpochLoop.advance) + inspect.getsource(_TrainingEpochLoop.on_advance_end)
-    assert "self._should_check_val_fx(data_fetcher)" in loop_source
-    trainer = _trainer()
-    loop = trainer.fit_loop.epoch_loop
-    assert loop._skip_next_val is False and hasattr(trainer.fit_loop, "_data_fetcher")
-    compat.skip_next_validation(trainer)
-    assert loop._skip_next_val is True and compat.validation_follows(trainer) is False
+def test_an_uncounted_epoch_end_resumes_in_the_middle_of_that_epoch(mid_epoch_checkpoint, tmp_path):
+    seen, _ = resumed_positions(mid_epoch_checkpoint, on_train_start=compat.restarted_mid_epoch)
+    assert seen == [True, (0, 2), (0, 3)]  # the epoch's last two batches
+    # as Lightning leaves its counters (the stopped epoch counted), the same stop resumes in a new epoch
+    fit = trainer(max_steps=2)
+    fit.fit(BoringModel())
+    fit.save_checkpoint(tmp_path / "counted.ckpt", weights_only=False)
+    seen, _ = resumed_positions(tmp_path / "counted.ckpt", on_train_start=compat.restarted_mid_epoch)
+    assert seen[0] is False and seen[1][0] == 1
 
 
-def test_skip_next_validation_sets_the_flag_on_advance_end_reads():
-    source = inspect.getsource(_TrainingEpochLoop.on_advance_end)
-    assert "if self._skip_next_val:" in source and "should_check_val = False" in source
+RESUME_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
 
 
-def test_the_per_step_sigterm_broadcast_is_still_there_to_skip():
-    """If this fails, check whether Lightning still runs a blocking collective per step, and update or delete
+def test_the_mid_epoch_resume_warning_comes_from_the_module_compat_names(mid_epoch_checkpoint):
+    _, messages = resumed_positions(mid_epoch_checkpoint)
+    assert any(RESUME_WARNING in message for message in messages)  # src/quiet.py's filter still has a job
+
+    def ignore() -> None:
+        warnings.filterwarnings("ignore", message=RESUME_WARNING, module=compat.mid_epoch_resume_warning_module())
+
+    _, messages = resumed_positions(mid_epoch_checkpoint, filters=ignore)
+    assert not any(RESUME_WARNING in message for message in messages)
+
+
+def test_the_pytree_warning_comes_from_the_module_compat_names():
+    """If the first half fails, Lightning no longer calls torch's deprecated check: delete the filter in
+    ``src/quiet.py`` and ``compat.pytree_warning_module``."""
+
+    def warned(*filters: str) -> bool:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for module in filters:
+                warnings.filterwarnings("ignore", message=r".*LeafSpec", category=FutureWarning, module=module)
+            trainer(max_steps=1).fit(BoringModel())  # Lightning flattens each batch with its pytree helper
+        return any("LeafSpec" in str(warning.message) for warning in caught)
+
+    assert warned()
+    assert not warned(compat.pytree_warning_module())
+
+
+def test_resetting_the_batch_position_and_starting_afresh_resume_the_next_epoch_from_its_start(tmp_path):
+    """Under ``max_steps`` Lightning restarts the epoch loop on every resume; after an epoch that ended (and
+    validated) it counts one logging step too many unless the switch is turned off."""
+    fit = trainer(max_steps=BATCHES, limit_val_batches=1)  # one whole epoch, validated at its end
+    fit.fit(TinyClassifier(), tiny_data())
+    compat.reset_batch_position(fit)
+    assert compat.batch_progress(fit).current.completed == 0 and compat.batch_progress(fit).total.completed == BATCHES
+    fit.save_checkpoint(tmp_path / "end.ckpt", weights_only=False)
+
+    def resume(afresh: bool) -> list[Any]:
+        seen: list[Any] = []
+
+        def start(t: L.Trainer) -> None:
+            seen.append(compat.epoch_loop_restarting(t))
+            if afresh:
+                compat.start_next_epoch_afresh(t)
+
+        probe = Hooks(on_train_start=start, on_train_batch_end=lambda t, i: seen.append((i, compat.logging_step(t))))
+        trainer(max_steps=BATCHES + 2, limit_val_batches=1, callbacks=[probe]).fit(
+            TinyClassifier(), tiny_data(), ckpt_path=tmp_path / "end.ckpt"
+        )
+        return seen
+
+    assert resume(afresh=True) == [True, (0, BATCHES), (1, BATCHES + 1)]
+    assert resume(afresh=False) == [True, (0, BATCHES + 1), (1, BATCHES + 2)]  # what the switch prevents
+
+
+def test_logging_step_is_the_step_of_the_rows_lightning_logs_and_a_checkpoint_keeps_it(tmp_path):
+    logger, seen = Rows(), []
+
+    def start(t: L.Trainer) -> None:
+        compat.set_logging_step(t, 40)
+
+    probe = Hooks(on_train_start=start, on_train_batch_end=lambda t, i: seen.append(compat.logging_step(t)))
+    fit = trainer(max_steps=3, logger=logger, log_every_n_steps=1, callbacks=[probe])
+    fit.fit(TinyClassifier(), tiny_data())
+    assert [step for step, names in logger.rows if "train/loss" in names] == seen == [40, 41, 42]
+    fit.save_checkpoint(tmp_path / "last.ckpt", weights_only=False)
+    resumed: list[int] = []
+    again = trainer(max_steps=4, callbacks=[Hooks(on_train_start=lambda t: resumed.append(compat.logging_step(t)))])
+    again.fit(TinyClassifier(), tiny_data(), ckpt_path=tmp_path / "last.ckpt")
+    assert resumed == [43]
+
+
+def validations_after(**hooks: Callable[..., Any]) -> tuple[list[int], list[int]]:
+    """(the batches after which ``validation_follows`` said yes, the global steps validation ran at) of a fit that
+    validates every 2 of its 4 batches."""
+    said, ran = [], []
+    run_hook = hooks.pop("on_train_batch_end", lambda t, i: None)
+
+    def batch_end(t: L.Trainer, index: int) -> None:
+        if compat.validation_follows(t):
+            said.append(index)
+        run_hook(t, index)
+
+    probe = Hooks(on_train_batch_end=batch_end, on_validation_start=lambda t: ran.append(t.global_step))
+    trainer(max_steps=BATCHES, limit_val_batches=1, val_check_interval=2, callbacks=[probe]).fit(BoringModel())
+    return said, ran
+
+
+def test_validation_follows_is_the_loops_own_decision_and_skip_next_validation_cancels_one():
+    assert validations_after() == ([1, 3], [2, 4])
+
+    def skip_first(t: L.Trainer, index: int) -> None:
+        if index == 1:
+            compat.skip_next_validation(t)
+
+    assert validations_after(on_train_batch_end=skip_first) == ([1, 3], [4])
+
+
+class WithoutValidationStep(BoringModel):
+    validation_step = L.LightningModule.validation_step  # the hook as LightningModule has it: not implemented
+
+
+def test_overrides_hook_decides_as_lightning_decides_to_validate():
+    ran: list[str] = []
+    for model, implemented in ((BoringModel(), True), (WithoutValidationStep(), False)):
+        assert compat.overrides_hook(model, "validation_step") is implemented
+        name = type(model).__name__
+        probe = Hooks(on_validation_start=lambda t, name=name: ran.append(name))
+        trainer(max_steps=BATCHES, limit_val_batches=1, callbacks=[probe]).fit(model)
+    assert set(ran) == {"BoringModel"}  # Lightning validates the one model that implements the hook
+
+
+@pytest.fixture
+def one_process_group(tmp_path) -> Iterator[None]:
+    """A real (gloo, one process) default process group, as under ddp."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+class TwoRanks(SingleDeviceStrategy):
+    """Test-only: one CPU process that reports a world of two, the case where Lightning broadcasts per step."""
+
+    def __init__(self) -> None:
+        super().__init__(device=torch.device("cpu"))
+        self.world_size = 2
+
+
+def test_the_per_step_sigterm_broadcast_is_still_there_and_skipped(one_process_group, monkeypatch):
+    """If the first assertion fails, Lightning no longer runs a per-step collective: delete
     ``skip_per_step_sigterm_broadcast``."""
-    assert "self._broadcast_sigterm_tensor()" in inspect.getsource(_TrainingEpochLoop.advance)
-    trainer = _trainer()
-    assert compat.skip_per_step_sigterm_broadcast(trainer)
-    assert trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor() is None  # no collective
+    loop_class = type(trainer().fit_loop.epoch_loop)
+    calls: list[int] = []
+    monkeypatch.setattr(loop_class, "_broadcast_sigterm_tensor", lambda self: calls.append(1))
+    trainer(max_steps=3, strategy=TwoRanks()).fit(BoringModel())
+    assert len(calls) == 3  # one collective per step
+    calls.clear()
+    skipped: list[bool] = []
+    probe = Hooks(on_train_start=lambda t: skipped.append(compat.skip_per_step_sigterm_broadcast(t)))
+    trainer(max_steps=3, strategy=TwoRanks(), callbacks=[probe]).fit(BoringModel())
+    assert skipped == [True] and calls == []
 
 
-# -- Lightning: checkpointing, strategies, launchers --------------------------------------------------------
+# -- Lightning: checkpointing -------------------------------------------------------------------------------
+
+
+class LoggedModel(BoringModel):
+    """BoringModel that logs ``val/loss``."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        output = super().validation_step(batch, batch_idx)
+        self.log("val/loss", output["x"])
+        return output
+
+
+class RecordingCheckpoint(ModelCheckpoint):
+    """Test-only: records each call of the two protected hooks ``RunCheckpoint`` overrides. A monitored metric that
+    is missing stops in the top-k hook when ``missing`` says so: ``skip`` (nothing saved), or ``write_last``
+    (``last.ckpt`` written there, as ``RunCheckpoint`` writes it)."""
+
+    def __init__(self, *args: Any, missing: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.missing = missing
+        self.calls: list[tuple[str, int, set[str]]] = []
+
+    def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        self.calls.append(("topk", trainer.global_step, set(monitor_candidates)))
+        if self.missing is not None and self.monitor not in monitor_candidates:
+            if self.missing == "write_last":
+                compat.save_last_checkpoint(self, trainer, monitor_candidates)
+            return
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
+
+    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        self.calls.append(("last", trainer.global_step, set(monitor_candidates)))
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+
+
+def checkpointed_fit(tmp_path: Path, monitor: str, **kwargs: Any) -> tuple[L.Trainer, RecordingCheckpoint]:
+    """A fit of 4 steps that validates after steps 2 and 4, checkpointed by a ``RecordingCheckpoint``."""
+    checkpoint = RecordingCheckpoint(dirpath=tmp_path, monitor=monitor, save_last=True, **kwargs)
+    fit = trainer(max_steps=BATCHES, limit_val_batches=1, val_check_interval=2, enable_checkpointing=True,
+                  callbacks=[checkpoint])  # fmt: skip
+    fit.fit(LoggedModel())
+    return fit, checkpoint
+
+
+def hook_calls(checkpoint: RecordingCheckpoint) -> list[tuple[str, int]]:
+    return [(name, step) for name, step, _ in checkpoint.calls]
+
+
+def test_model_checkpoint_runs_the_topk_hook_at_every_validation_and_the_last_hook_after_a_save(tmp_path):
+    _, checkpoint = checkpointed_fit(tmp_path, monitor="val/loss", save_top_k=-1)
+    assert hook_calls(checkpoint) == [("topk", 2), ("last", 2), ("topk", 4), ("last", 4)]
+    assert all({"val/loss", "epoch", "step"} <= names for _, _, names in checkpoint.calls)
+    assert (tmp_path / "last.ckpt").is_file() and checkpoint.best_model_path
+
+
+def test_a_monitored_metric_the_model_does_not_log_still_reaches_the_topk_hook(tmp_path):
+    """``RunCheckpoint`` reports the missing metric there (Lightning must not raise before it) and writes
+    ``last.ckpt`` there: without it nothing is written before training ends, and with it Lightning calls the last
+    hook right after, which ``RunCheckpoint``'s override of that hook skips."""
+    _, skipped = checkpointed_fit(tmp_path / "skip", monitor="val/missing", missing="skip")
+    assert hook_calls(skipped) == [("topk", 2), ("topk", 4), ("last", 4)]  # last.ckpt only at the end
+    assert all("val/missing" not in names for _, _, names in skipped.calls)
+    _, written = checkpointed_fit(tmp_path / "written", monitor="val/missing", missing="write_last")
+    assert hook_calls(written) == [("topk", 2), ("last", 2), ("last", 2), ("topk", 4), ("last", 4), ("last", 4)]
+    with pytest.raises(Exception, match="val/missing"):  # what the override of the top-k hook prevents
+        checkpointed_fit(tmp_path / "stock", monitor="val/missing")
+
+
+def test_monitor_candidates_and_save_last_checkpoint_write_last_as_model_checkpoint_does(tmp_path):
+    fit, checkpoint = checkpointed_fit(tmp_path, monitor="val/loss", save_top_k=-1)
+    candidates = compat.monitor_candidates(checkpoint, fit)
+    assert {"val/loss", "epoch", "step"} <= set(candidates) and int(candidates["step"]) == BATCHES
+    (tmp_path / "last.ckpt").unlink()
+    checkpoint.calls.clear()
+    compat.save_last_checkpoint(checkpoint, fit, candidates)
+    assert [name for name, _, _ in checkpoint.calls] == ["last"]  # through a subclass's override
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == BATCHES
+
+
+def test_trained_class_path_is_the_class_lightning_cli_built_the_model_as():
+    model_path = f"{TinyClassifier.__module__}.{TinyClassifier.__qualname__}"
+    cli = LightningCLI(L.LightningModule, subclass_mode_model=True, run=False, args=[f"--model={model_path}",
+                       "--trainer.logger=false", "--trainer.enable_checkpointing=false"])  # fmt: skip
+    assert compat.trained_class_path(dict(cli.model.hparams)) == model_path
+    assert compat.trained_class_path(dict(TinyClassifier().hparams)) is None  # built without LightningCLI
+
+
+# -- Lightning: strategies, launchers, callbacks ------------------------------------------------------------
+
+
+def test_registered_strategy_rebuilds_what_the_trainer_builds_from_the_name():
+    from src.strategies import register_dp_strategy, register_model_parallel_strategies
+
+    register_dp_strategy()
+    register_model_parallel_strategies()
+    checked = []
+    for name in StrategyRegistry.available_strategies():
+        try:
+            expected = StrategyRegistry.get(name)  # Lightning's own construction from the name
+        except Exception:
+            continue  # an optional package is missing (deepspeed, xla)
+        registered = compat.registered_strategy(name)
+        assert registered is not None, name
+        strategy_class, params = registered
+        built = strategy_class(**params)
+        assert type(built) is type(expected), name
+        mine, lightnings = vars(built), vars(expected)
+        assert mine.keys() == lightnings.keys(), name
+        assert all(mine[k] == lightnings[k] or type(mine[k]) is type(lightnings[k]) for k in mine), name
+        checked.append(name)
+    assert {"ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "dp", "fsdp2"} <= set(checked)
+    assert compat.registered_strategy("ddp_spawn")[1] == {"start_method": "spawn"}
+    assert compat.registered_strategy("no_such_strategy") is None
 
 
 def test_stop_started_processes_kills_the_ranks_the_ddp_launcher_started():
-    trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False, enable_checkpointing=False)
+    fit = L.Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False, enable_checkpointing=False)
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    trainer.strategy.launcher.procs = [rank]  # what the launcher records when it starts rank 1
-    stop_started_processes(trainer)
+    fit.strategy.launcher.procs = [rank]  # what the launcher records when it starts rank 1
+    compat.stop_started_processes(fit)
     assert rank.wait(timeout=10) == -signal.SIGKILL
-    stop_started_processes(L.Trainer(accelerator="cpu", devices=1, logger=False))  # no launcher: nothing to stop
+    compat.stop_started_processes(trainer())  # no launcher: nothing to stop
 
 
-def test_model_checkpoints_protected_methods_that_run_checkpoint_overrides_are_still_called():
-    for name in compat.MODEL_CHECKPOINT_HOOKS:
-        assert callable(getattr(ModelCheckpoint, name, None)), name
-    assert list(inspect.signature(ModelCheckpoint._save_topk_checkpoint).parameters) == [
-        "self", "trainer", "monitor_candidates",
-    ]  # fmt: skip
-    assert "self._save_topk_checkpoint(trainer, monitor_candidates)" in inspect.getsource(ModelCheckpoint)
-    assert "self._save_last_checkpoint(trainer, monitor_candidates)" in inspect.getsource(ModelCheckpoint)
+@pytest.fixture
+def free_port(monkeypatch) -> None:
+    """The address Lightning's environment gives ``init_process_group``, put back afterwards."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
 
 
-def test_strategy_setup_still_hands_the_model_to_setup_model_which_dp_overrides():
-    """``DataParallelStrategy._setup_model`` (its own base class's protected hook) puts the parallel forward on the
-    module; it runs only while ``Strategy.setup`` calls the hook after moving the model to the device."""
-    source = inspect.getsource(Strategy.setup)
-    assert source.index("self.model_to_device()") < source.index("self.model = self._setup_model(self.model)")
-    assert "_setup_model" in vars(DataParallelStrategy)
+def test_model_parallel_strategy_creates_its_process_group_and_mesh_with_what_compat_set(free_port, monkeypatch):
+    strategy = trainer(strategy=ModelParallelStrategy(timeout=timedelta(seconds=12))).strategy
+    strategy.connect(BoringModel())
+    timeouts = []
+    init = dist.init_process_group
+
+    def recording_init(*args: Any, **kwargs: Any) -> None:
+        timeouts.append(kwargs.get("timeout"))
+        init(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "init_process_group", recording_init)
+    compat.set_mesh_sizes(strategy, data_parallel=1, tensor_parallel=2)
+    try:
+        with pytest.raises(RuntimeError):  # 1 x 2 is not the world size of 1: the sizes set are the ones used
+            strategy.setup_environment()
+        assert timeouts == [timedelta(seconds=12)] == [compat.collective_timeout(strategy)]
+        compat.set_mesh_sizes(strategy, data_parallel=1, tensor_parallel=1)
+        strategy.setup_environment()
+        assert strategy.device_mesh.shape == (1, 1)
+        assert strategy.device_mesh.mesh_dim_names == ("data_parallel", "tensor_parallel")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def test_collective_timeout_is_the_timeout_a_strategy_was_built_with():
-    from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+    from lightning.pytorch.strategies import DDPStrategy
 
     for strategy_class in (DDPStrategy, ModelParallelStrategy):
         assert compat.collective_timeout(strategy_class(timeout=timedelta(seconds=12))) == timedelta(seconds=12)
-        assert compat.collective_timeout(strategy_class()) == default_pg_timeout
 
 
-def test_set_mesh_sizes_sets_the_sizes_model_parallel_strategy_keeps():
-    from lightning.pytorch.strategies import ModelParallelStrategy
+def test_a_strategy_registered_with_options_builds_with_them_inside_the_block_only():
+    plain = compat.registered_strategy("ddp")
+    with compat.registered_with("ddp", {"timeout": timedelta(seconds=7)}):
+        built = L.Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False).strategy
+        assert compat.collective_timeout(built) == timedelta(seconds=7)
+    assert compat.registered_strategy("ddp") == plain
 
-    from src.compat import set_mesh_sizes
 
-    strategy = ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size="auto")
-    kept = {name: value for name, value in vars(strategy).items() if value == "auto"}
-    assert set(kept) == {"_data_parallel_size", "_tensor_parallel_size"}  # the names the function writes
-    set_mesh_sizes(strategy, data_parallel=4, tensor_parallel=1)
-    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (4, 1)
+class RecordingDataParallel(DataParallelStrategy):
+    """Test-only: dp whose ``_setup_model`` (the protected hook of its base class) puts its parallel forward on
+    the module on the CPU too, and records where the module was when the hook ran."""
+
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        self.model_device_at_setup = next(model.parameters()).device
+        compat.set_own_method(model, "forward", CountingForward(model, self.parallel_devices or []))
+        return model
+
+
+class CountingForward(ParallelForward):
+    calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        CountingForward.calls += 1
+        return super().__call__(*args, **kwargs)
+
+
+def test_strategy_setup_hands_the_model_to_setup_model_after_moving_it_and_keeps_what_it_returns():
+    model, strategy = BoringModel(), RecordingDataParallel()
+    own_forward: list[Any] = []
+    probe = Hooks(on_train_start=lambda t: own_forward.append(compat.own_method(t.lightning_module, "forward")))
+    CountingForward.calls = 0
+    trainer(max_steps=2, strategy=strategy, callbacks=[probe]).fit(model)
+    assert strategy.model_device_at_setup == strategy.root_device
+    assert isinstance(own_forward[0], CountingForward) and CountingForward.calls == 2  # self(x) in each step
+    assert compat.own_method(model, "forward") is None  # the strategy's teardown took it off again
+
+
+def test_run_callback_before_changes_the_order_lightning_calls_the_callbacks_in():
+    order: list[str] = []
+
+    class Marker(Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            order.append("marker")
+
+    class Mover(Callback):
+        def __init__(self, move: bool) -> None:
+            self.move = move
+
+        def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+            if self.move:
+                compat.run_callback_before(trainer, self, Marker)
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            order.append("mover")
+
+    for move, expected in ((False, ["marker", "mover"]), (True, ["mover", "marker"])):
+        order.clear()
+        trainer(max_steps=2, callbacks=[Marker(), Mover(move)]).fit(BoringModel())
+        assert order == expected * 2
+
+
+def test_available_flops_is_lightnings_table_of_device_peaks(monkeypatch):
+    assert compat.available_flops(torch.device("cpu"), torch.float32) is None
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A10G")
+    assert compat.available_flops(cuda, torch.bfloat16) == 125e12
+    assert compat.available_flops(cuda, "tfloat32") == 62.5e12  # the name the template gives TF32
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    assert compat.available_flops(cuda, torch.bfloat16) is None
 
 
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------
 
 
 class Parsed(Exception):
-    """Raised by the probe below once the arguments are parsed, before anything is built."""
+    """Raised by the probes below once the arguments are parsed, before anything is built."""
 
 
 def test_subcommand_parser_is_the_parser_that_read_the_subcommands_options():
     class Probe(LightningCLI):
         def before_instantiate_classes(self) -> None:
-            raise Parsed(subcommand_parser(self, self.subcommand), self.parser)
+            raise Parsed(compat.subcommand_parser(self, self.subcommand), self.parser)
 
     with pytest.raises(Parsed) as parsed:
         Probe(BoringModel, args=["fit", "--trainer.max_steps=3"])
     fit_parser, main_parser = parsed.value.args
     assert isinstance(fit_parser, LightningArgumentParser) and fit_parser is not main_parser
     assert fit_parser.get_defaults().trainer.max_steps == -1 and "ckpt_path" in fit_parser.get_defaults()
-    assert fit_parser.callback_keys == [] and fit_parser.default_config_files == []  # the public attributes used
 
 
-# -- torch --------------------------------------------------------------------------------------------------
+def test_skip_default_config_files_makes_the_next_parse_read_none(tmp_path):
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text("trainer:\n  max_steps: 5\n")
+
+    class Probe(LightningCLI):
+        def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+            super().parse_arguments(parser, args)
+            first = self.config.fit.trainer.max_steps
+            compat.skip_default_config_files(self, "fit")
+            super().parse_arguments(parser, args)
+            raise Parsed(first, self.config.fit.trainer.max_steps)
+
+    with pytest.raises(Parsed) as parsed:
+        Probe(BoringModel, parser_kwargs={"fit": {"default_config_files": [str(defaults)]}}, args=["fit"])
+    assert parsed.value.args == (5, -1)
+
+
+# -- torch and torchmetrics ---------------------------------------------------------------------------------
 
 
 def test_compiled_by_torch_sees_a_compiled_call_and_a_compiled_forward():
     module = nn.Linear(2, 2)
     assert not compat.compiled_by_torch(module)
-    module.forward = torch.compile(module.forward, backend="eager")
+    compat.set_own_method(module, "forward", torch.compile(module.forward, backend="eager"))
     assert compat.compiled_by_torch(module)
     other = nn.Linear(2, 2)
     other.compile(backend="eager")
@@ -175,3 +617,269 @@ def test_only_children_hides_the_other_children_from_replicate_and_puts_them_bac
         replica = module._replicate_for_data_parallel()  # how replicate makes each copy: the children it has now
         assert [name for name, _ in replica.named_children()] == ["0"]
     assert [name for name, _ in module.named_children()] == ["0", "1", "2"] and module[0] is first
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's replicate copies onto GPUs")
+def test_only_children_is_what_replicate_copies_on_a_gpu():
+    from torch.nn.parallel import replicate
+
+    module = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)).cuda()
+    with compat.only_children(module, ["0"]):
+        (replica,) = replicate(module, [0])
+    assert [name for name, _ in replica.named_children()] == ["0"]
+
+
+def test_scatter_to_devices_gives_one_args_tuple_and_one_kwargs_dict_per_device():
+    args, kwargs = compat.scatter_to_devices((1, "a"), {"k": 2}, [0, 1])
+    assert args == ((1, "a"), (1, "a")) and kwargs == ({"k": 2}, {"k": 2})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch scatters tensors onto GPUs")
+def test_scatter_to_devices_cuts_tensors_as_chunk_does():
+    batch = torch.arange(5.0)
+    args, kwargs = compat.scatter_to_devices((batch,), {"y": batch}, [0] * 3)
+    assert [len(a[0]) for a in args] == [len(c) for c in batch.chunk(3)] == [len(k["y"]) for k in kwargs]
+
+
+def test_draw_loader_base_seed_draws_what_a_loader_iterator_draws():
+    loader = DataLoader(TensorDataset(torch.zeros(4)), batch_size=2)  # no generator of its own
+    torch.manual_seed(3)
+    iter(loader)
+    after_iterator = torch.get_rng_state()
+    torch.manual_seed(3)
+    compat.draw_loader_base_seed()
+    assert torch.equal(torch.get_rng_state(), after_iterator)
+    torch.manual_seed(3)
+    assert not torch.equal(torch.get_rng_state(), after_iterator)  # the iterator did draw
+
+
+def test_instance_attributes_hold_torchmetrics_states():
+    mean, collected = MeanMetric(), CatMetric()
+    mean.update(torch.tensor([1.0, 3.0]))
+    collected.update(torch.tensor([1.0]))
+    for metric in (mean, collected):
+        attributes = compat.instance_attributes(metric)
+        assert metric.metric_state and all(attributes[name] is state for name, state in metric.metric_state.items())
+    assert isinstance(compat.instance_attributes(collected)["value"], list)  # a list state, kept as a list
+    mean.mean_value, mean.weight = torch.tensor(10.0), torch.tensor(1.0)  # as spawn's un-sharing replaces them
+    assert float(mean.compute()) == 10.0  # what compute reads
+
+
+# -- methods replaced on one object -------------------------------------------------------------------------
+
+
+def test_an_own_forward_is_what_calling_the_module_runs_for_that_module_only():
+    module, other, x = nn.Linear(2, 2), nn.Linear(2, 2), torch.ones(1, 2)
+    compat.set_own_method(module, "forward", lambda inputs: inputs * 7)
+    assert torch.equal(module(x), x * 7) and compat.own_method(module, "forward") is not None
+    assert compat.own_method(other, "forward") is None and other(x).shape == (1, 2)
+    compat.drop_own_method(module, "forward")
+    compat.drop_own_method(module, "forward")  # nothing left to drop
+    assert compat.own_method(module, "forward") is None and not torch.equal(module(x), x * 7)
+
+
+def test_an_own_hook_is_what_lightning_calls_and_counts_as_overridden():
+    model, calls = BoringModel(), []
+    compat.set_own_method(model, "configure_model", types.MethodType(lambda self: calls.append(self), model))
+    assert compat.overrides_hook(model, "configure_model")
+    assert not compat.overrides_hook(BoringModel(), "configure_model")
+    trainer(max_steps=1).fit(model)
+    assert calls == [model]
+    compat.drop_own_method(model, "configure_model")
+    assert not compat.overrides_hook(model, "configure_model")
+
+
+def test_an_own_clip_grad_by_norm_is_what_the_precision_plugin_clips_with():
+    clipped: list[float] = []
+    fit = trainer(max_steps=2, gradient_clip_val=0.5)
+    assert isinstance(fit.precision_plugin, Precision)
+    compat.set_own_method(fit.precision_plugin, "clip_grad_by_norm", lambda optimizer, value: clipped.append(value))
+    fit.fit(BoringModel())
+    assert clipped == [0.5, 0.5]
+
+
+# -- the seam: nothing else in src/ reaches into a library's internals --------------------------------------
+
+#: names of the Python standard library's documented API that start with an underscore (namedtuple's)
+PUBLIC_UNDERSCORE_NAMES = {"_make", "_fields", "_asdict", "_replace"}
+#: library classes whose methods ``set_own_method`` replaces: assigning or deleting one on an object is a reach
+CLASSES_WITH_REPLACEABLE_METHODS = (nn.Module, L.LightningModule, Callback, Strategy, Precision, L.Trainer)
+#: the Trainer's loops: their classes are private, and so is everything the template reads or changes in them
+LOOPS = {"fit_loop", "epoch_loop", "validate_loop", "test_loop", "predict_loop"}
+#: the loops' progress counters, which only ``src/compat.py`` changes
+COUNTERS = {"ready", "started", "processed", "completed"}
+#: a private module of the libraries, spelled in a string (a ``warnings`` filter's pattern, an import path)
+PRIVATE_MODULE = re.compile(r"(lightning|torch|torchmetrics|jsonargparse)(\\?\.\w+)*\\?\._[a-z]")
+#: functions that reach into an object's own namespace
+REACHING_FUNCTIONS = {"vars"}
+#: the libraries' undocumented names that have no underscore, and the modules that only hold such names: only
+#: src/compat.py spells them
+UNDOCUMENTED_NAMES = {"scatter_kwargs", "get_available_flops", "default_pg_timeout", "is_overridden"}
+UNDOCUMENTED_ATTRIBUTES = {"callback_keys", "default_config_files", "restarting", "restarted_mid_epoch", "reset_on_run"}
+UNDOCUMENTED_KEYS = {"init_params"}
+UNDOCUMENTED_MODULES = {
+    "lightning.pytorch.utilities.model_summary.model_summary",  # the package exports what the template uses
+    "lightning.pytorch.utilities.model_helpers",
+    "lightning.fabric.plugins.collectives.torch_collective",
+    "lightning.fabric.utilities.throughput",  # lightning.fabric.utilities exports what is public
+    "torch.nn.parallel.scatter_gather",  # torch.nn.parallel exports what is public
+}
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in PUBLIC_UNDERSCORE_NAMES
+
+
+def replaceable_method(name: str) -> bool:
+    return any(callable(getattr(cls, name, None)) for cls in CLASSES_WITH_REPLACEABLE_METHODS)
+
+
+def on_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def own_names(tree: ast.AST) -> set[str]:
+    """The private names the template's own code defines: its functions, classes and variables, and the
+    attributes it assigns on ``self`` / ``cls``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and on_self(node.value):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {name for name in names if private(name)}
+
+
+def docstring_ids(tree: ast.AST) -> set[int]:
+    scopes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, scopes) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+
+
+def reach(node: ast.AST, own: set[str], docstrings: set[int]) -> str | None:
+    """Why ``node`` reaches into a library's internals, or None."""
+    hooks = {hook.split(".")[1] for hook in compat.OVERRIDDEN_HOOKS}
+    if isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        if module == "src" or module.startswith("src.") or module == "__future__":
+            return None
+        if any(private(part) for part in module.split(".")) or any(private(alias.name) for alias in node.names):
+            return "an import of a private name or module"
+        if module in UNDOCUMENTED_MODULES or any(alias.name in UNDOCUMENTED_NAMES for alias in node.names):
+            return "an import of an undocumented name or module"
+    if isinstance(node, ast.Import) and any(private(p) for alias in node.names for p in alias.name.split(".")):
+        return "an import of a private module"
+    if isinstance(node, ast.Attribute) and private(node.attr):
+        value = node.value
+        from_super = isinstance(value, ast.Call) and ast.unparse(value.func) == "super"
+        if from_super and node.attr in hooks:
+            return None  # an overridden hook calling its base class's
+        if not (on_self(value) and node.attr in own):
+            return "a private attribute"
+    if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+        return "an object's own namespace"
+    if isinstance(node, ast.Attribute) and node.attr in LOOPS:
+        return "the loops' classes are private"
+    if isinstance(node, ast.Attribute) and node.attr in UNDOCUMENTED_ATTRIBUTES:
+        return "an undocumented attribute"
+    if isinstance(node, ast.Name) and node.id in UNDOCUMENTED_NAMES:
+        return "an undocumented function"
+    if isinstance(node, ast.Call):
+        function = ast.unparse(node.func)
+        strings = [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+        if function in REACHING_FUNCTIONS:
+            return "an object's own namespace"
+        if function in ("getattr", "hasattr", "setattr", "delattr") and any(private(s) for s in strings):
+            return "a private attribute by name"
+        if function == "setattr" and any(replaceable_method(s) for s in strings):
+            return "a method replaced on an object"
+        if function.endswith(".get") and any(private(s) for s in strings[:1]):
+            return "a private key"
+    key = node.slice.value if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) else None
+    if isinstance(key, str) and (private(key) or key in UNDOCUMENTED_KEYS):
+        return "a private key"
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+        targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets
+        for target in targets:
+            if not isinstance(target, ast.Attribute) or on_self(target.value):
+                continue
+            if isinstance(node, ast.Delete) or replaceable_method(target.attr):
+                return "a method replaced on an object"
+            if isinstance(node, ast.AugAssign) and target.attr in COUNTERS:
+                return "a loop counter changed"
+    text = node.value if isinstance(node, ast.Constant) and id(node) not in docstrings else None
+    if isinstance(text, str) and PRIVATE_MODULE.search(text):
+        return "a private module"
+    return None
+
+
+def reaches(source: str, own: set[str]) -> list[tuple[int, str]]:
+    """``(line, what)`` of each reach into a library's internals in ``source``."""
+    tree = ast.parse(source)
+    docstrings = docstring_ids(tree)
+    found = []
+    for node in ast.walk(tree):
+        why = reach(node, own, docstrings)
+        if why is not None:
+            found.append((node.lineno, f"{ast.unparse(node).splitlines()[0][:100]} ({why})"))
+    return sorted(found)
+
+
+def scanned_files() -> list[Path]:
+    return [path for path in sorted((REPO / "src").rglob("*.py")) if path != REPO / "src" / "compat.py"]
+
+
+def test_nothing_outside_compat_uses_a_private_name_of_a_library():
+    sources = {path: path.read_text() for path in scanned_files()}
+    assert len(sources) > 20  # the walk found the package
+    own = set().union(*(own_names(ast.parse(source)) for source in sources.values()))
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {what}"
+        for path, source in sources.items()
+        for line, what in reaches(source, own)
+    ]
+    assert not found, "private names outside src/compat.py (give each a function there):\n" + "\n".join(found)
+
+
+def test_the_protected_hooks_overridden_in_src_are_the_ones_compat_lists():
+    """A method of a class in ``src/`` that overrides a protected method of a library base class is such a hook:
+    ``OVERRIDDEN_HOOKS`` lists each, and a test above runs it."""
+    overridden = set()
+    for path in scanned_files():
+        module = importlib.import_module(".".join(path.relative_to(REPO).with_suffix("").parts))
+        for node in ast.walk(ast.parse(path.read_text())):
+            cls = getattr(module, node.name, None) if isinstance(node, ast.ClassDef) else None
+            if not isinstance(cls, type):
+                continue
+            methods = [item.name for item in node.body if isinstance(item, ast.FunctionDef) and private(item.name)]
+            libraries = [base for base in cls.__mro__[1:] if not base.__module__.startswith("src.")]
+            overridden |= {f"{base.__name__}.{name}" for name in methods for base in libraries if name in vars(base)}
+    assert overridden == set(compat.OVERRIDDEN_HOOKS)
+
+
+def test_the_scan_finds_each_kind_of_reach():
+    source = r"""
+from lightning.pytorch.loops.progress import _BatchProgress
+from lightning.pytorch.utilities._pytree import tree_flatten
+steps = trainer.fit_loop.epoch_loop.batch_progress
+self._monitor_candidates(trainer)
+module.forward = other
+del module.forward
+vars(metric)
+module.__dict__.get("forward")
+hparams.get("_class_path")
+progress.current.completed -= 1
+pattern = r"lightning\.pytorch\.utilities\._pytree"
+setattr(plugin, "clip_grad_by_norm", clip)
+from torch.nn.parallel.scatter_gather import scatter_kwargs
+parser.callback_keys.remove("checkpoint")
+params = StrategyRegistry[name]["init_params"]
+"""
+    assert {line for line, _ in reaches(source, own=set())} == set(range(2, 17))
+    fine = "self._own = 1\nself._own\ntype(first)._make(items)\nsuper()._save_topk_checkpoint(trainer, c)\n"
+    assert reaches(fine, own={"_own"}) == []

@@ -8,9 +8,9 @@ from typing import Any
 import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
+from src import compat
 from src.callbacks.continuation import epoch_interrupted
 
 
@@ -45,8 +45,8 @@ class RunCheckpoint(ModelCheckpoint):
         if trainer.fast_dev_run:
             return  # a smoke test writes no checkpoint (stock ModelCheckpoint writes last.ckpt here)
         if self.save_last and trainer.global_step > 0:
-            # the private helper is ModelCheckpoint's own way of writing last (naming, links, cleanup)
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            # ModelCheckpoint's own way of writing last (naming, links, cleanup)
+            compat.save_last_checkpoint(self, trainer, compat.monitor_candidates(self, trainer))
         else:
             super().on_train_end(trainer, pl_module)
 
@@ -64,11 +64,12 @@ class RunCheckpoint(ModelCheckpoint):
         super().on_validation_end(trainer, pl_module)
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
-        # ModelCheckpoint's one place that decides on the monitored metric (private; tests/workflows/test_zoo.py checks
-        # that a missing metric still reaches it): skip the best-k when the metric is absent, say so once
+        # ModelCheckpoint's one place that decides on the monitored metric (a protected hook, src.compat's
+        # OVERRIDDEN_HOOKS): skip the best-k when the metric is absent, say so once
         if self.monitor is not None and self.save_top_k != 0 and self.monitor not in monitor_candidates:
             # before the first validation a validation metric is missing because it was not computed yet
-            validates = trainer.limit_val_batches != 0 and is_overridden("validation_step", trainer.lightning_module)
+            module = trainer.lightning_module
+            validates = trainer.limit_val_batches != 0 and compat.overrides_hook(module, "validation_step")
             if not self._missing_monitor_reported and (self._validated or not validates):
                 self._missing_monitor_reported = True
                 logged = sorted(name for name in monitor_candidates if name not in ("epoch", "step"))
@@ -77,13 +78,13 @@ class RunCheckpoint(ModelCheckpoint):
             if self.save_last:
                 # Lightning writes last.ckpt only at a step the top-k just saved: without the metric it saved
                 # nothing, so a crash would lose the whole run. Write it here; the call that follows repeats it.
-                self._save_last_checkpoint(trainer, monitor_candidates)
+                compat.save_last_checkpoint(self, trainer, monitor_candidates)
                 self._last_just_saved = True
             return
         super()._save_topk_checkpoint(trainer, monitor_candidates)
 
     def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
-        # ModelCheckpoint calls it right after _save_topk_checkpoint at every save point (private, like that one)
+        # ModelCheckpoint calls it right after _save_topk_checkpoint at every save point (protected, like that one)
         if self._last_just_saved:
             self._last_just_saved = False
             return

@@ -19,10 +19,15 @@ from lightning.pytorch.utilities import CombinedLoader
 from src.callbacks.steps import EveryNSteps
 from src.compat import (
     batch_progress,
+    epoch_loop_restarting,
     epoch_progress,
     logging_step,
+    reset_batch_position,
+    restarted_mid_epoch,
     set_logging_step,
     skip_next_validation,
+    start_next_epoch_afresh,
+    uncount_epoch_end,
     validation_follows,
 )
 from src.errors import notice
@@ -42,11 +47,7 @@ def save_as_mid_epoch(trainer: L.Trainer) -> bool:
     if not _all_equal(epochs.current):
         return False
     stepped = batches.current.completed % trainer.accumulate_grad_batches == 0
-    for tracker in (epochs.total, epochs.current):
-        tracker.processed -= 1
-        tracker.completed -= 1
-    for tracker in (batches.total, batches.current):
-        tracker.completed -= 1
+    uncount_epoch_end(trainer)
     if stepped:  # the epoch loop counts a logged step after on_train_batch_end; a resume counts it again
         set_logging_step(trainer, logging_step(trainer) - 1)
     return True
@@ -60,7 +61,7 @@ def _all_equal(counts: Any) -> bool:
 def save_as_next_epoch_start(trainer: L.Trainer) -> None:
     """After an epoch that ran to its end, save the batch position as the next epoch's start (Lightning's own
     ``reset_on_run`` at that start), not the end of an epoch that ``current_epoch`` already counts."""
-    batch_progress(trainer).reset_on_run()
+    reset_batch_position(trainer)
 
 
 def restarts_a_finished_epoch(trainer: L.Trainer) -> bool:
@@ -69,7 +70,7 @@ def restarts_a_finished_epoch(trainer: L.Trainer) -> bool:
     batches = batch_progress(trainer)
     at_epoch_end = batches.current.ready == 0 or batches.is_last_batch
     return (
-        trainer.fit_loop.epoch_loop.restarting
+        epoch_loop_restarting(trainer)
         and _all_equal(epoch_progress(trainer).current)
         and _all_equal(batches.current)
         and at_epoch_end
@@ -87,8 +88,8 @@ class ExactContinuation(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if restarts_a_finished_epoch(trainer):
-            trainer.fit_loop.epoch_loop.restarting = False  # the next epoch starts afresh, as without max_steps
-        if trainer.fit_loop.restarted_mid_epoch:
+            start_next_epoch_afresh(trainer)  # as without max_steps
+        if restarted_mid_epoch(trainer):
             plain = [
                 type(loader).__name__
                 for loader in CombinedLoader(trainer.train_dataloader).flattened

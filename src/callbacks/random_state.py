@@ -27,7 +27,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader
 
-from src.compat import batch_progress
+from src.compat import batch_progress, draw_loader_base_seed
 from src.errors import notice
 
 try:
@@ -123,7 +123,7 @@ def redraw_worker_seeds(trainer: L.Trainer) -> None:
         return  # in the middle of an epoch: the uninterrupted run made no iterator after its save either
     for loader in CombinedLoader(trainer.train_dataloader).flattened:
         if isinstance(loader, DataLoader) and loader.generator is None:
-            torch.empty((), dtype=torch.int64).random_()  # torch's DataLoader draws its workers' base seed so
+            draw_loader_base_seed()
 
 
 class RandomState(Callback):

@@ -11,6 +11,8 @@ import lightning as L
 import torch
 from torch import nn
 
+from src.compat import instance_attributes
+
 
 def unshare_module_tensors(module: nn.Module) -> int:
     """Replace every CPU tensor attribute of ``module`` and its submodules (torchmetrics states among them) that
@@ -29,7 +31,7 @@ def unshare_module_tensors(module: nn.Module) -> int:
         return copies[id(tensor)]
 
     for submodule in module.modules():
-        for name, value in list(vars(submodule).items()):
+        for name, value in instance_attributes(submodule).items():
             if isinstance(value, torch.Tensor):
                 setattr(submodule, name, private(value))
             elif isinstance(value, list):

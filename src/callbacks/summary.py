@@ -6,8 +6,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import RichModelSummary
-from lightning.pytorch.utilities.model_summary import get_human_readable_count
-from lightning.pytorch.utilities.model_summary.model_summary import get_formatted_model_size
+from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 
 from src.callbacks.throughput import module_flops
 

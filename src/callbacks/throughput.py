@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from src.callbacks.steps import EveryNSteps
-from src.compat import logging_step
+from src.compat import available_flops, logging_step, run_callback_before
 from src.strategies.model_parallel import memory_per_rank
 from src.topology import data_parallel_world
 
@@ -59,11 +59,8 @@ def dense_peak_flops(device: torch.device, precision: str) -> float | None:
     for patterns, peaks in DENSE_PEAK_TFLOPS:
         if any(pattern in name for pattern in patterns):
             return peaks[kind] * 1e12 if kind in peaks else None
-    from lightning.fabric.utilities.throughput import get_available_flops
-
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": "tfloat32", "fp32": torch.float32}
-    peak = get_available_flops(device, dtypes.get(kind, torch.float64))  # type: ignore[arg-type]
-    return float(peak) if peak else None
+    return available_flops(device, dtypes.get(kind, torch.float64))
 
 
 def first_tensor(batch: Any) -> torch.Tensor | None:
@@ -155,11 +152,7 @@ class SpeedMonitor(Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # the plain progress bar prints in its own on_train_batch_end: run before it so it shows this interval
-        callbacks = trainer.callbacks
-        bars = [i for i, c in enumerate(callbacks) if isinstance(c, ProgressBar)]
-        if self in callbacks and bars and bars[0] < callbacks.index(self):
-            callbacks.remove(self)
-            callbacks.insert(bars[0], self)
+        run_callback_before(trainer, self, ProgressBar)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # dp runs one process over several GPUs; ddp runs one process per device

@@ -6,7 +6,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.throughput import measure_flops
+from lightning.fabric.utilities import measure_flops
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import MaxMetric

@@ -22,10 +22,9 @@ from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from torch.nn.parallel import gather, parallel_apply, replicate
-from torch.nn.parallel.scatter_gather import scatter_kwargs
 from torchmetrics import Metric, MetricCollection
 
-from src.compat import only_children
+from src.compat import drop_own_method, only_children, own_method, scatter_to_devices, set_own_method
 
 #: the LightningModule attribute naming the child modules ``forward`` uses (the ones dp replicates)
 DP_MODULES = "dp_modules"
@@ -46,8 +45,9 @@ def _tensors(obj: Any) -> Iterator[Tensor]:
 def chunk_sizes(args: tuple, kwargs: dict, num_devices: int) -> list[int]:
     """Sizes of the chunks ``scatter`` cuts the batch into (``Tensor.chunk``'s sizes); ``[]`` without tensors.
 
-    torch's ``scatter_kwargs`` cuts every tensor independently and zips the pieces, so a tensor with another
-    size along dim 0 would silently drop samples or replicas; and it cannot cut a 0-dim tensor. Refuse both.
+    torch's scatter (``src.compat.scatter_to_devices``) cuts every tensor independently and zips the pieces, so a
+    tensor with another size along dim 0 would silently drop samples or replicas; and it cannot cut a 0-dim tensor.
+    Refuse both.
     """
     tensors = list(_tensors((args, kwargs)))
     if not tensors:
@@ -194,7 +194,7 @@ class ParallelForward:
         if len(sizes) <= 1:  # no tensors, or a batch too small to split: one device, as without dp
             return self.forward(self.module, *args, **kwargs)
         devices = self.device_ids[: len(sizes)]
-        inputs, kwargs_per_device = scatter_kwargs(args, kwargs, devices, dim=0)
+        inputs, kwargs_per_device = scatter_to_devices(args, kwargs, devices)
         replicas = self.replicas(devices)
         outputs = parallel_apply(replicas, inputs, kwargs_per_device, devices)
         return gather_outputs(outputs, self.device_ids[0], sizes)
@@ -217,8 +217,9 @@ class ParallelForward:
             for name, stand_in in skipped.items():
                 setattr(replica, name, stand_in)
             # each replica is a shallow copy of the module, this object included: point it at the real forward
-            replica.forward = functools.partial(forward, replica)
-            replica.log = replica.log_dict = _refuse_logging
+            set_own_method(replica, "forward", functools.partial(forward, replica))
+            set_own_method(replica, "log", _refuse_logging)
+            set_own_method(replica, "log_dict", _refuse_logging)
         return replicas
 
 
@@ -289,13 +290,13 @@ class DataParallelStrategy(ParallelStrategy):
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         if self.parallel_forward_active:
-            model.forward = ParallelForward(model, self.parallel_devices or [])
+            set_own_method(model, "forward", ParallelForward(model, self.parallel_devices or []))
         return model
 
     def teardown(self) -> None:
         module = self.lightning_module
-        if module is not None and isinstance(module.__dict__.get("forward"), ParallelForward):
-            del module.forward
+        if module is not None and isinstance(own_method(module, "forward"), ParallelForward):
+            drop_own_method(module, "forward")
         super().teardown()
 
     # Collectives are trivial in one process.

@@ -30,6 +30,7 @@ scaler of ``16-mixed`` agrees on overflow across ranks (DTensor reduces its ``fo
 
 from __future__ import annotations
 
+import inspect
 import shutil
 from collections.abc import Iterable
 from datetime import timedelta
@@ -37,22 +38,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from src.checkpoints.sharded import move_into_place, staging_path
-from src.compat import set_mesh_sizes
+from src.compat import overrides_hook, set_mesh_sizes, set_own_method
 from src.errors import ConfigurationError
 from src.strategies.sharding import DefaultShardingPolicy
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+
+#: how long a collective waits unless told: the default of Lightning's own ``ModelParallelStrategy``
+LIGHTNING_TIMEOUT: timedelta | None = inspect.signature(ModelParallelStrategy).parameters["timeout"].default
 
 
 def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
@@ -83,7 +85,7 @@ def clip_across_meshes(plugin: Precision) -> None:
     def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
         clip_grad_norm(list(plugin.main_params(optimizer)), clip_val)
 
-    plugin.clip_grad_by_norm = clip_grad_by_norm  # type: ignore[method-assign]
+    set_own_method(plugin, "clip_grad_by_norm", clip_grad_by_norm)
 
 
 class ClipAcrossMeshes(Callback):
@@ -138,7 +140,7 @@ class FSDP2Strategy(_ModelParallelMixin, ModelParallelStrategy):
         self,
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
+        timeout: timedelta | None = LIGHTNING_TIMEOUT,
     ) -> None:
         super().__init__(
             data_parallel_size="auto",
@@ -156,7 +158,7 @@ class FSDP2Strategy(_ModelParallelMixin, ModelParallelStrategy):
         set_mesh_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
         super().setup_environment()
         module = self.lightning_module
-        if module is not None and not is_overridden("configure_model", module):
+        if module is not None and not overrides_hook(module, "configure_model"):
             self._default_policy = DefaultShardingPolicy.install(module)
 
     def teardown(self) -> None:
@@ -194,7 +196,7 @@ class TensorParallelStrategy(_ModelParallelMixin, ModelParallelStrategy):
         tensor_parallel_size: Literal["auto"] | int = "auto",
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
+        timeout: timedelta | None = LIGHTNING_TIMEOUT,
     ) -> None:
         super().__init__(
             data_parallel_size=data_parallel_size,
@@ -207,7 +209,7 @@ class TensorParallelStrategy(_ModelParallelMixin, ModelParallelStrategy):
 
     def setup_environment(self) -> None:
         module = self.lightning_module
-        if module is not None and not is_overridden("configure_model", module):
+        if module is not None and not overrides_hook(module, "configure_model"):
             # before any process group exists: the base class would raise a TypeError from every rank, later
             raise ConfigurationError(
                 f"--trainer.strategy=tensor_parallel needs the model to say how its layers split:"

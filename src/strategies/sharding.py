@@ -25,6 +25,8 @@ from lightning.pytorch import LightningModule
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from src.compat import drop_own_method, set_own_method
+
 
 def holds_parameters(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
@@ -55,8 +57,8 @@ class DefaultShardingPolicy:
 
     @classmethod
     def install(cls, module: LightningModule) -> DefaultShardingPolicy:
-        module.configure_model = types.MethodType(shard_by_children, module)  # type: ignore[method-assign]
+        set_own_method(module, "configure_model", types.MethodType(shard_by_children, module))
         return cls(module)
 
     def uninstall(self) -> None:
-        self.module.__dict__.pop("configure_model", None)
+        drop_own_method(self.module, "configure_model")
