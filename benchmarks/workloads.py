@@ -6,8 +6,11 @@ optimizer and trainer options. One config system builds all rows, so they train 
 initialisation, optimizer, scheduler, gradient clipping and data.
 
 Two kinds: the built-in workloads (``WORKLOADS``, the example image and language models) and a user's own
-(``user_workload``: ``--model=PKG.Class --data=PKG.Class`` and/or ``--config FILE``). Nothing here imports the
-examples: a copy of the template without them still runs the benchmark on its own model.
+(``user_workload``: ``--model=PKG.Class --data=PKG.Class`` and/or ``--config FILE``). A built-in workload takes
+what it trains from its own preset (``configs/experiment/``: model, optimizer, scheduler, data, seed, gradient
+clipping, accumulation, checkpoint metric), so it stays the same when ``configs/default.yaml`` names a project's
+model; from ``configs/default.yaml``, as every run, it takes how the template runs (logger, callbacks). Nothing
+here imports the examples: a copy of the template without them still runs the benchmark on its own model.
 """
 
 from __future__ import annotations
@@ -71,8 +74,9 @@ WORKLOADS: dict[str, Workload] = {
     "image": Workload(
         name="image",
         description="ImageClassifier (CompactResNet, GroupNorm) on the synthetic 32x32 set, AdamW",
-        # named, not taken from configs/default.yaml, which a project points at its own model
-        overrides={"model": "src.models.ImageClassifier", "data": "src.data.CIFAR10DataModule"},
+        # its preset sets the model, optimizer, data, seed, clipping and accumulation: configs/default.yaml, which
+        # a project points at its own model, changes none of them
+        configs=("configs/experiment/image_synthetic.yaml",),
         requires=("src/models/image_classifier.py", "src/data/images.py"),
         quick_overrides={
             "model.init_args.widths": [8, 16],

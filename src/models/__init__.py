@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from src.models.base import TemplateModule
+from src.models.base import Classifier, TemplateModule
 
 #: the examples, imported when first named (``--model=src.models.CausalLanguageModel``): a run of your own model
 #: does not load them
@@ -16,7 +16,7 @@ EXAMPLES = {
     "ImageClassifier": "src.models.image_classifier",
 }
 
-__all__ = ["GPT", "CausalLanguageModel", "CompactResNet", "ImageClassifier", "TemplateModule"]
+__all__ = ["GPT", "CausalLanguageModel", "Classifier", "CompactResNet", "ImageClassifier", "TemplateModule"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,11 +7,10 @@ the device has (flash or memory-efficient attention on GPUs).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -112,11 +111,7 @@ class CausalLanguageModel(TemplateModule):
         n_head: Attention heads per block.
         n_embd: Width of the residual stream.
         dropout: Dropout rate (0 keeps training identical across strategies).
-        optimizer: Optimizer class and options, e.g. ``--model.optimizer=SGD --model.optimizer.lr=0.1``.
-        lr_scheduler: Scheduler class and options (``torch.optim.lr_scheduler``), or none for a constant rate.
-        lr_scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch`` (default: per
-            ``epoch`` for ``ReduceLROnPlateau``, per ``step`` otherwise).
-        lr_scheduler_monitor: Metric a ``ReduceLROnPlateau`` scheduler watches.
+        **kwargs: The optimizer and LR scheduler options (``TemplateModule``).
     """
 
     def __init__(
@@ -127,12 +122,9 @@ class CausalLanguageModel(TemplateModule):
         n_head: int = 4,
         n_embd: int = 128,
         dropout: float = 0.0,
-        optimizer: OptimizerCallable = torch.optim.AdamW,
-        lr_scheduler: LRSchedulerCallable | None = None,
-        lr_scheduler_interval: Literal["step", "epoch"] | None = None,
-        lr_scheduler_monitor: str = "val/loss",
+        **kwargs: Any,
     ) -> None:
-        super().__init__(optimizer, lr_scheduler, lr_scheduler_interval, lr_scheduler_monitor)
+        super().__init__(**kwargs)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.net = GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
         # one mean per stage; WeightedMean keeps the per-step update free of host-device syncs

@@ -11,8 +11,18 @@ from pathlib import Path
 
 import torch
 
+from tests.conftest import REPO
+
+#: the examples' presets
+EXPERIMENTS = REPO / "configs" / "experiment"
+
+# The examples' own settings, so that a project's configs/default.yaml (its own model, seed, trainer options)
+# changes none of these runs: the image tests start from the image preset, the GPT tests name all they rely on.
+
 #: a small but complete image workload: a few seconds per run on a 2-core CPU
 TINY_IMAGE = [
+    "--config",
+    str(EXPERIMENTS / "image_synthetic.yaml"),
     "--trainer.accelerator=cpu",
     "--trainer.enable_model_summary=false",
     "--model.init_args.widths=[8,16]",
@@ -20,7 +30,8 @@ TINY_IMAGE = [
     "--data.init_args.synthetic_val_size=128",
     "--data.init_args.batch_size=32",
 ]
-TINY_GPT = [
+#: the small GPT and its data, as configs/experiment/gpt.yaml is shrunk by the tests that start from it
+TINY_GPT_MODEL = [
     "--trainer.accelerator=cpu",
     "--trainer.enable_model_summary=false",
     "--model=src.models.CausalLanguageModel",
@@ -34,6 +45,15 @@ TINY_GPT = [
     "--data.init_args.batch_size=16",
     "--checkpoint.monitor=val/loss",
     "--checkpoint.mode=min",
+]
+#: the small GPT with the seed and trainer settings of its tests: 2 epochs at most, no clipping, no accumulation
+TINY_GPT = [
+    *TINY_GPT_MODEL,
+    "--seed_everything=42",
+    "--trainer.max_epochs=2",
+    "--trainer.max_steps=-1",
+    "--trainer.gradient_clip_val=null",
+    "--trainer.accumulate_grad_batches=1",
 ]
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import REPO
-from tests.examples.conftest import TINY_GPT, TINY_IMAGE
+from tests.examples.conftest import EXPERIMENTS, TINY_GPT_MODEL, TINY_IMAGE
 
 WORKLOADS = {
     # the ResNet's steps update torchmetrics objects: a compiled step recompiled on each update until torch's limit
     "image": ("ImageClassifier", TINY_IMAGE),
-    "gpt": ("CausalLanguageModel", ["--config", str(REPO / "configs" / "experiment" / "gpt.yaml"), *TINY_GPT]),
+    "gpt": ("CausalLanguageModel", ["--config", str(EXPERIMENTS / "gpt.yaml"), *TINY_GPT_MODEL]),
 }
 
 

@@ -16,8 +16,8 @@ from tests.workflows.test_configs import assert_contains, resolved
 EXPERIMENTS = sorted((REPO / "configs" / "experiment").glob("*.yaml"))
 
 
-def test_both_presets_are_tested():
-    assert [p.name for p in EXPERIMENTS] == ["gpt.yaml", "image.yaml"]
+def test_every_preset_is_tested():
+    assert [p.name for p in EXPERIMENTS] == ["gpt.yaml", "image.yaml", "image_synthetic.yaml"]
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)

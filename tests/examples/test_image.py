@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from src.cli import main
+from src.cli import DEFAULT_CONFIG, main
 from src.data import CIFAR10DataModule
 from src.data.images import (
     CIFAR10_FOLDER,
@@ -112,7 +113,16 @@ def test_train_loader_outside_a_trainer_uses_the_whole_global_batch():
 # -- the default run -----------------------------------------------------------------------------------------------
 
 
+def default_model() -> str | None:
+    model = (yaml.safe_load(DEFAULT_CONFIG.read_text()) or {}).get("model") or {}
+    return model.get("class_path") if isinstance(model, dict) else model
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(
+    default_model() != "src.models.ImageClassifier",
+    reason="configs/default.yaml names another model: a bare fit trains that one, not the image example",
+)
 def test_bare_fit_trains_the_embedded_default_and_writes_checkpoint_and_metrics(tmp_path, run_cli):
     """`python -m src.cli fit` with nothing else: the README's first command."""
     result = run_cli("fit", cwd=tmp_path, env=cli_env(), timeout=900)
