@@ -474,8 +474,9 @@ def test_no_environment_secret_reaches_any_file_a_run_writes(tmp_path):
 
 
 def test_collective_timeout_reaches_the_ddp_strategy():
-    from src.cli import COLLECTIVE_TIMEOUT_S, TemplateCLI
+    from src.cli import TemplateCLI
     from src.compat import collective_timeout
+    from src.launch import COLLECTIVE_TIMEOUT_S
 
     args = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn", "--trainer.devices=2"]
     cli = TemplateCLI(args=[*TINY, *args, "--collective_timeout=42"], run=False)

@@ -31,12 +31,29 @@ nothing where they do not apply. README "The training step" tells the hooks each
 - ``checkpoint``: ``RunCheckpoint`` (checkpoint.py): ``best-<step>.ckpt`` and ``last.ckpt``.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback, ModelSummary, ProgressBar, Timer
+from lightning.pytorch.strategies import ModelParallelStrategy
+
 from src.callbacks.checkpoint import RunCheckpoint
+from src.callbacks.compile import CompileModel
+from src.callbacks.continuation import ExactContinuation, RunTimer
 from src.callbacks.nan_guard import NonFiniteLoss, NonFiniteLossGuard
+from src.callbacks.precision import Float64Metrics, PrecisionBeforeRestore
 from src.callbacks.preemption import PreemptionCheckpoint
+from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.callbacks.progress import PlainProgressBar, progress_bar
+from src.callbacks.random_state import RandomState
 from src.callbacks.run_plan import RunPlan
+from src.callbacks.spawn import UnshareSpawnedTensors
+from src.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from src.callbacks.throughput import SpeedMonitor
+from src.errors import StopOtherRanksOnError
+from src.strategies import FSDP2Strategy, TensorParallelStrategy
+from src.strategies.model_parallel import ClipAcrossMeshes
 
 #: the names ``--callbacks_off`` accepts
 OPTIONAL_CALLBACKS = (
@@ -49,7 +66,66 @@ OPTIONAL_CALLBACKS = (
     "checkpoint",
 )
 
+#: the template's callbacks that take options (``--checkpoint.*``, ``--preemption.*``, ...), in hook order; the
+#: parser builds them (``src/options.py``)
+CALLBACK_OPTIONS = {
+    "preemption": PreemptionCheckpoint,
+    "throughput": SpeedMonitor,
+    "run_plan": RunPlan,
+    "nan_guard": NonFiniteLossGuard,
+    "checkpoint": RunCheckpoint,
+}
+#: the model-parallel strategies that clip across device meshes themselves
+TEMPLATE_MODEL_PARALLEL = (FSDP2Strategy, TensorParallelStrategy)
+
+
+def template_callbacks(trainer: Any, options: Any, built: Any, strategy: Any) -> tuple[list[Callback], dict[str, Any]]:
+    """The run's callbacks in the order listed above, your ``--trainer.callbacks`` first, and the Trainer switches
+    that go with them (Lightning's own progress bar and summary off where the template's replace them).
+
+    ``trainer``: the built ``--trainer`` options; ``options``: the template's (``callbacks_off``, ``progress_bar``,
+    ``compile``); ``built``: the parsed objects, holding the ``CALLBACK_OPTIONS`` callbacks; ``strategy``: as the
+    Trainer will get it. ``switches["off"]`` is the set of callbacks left out.
+    """
+    off = set(options.get("callbacks_off") or [])
+    callbacks = trainer.get("callbacks") or []
+    callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+    switches: dict[str, Any] = {"off": off}
+    bar = None if "progress_bar" in off else progress_bar(options.get("progress_bar", "auto"))
+    if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+        if bar is None:
+            switches["enable_progress_bar"] = False
+        else:
+            callbacks.append(bar)
+    summary = trainer.get("enable_model_summary") is not False and not trainer.get("barebones")
+    if "model_summary" in off:
+        switches["enable_model_summary"] = False
+    elif summary and not any(isinstance(c, ModelSummary) for c in callbacks):
+        callbacks.append(FlopsAwareModelSummary())  # no column of zero FLOPs (summary.py)
+        switches["enable_model_summary"] = False  # Lightning's own is replaced (else it logs that it skips it)
+    if options.get("compile"):
+        callbacks.append(CompileModel())
+    if isinstance(strategy, ModelParallelStrategy) and not isinstance(strategy, TEMPLATE_MODEL_PARALLEL):
+        callbacks.append(ClipAcrossMeshes())  # e.g. Lightning's class, given as a class_path: torch's clipping
+    callbacks += [ExactContinuation(), RandomState()]
+    max_time = trainer.get("max_time")
+    if max_time is not None and not any(isinstance(c, Timer) for c in callbacks):
+        # the same limit, stopping at a step boundary without an extra validation (continuation.py)
+        callbacks.append(RunTimer(duration=max_time))
+        switches["max_time"] = None
+    if trainer.get("enable_checkpointing") is False:
+        off.add("checkpoint")  # the Trainer refuses a ModelCheckpoint when checkpointing is off
+    elif "checkpoint" in off:
+        switches["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
+    callbacks += [built[key] for key in CALLBACK_OPTIONS if key not in off]
+    # each a no-op where it does not apply (one process; a precision other than 64-true or a "-true" one)
+    callbacks += [PrecisionBeforeRestore(), Float64Metrics()]
+    callbacks += [StopOtherRanksOnError(), UnshareSpawnedTensors(), DestroyProcessGroupAtExit()]
+    return callbacks, switches
+
+
 __all__ = [
+    "CALLBACK_OPTIONS",
     "OPTIONAL_CALLBACKS",
     "NonFiniteLoss",
     "NonFiniteLossGuard",
@@ -59,4 +135,5 @@ __all__ = [
     "RunPlan",
     "SpeedMonitor",
     "progress_bar",
+    "template_callbacks",
 ]

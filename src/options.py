@@ -1,0 +1,107 @@
+"""The command line's options on top of LightningCLI's: the template's own (``--checkpoint.*``, ``--preemption.*``,
+``--callbacks_off``, ``--progress_bar``, ``--compile``, ``--collective_timeout``, ...), ``--config``'s help, and a
+parser whose errors are one paragraph."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Literal, NoReturn
+
+from jsonargparse import ActionConfigFile, Namespace
+from lightning.pytorch.cli import LightningArgumentParser
+
+from src.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
+from src.checkpoints.resume import checkpoint_dir
+from src.checks import yaml_problem
+from src.errors import debug_mode
+from src.launch import COLLECTIVE_TIMEOUT_S
+
+PROG = "python -m src.cli"
+
+
+class TemplateArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser with short errors: the message and where to look, not the 150-line usage."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` must not silently mean max_epochs
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
+        # jsonargparse reports a YAML syntax error without the file's name; name it, with the line
+        problem = yaml_problem(sys.argv[1:] if args is None else args)
+        if problem is not None and self.exit_on_error and not debug_mode():
+            sys.stderr.write(f"error: {problem}\n")
+            self.exit(2)
+        return super().parse_args(args, *rest, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error or debug_mode():
+            super().error(message, ex)
+        sys.stderr.write(
+            f"error: {' '.join(message.split())}\nFix: correct that option. `{PROG} fit --help` (or validate, test,"
+            " predict, tune) lists every option; `--model.help CLASS` and `--data.help CLASS` a model's or data"
+            " module's.\n"
+        )
+        self.exit(2)
+
+
+def add_template_options(parser: LightningArgumentParser) -> None:
+    """The options the template adds to every subcommand (README \"The command line\")."""
+    # the template's callbacks with options of their own; instantiated by the parser, put in the Trainer's one list
+    # by `instantiate_trainer` (in hook order, src/callbacks/__init__.py), not appended by LightningCLI
+    for key, callback_class in CALLBACK_OPTIONS.items():
+        parser.add_class_arguments(callback_class, key, fail_untyped=False, instantiate=True, sub_configs=True)
+    parser.set_defaults(
+        {
+            "checkpoint.monitor": "val/loss",
+            "checkpoint.mode": "min",
+            "checkpoint.save_last": True,
+            "checkpoint.filename": "best-{step}",
+            "checkpoint.auto_insert_metric_name": False,
+            "checkpoint.enable_version_counter": False,  # a resumed run overwrites its own last.ckpt
+        }
+    )
+    parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir)
+    parser.add_argument(
+        "--callbacks_off",
+        type=list[Literal[OPTIONAL_CALLBACKS]],  # type: ignore[valid-type]
+        default=[],
+        help="The template's optional callbacks to leave out of this run, e.g. [throughput,run_plan]; every"
+        " callback the template adds is listed in src/callbacks/__init__.py.",
+    )
+    parser.add_argument(
+        "--progress_bar",
+        type=Literal["auto", "rich", "plain", "none"],
+        default="auto",
+        help="Progress output: auto (Rich on a terminal, plain lines otherwise), rich, plain or none.",
+    )
+    parser.add_argument(
+        "--compile",
+        type=bool,
+        default=False,
+        help="Compile the model's forward with torch.compile (src/callbacks/compile.py): single device, ddp and"
+        " ddp_spawn (other strategies are refused before launch); checkpoints keep their keys. For a mode or"
+        " backend, add src.callbacks.compile.CompileModel to --trainer.callbacks instead.",
+    )
+    parser.add_argument(
+        "--collective_timeout",
+        type=float | None,
+        default=COLLECTIVE_TIMEOUT_S,
+        help="Seconds a collective of several processes waits for the other ranks before the job fails, so that a"
+        " stuck or dead rank cannot hang the job; for a strategy given by name (ddp, ddp_spawn, fsdp2,"
+        " tensor_parallel, and auto with several processes). null leaves Lightning's own default (30 minutes). A"
+        " strategy given as a class (class_path, with its init_args) keeps its own timeout. Raise it if rank 0"
+        " alone does long work (a download).",
+    )
+
+
+def add_config_option(parser: LightningArgumentParser) -> None:
+    """``--config``, with a help that says how files and flags combine."""
+    parser.add_argument(
+        "-c",
+        "--config",
+        action=ActionConfigFile,
+        help="Path to a YAML (or JSON) config file; give it several times to combine files. Arguments apply in"
+        " order and a later one wins: a --config file overrides the flags given before it, a flag overrides the"
+        " files before it. Put --config files first and flags after them.",
+    )
