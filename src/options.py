@@ -48,7 +48,7 @@ class TemplateArgumentParser(LightningArgumentParser):
 def add_template_options(parser: LightningArgumentParser) -> None:
     """The options the template adds to every subcommand (README \"The command line\")."""
     # the template's callbacks with options of their own; instantiated by the parser, put in the Trainer's one list
-    # by `instantiate_trainer` (in hook order, src/callbacks/__init__.py), not appended by LightningCLI
+    # by `template_callbacks` (in hook order, src/callbacks/__init__.py), not appended by LightningCLI
     for key, callback_class in CALLBACK_OPTIONS.items():
         parser.add_class_arguments(callback_class, key, fail_untyped=False, instantiate=True, sub_configs=True)
     parser.set_defaults(

@@ -148,7 +148,7 @@ class PreemptionCheckpoint(Callback):
         self.received = max(self.received, signum)  # act later, at a step boundary, never inside the handler
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # Lightning's SLURM save-and-requeue in its handler is off too: `instantiate_trainer` (src/cli.py) passes
+        # Lightning's SLURM save-and-requeue in its handler is off too: `checkpoint_plugins` (src/launch.py) passes
         # SLURMEnvironment(auto_requeue=False) under SLURM
         if stage != "fit":
             return
