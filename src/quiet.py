@@ -57,8 +57,9 @@ def silence_known_noise() -> None:
             category=PossibleUserWarning,
             module=r"lightning\.fabric\.plugins\.environments\.slurm",
         )
-    # The template refuses a fresh fit into a run directory that holds checkpoints (src/checkpoints/resume.py), so Lightning's
-    # warning about a non-empty checkpoint folder only appears on a resume, where the folder is meant to hold them.
+    # The template refuses a fresh fit into a run directory that holds checkpoints (src/checkpoints/resume.py), so
+    # Lightning's warning about a non-empty checkpoint folder only appears on a resume, where the folder is meant to
+    # hold them.
     warnings.filterwarnings(
         "ignore",
         message=r"Checkpoint directory .* exists and is not empty\.",
