@@ -26,7 +26,7 @@ nothing where they do not apply. README "The training step" tells the hooks each
   a checkpoint is loaded into it.
 - ``Float64Metrics`` (precision.py), always, acting under ``64-true``: torchmetrics states in float64.
 - ``StopOtherRanksOnError`` (src/errors.py), ``UnshareSpawnedTensors`` (spawn.py), ``DestroyProcessGroupAtExit``
-  (process_group.py), always, acting with several processes: an error on one rank stops the others; private
+  (process_group.py), always, acting where a process group exists: an error on one rank stops the others; private
   metric states in ``ddp_spawn`` workers; the process group destroyed at exit, or gloo may abort a finished rank.
 - ``checkpoint``: ``RunCheckpoint`` (checkpoint.py): ``best-<step>.ckpt`` and ``last.ckpt``.
 """

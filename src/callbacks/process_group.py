@@ -22,7 +22,5 @@ class DestroyProcessGroupAtExit(L.Callback):
     """Registers ``destroy_process_group`` to run at the exit of each rank's process (once per process)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if trainer.world_size == 1:
-            return  # no process group to destroy
         atexit.unregister(destroy_process_group)  # a second run in the same process registers it once
         atexit.register(destroy_process_group)

@@ -3,6 +3,8 @@ its bad input, its throughput figures, that it learns, and that ddp trains it as
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from src.data.text import TokenWindows, decode, encode
 from src.errors import ConfigurationError
 from src.models import CausalLanguageModel
 from tests.callbacks.test_throughput import logged
-from tests.conftest import last_value, load_state, read_metrics, relative_difference
+from tests.conftest import REPO, cli_env, last_value, load_state, read_metrics, relative_difference
 from tests.examples.conftest import TINY_GPT
 from tests.test_errors import fails_cleanly
 
@@ -189,3 +191,12 @@ def test_language_model_trains_the_same_under_ddp(run_cli, tmp_path):
     assert relative_difference(single, ddp) < 1e-10
     # torchmetrics accumulates in fp32 whatever the model's precision: compare at fp32 resolution
     assert last_value(ddp_rows, "val/perplexity") == pytest.approx(last_value(rows, "val/perplexity"), rel=1e-6)
+
+
+def test_naming_an_example_imports_its_module_and_only_that_one():
+    """``src.models`` and ``src.data`` import an example when it is named (``--model=src.models.GPT``)."""
+    probe = "import sys, src.models, src.data; src.models.GPT; src.data.TextDataModule; print(sorted(sys.modules))"
+    named = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=cli_env(), capture_output=True, text=True)
+    assert named.returncode == 0, named.stderr[-2000:]
+    assert "'src.models.gpt'" in named.stdout and "'src.data.text'" in named.stdout
+    assert "'src.models.image_classifier'" not in named.stdout and "'src.data.images'" not in named.stdout
