@@ -17,13 +17,10 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Str
 from src.checkpoints.files import with_atomic_io
 from src.checks import import_class, requested_devices, resolve_accelerator
 from src.compat import registered_strategy
-from src.strategies import FSDP2Strategy, TensorParallelStrategy
 
 #: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough
 #: that a dead rank does not hold the others for Lightning's default of 30 minutes
 COLLECTIVE_TIMEOUT_S = 900.0
-#: the model-parallel strategies that clip across device meshes themselves
-TEMPLATE_MODEL_PARALLEL = (FSDP2Strategy, TensorParallelStrategy)
 
 
 def strategy_name(trainer: Namespace | dict[str, Any]) -> Any:

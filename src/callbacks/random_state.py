@@ -96,7 +96,7 @@ def derived_seed(saved: list[dict[str, Any]], seed: int, rank: int) -> int:
     return int.from_bytes(digest.digest()[:8], "little") % 2**63
 
 
-def seed_all(seed: int, devices: list[int]) -> None:
+def seed_all(seed: int) -> None:
     """Seed every generator ``collect`` saves (not ``seed_everything``: it would also change PL_GLOBAL_SEED, which
     fixes the data order)."""
     torch.manual_seed(seed)  # the CUDA generators too
@@ -157,13 +157,12 @@ class RandomState(Callback):
                     " the run resumes, but dropout and other random draws differ from an uninterrupted run."
                 )
             return
-        devices = cuda_devices(trainer)
         if saved["world_size"] == trainer.world_size:
             restore(saved["ranks"][trainer.global_rank])
             redraw_worker_seeds(trainer)
             return
         seed = int(torch.initial_seed())  # what seed_everything (or torch) set at this launch's start
-        seed_all(derived_seed(saved["ranks"], seed, trainer.global_rank), devices)
+        seed_all(derived_seed(saved["ranks"], seed, trainer.global_rank))
         if trainer.is_global_zero:
             notice(
                 f"the checkpoint was written by {saved['world_size']} process(es) and this run has"
