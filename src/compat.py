@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -194,6 +195,19 @@ def stop_started_processes(trainer: L.Trainer, signum: signal.Signals = signal.S
     launcher = trainer.strategy.launcher
     if isinstance(launcher, _SubprocessScriptLauncher):
         launcher.kill(signum)
+
+
+def release_started_processes(trainer: L.Trainer) -> list[subprocess.Popen]:
+    """Take the ddp ranks this process started out of the launcher's watch and return them (none where it was
+    started itself). Lightning's observer thread SIGKILLs this process as soon as one of them exits non-zero, which
+    is wrong when every rank stops on purpose with the same status; it watches the launcher's ``procs`` list itself,
+    so an empty list ends its watch."""
+    launcher = trainer.strategy.launcher
+    if not isinstance(launcher, _SubprocessScriptLauncher):
+        return []
+    started = list(launcher.procs)
+    launcher.procs.clear()
+    return started
 
 
 def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:

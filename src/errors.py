@@ -7,12 +7,14 @@ keeps its traceback, as every error does under ``JSONARGPARSE_DEBUG=true``.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import http.client
 import os
 import signal
 import socket
 import ssl
+import subprocess
 import sys
 import time
 import urllib.error
@@ -23,7 +25,7 @@ import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
-from src.compat import stop_started_processes
+from src.compat import release_started_processes, stop_started_processes
 
 #: the debug switch jsonargparse already reads; it turns every one-paragraph error back into a traceback
 DEBUG_ENV = "JSONARGPARSE_DEBUG"
@@ -31,6 +33,8 @@ MAX_DETAIL_CHARS = 400  # a state-dict mismatch or a pickle error can run to a h
 #: how long a rank other than 0 waits before it reports: rank 0 usually meets the same error and stops it first
 #: (``StopOtherRanksOnError``), reporting alone
 REPORT_GRACE_SECONDS = 2.0
+#: how long the first process waits at exit for the ranks it started to finish an agreed stop
+STOPPED_RANKS_GRACE_S = 60.0
 
 
 @rank_zero_only
@@ -208,5 +212,21 @@ class StopOtherRanksOnError(L.Callback):
     """
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if trainer.world_size > 1:  # one process has no other ranks to stop
-            stop_started_processes(trainer, signal.SIGKILL)
+        if trainer.world_size == 1:  # one process has no other ranks to stop
+            return
+        if isinstance(exception, TrainingStopped):
+            # every rank agreed to stop at this step and exits with the same status after saving: let them finish
+            # (their shards and logs), and exit after them, so the job's status is this one's
+            atexit.register(wait_for_exit, release_started_processes(trainer), STOPPED_RANKS_GRACE_S)
+            return
+        stop_started_processes(trainer, signal.SIGKILL)
+
+
+def wait_for_exit(processes: list[subprocess.Popen], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` in all for ``processes`` to exit; kill the ones still running then."""
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()

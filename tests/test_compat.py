@@ -446,6 +446,30 @@ def test_stop_started_processes_kills_the_ranks_the_ddp_launcher_started():
     compat.stop_started_processes(trainer())  # no launcher: nothing to stop
 
 
+def test_released_ranks_are_no_longer_watched_by_lightnings_observer():
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    def sleeper() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    stopped = subprocess.Popen([sys.executable, "-c", "raise SystemExit(75)"])  # a rank that saved and stopped
+    stopped.wait(timeout=30)
+    for released in (False, True):
+        fit = L.Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False, enable_checkpointing=False)
+        fit.strategy.launcher.procs.append(stopped)
+        launching = sleeper()  # stands in for the process that started the rank
+        observer = _ChildProcessObserver(main_pid=launching.pid, child_processes=fit.strategy.launcher.procs)
+        if released:
+            assert compat.release_started_processes(fit) == [stopped]
+        assert observer._run() is True  # one look, and its watch is over
+        if released:
+            assert launching.poll() is None  # it killed nothing
+            launching.kill()
+        else:
+            assert launching.wait(timeout=10) == -signal.SIGKILL  # what the release prevents
+    assert compat.release_started_processes(trainer()) == []  # no launcher: nothing started
+
+
 @pytest.fixture
 def free_port(monkeypatch) -> None:
     """The address Lightning's environment gives ``init_process_group``, put back afterwards."""
