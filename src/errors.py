@@ -1,8 +1,10 @@
 """Errors a user can fix, and how the command line reports them: one paragraph and a non-zero exit status.
 
 Bad input is a ``ConfigurationError`` naming the option and the fix (exit status 2); a failure of the network or
-the file system, told by the exception's type, an ``EnvironmentFailure`` (exit status 1); any other exception
-keeps its traceback, as every error does under ``JSONARGPARSE_DEBUG=true``.
+the file system, told by the exception's type, an ``EnvironmentFailure`` (exit status 1); a collective of several
+processes that timed out or lost its connection, the report of where every rank was
+(``src/callbacks/stacks.py``; exit status ``COLLECTIVE_FAILURE_EXIT_CODE``, 70); any other exception keeps its
+traceback, as every error does under ``JSONARGPARSE_DEBUG=true``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,19 @@ MAX_DETAIL_CHARS = 400  # a state-dict mismatch or a pickle error can run to a h
 REPORT_GRACE_SECONDS = 2.0
 #: how long the first process waits at exit for the ranks it started to finish an agreed stop
 STOPPED_RANKS_GRACE_S = 60.0
+#: the exit status of a rank whose collective timed out or lost its connection (EX_SOFTWARE): not a bad option (2)
+#: nor a failure of the machine (1), and not requeued
+COLLECTIVE_FAILURE_EXIT_CODE = 70
+#: what gloo, NCCL and torch.distributed say when a collective waits too long or a peer is gone
+COLLECTIVE_FAILURE_TEXTS = (
+    "Timed out",
+    "timed out",
+    "timeout",  # NCCL's watchdog: "Watchdog caught collective operation timeout"
+    "Connection closed by peer",
+    "Connection reset",
+    "Broken pipe",
+)
+COLLECTIVE_BACKENDS = ("gloo", "NCCL", "c10d", "ProcessGroup")
 
 
 @rank_zero_only
@@ -182,6 +197,31 @@ def user_error_of(exception: BaseException) -> ConfigurationError | None:
     return None
 
 
+def collective_failure(exception: BaseException) -> bool:
+    """True for a collective of torch.distributed that timed out or lost its connection to another rank: a
+    ``DistBackendError`` or gloo's ``RuntimeError``, told by its text (they have no type of their own)."""
+    for error in causes(exception):
+        distributed = type(error).__name__ in ("DistBackendError", "DistNetworkError")
+        # a plain RuntimeError only where it comes from a backend (gloo prefixes its source file), not a user's
+        backend = type(error) is RuntimeError and any(name in str(error) for name in COLLECTIVE_BACKENDS)
+        if (distributed or backend) and any(text in str(error) for text in COLLECTIVE_FAILURE_TEXTS):
+            return True
+    return False
+
+
+def collective_failure_message(exception: BaseException) -> str:
+    """The paragraph for a failed collective: the report of every rank's place where one was made, else what
+    is known without it."""
+    report = getattr(exception, "collective_report", None)
+    if report:
+        return report
+    return (
+        f"a collective of several processes timed out or lost its connection ({describe(exception)}): another rank"
+        ' did not arrive in time, or is gone. Fix: docs/troubleshooting.md, "My multi-GPU job hangs or is slow";'
+        " `python -m src.stacks RUN_DIR` shows where each live rank is."
+    )
+
+
 # -- reporting -----------------------------------------------------------------------------------------------
 
 
@@ -196,6 +236,10 @@ def report(exception: BaseException) -> int:
             time.sleep(REPORT_GRACE_SECONDS)
         print(f"error: {f'(rank {rank}) ' if rank else ''}{error}", file=sys.stderr)
         return getattr(error, "exit_code", 2)
+    if collective_failure(exception):  # the report of where every rank is, not the survivor's 150-line traceback
+        rank = getattr(rank_zero_only, "rank", 0)
+        print(f"error: {f'(rank {rank}) ' if rank else ''}{collective_failure_message(exception)}", file=sys.stderr)
+        return COLLECTIVE_FAILURE_EXIT_CODE
     if isinstance(exception, ProcessExitedException):  # a ddp_spawn worker was killed: one line, no traceback
         print(f"stopped: {one_paragraph(str(exception))}", file=sys.stderr)
         return 1

@@ -33,6 +33,7 @@ LAYERS = {
     "src.cli": 4,
     "src.sweep": 5,
     "src.consolidate": 5,
+    "src.stacks": 5,
 }
 
 

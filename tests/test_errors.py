@@ -494,3 +494,27 @@ def test_collective_timeout_reaches_the_model_parallel_strategies_and_auto(strat
     args = ["--trainer.accelerator=cpu", f"--trainer.strategy={strategy}", "--trainer.devices=2"]
     cli = TemplateCLI(args=[*TINY, *args, "--trainer.precision=64-true", "--collective_timeout=42"], run=False)
     assert collective_timeout(cli.trainer.strategy).total_seconds() == 42 and cli.trainer.world_size == 2
+
+
+# -- a collective that timed out or lost its connection ---------------------------------------------------------
+
+GLOO_TIMEOUT = "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv"
+GLOO_CLOSED = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5125"
+
+
+def test_a_failed_collective_is_told_by_its_text_and_reported_as_one_paragraph_with_exit_status_70(capsys):
+    from src.errors import COLLECTIVE_FAILURE_EXIT_CODE, collective_failure, report
+
+    assert collective_failure(RuntimeError(GLOO_TIMEOUT)) and collective_failure(RuntimeError(GLOO_CLOSED))
+    assert collective_failure(torch.distributed.DistBackendError("Watchdog caught collective operation timeout"))
+    assert not collective_failure(RuntimeError("my request timed out"))  # a user's own error keeps its traceback
+    wrapped = ValueError("step failed")
+    wrapped.__cause__ = RuntimeError(GLOO_CLOSED)
+    assert collective_failure(wrapped)
+    error = RuntimeError(GLOO_TIMEOUT)
+    assert report(error) == COLLECTIVE_FAILURE_EXIT_CODE == 70
+    printed = capsys.readouterr().err
+    assert printed.count("\n") == 1 and "another rank did not arrive in time" in printed and "src.stacks" in printed
+    error.collective_report = "rank 1 did not arrive"  # what src/callbacks/stacks.py attaches
+    report(error)
+    assert capsys.readouterr().err == "error: rank 1 did not arrive\n"

@@ -49,6 +49,7 @@ from src.callbacks.progress import PlainProgressBar, progress_bar
 from src.callbacks.random_state import RandomState
 from src.callbacks.run_plan import RunPlan
 from src.callbacks.spawn import UnshareSpawnedTensors
+from src.callbacks.stacks import StackDumps
 from src.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from src.callbacks.throughput import SpeedMonitor
 from src.errors import StopOtherRanksOnError
@@ -120,7 +121,8 @@ def template_callbacks(trainer: Any, options: Any, built: Any, strategy: Any) ->
     callbacks += [built[key] for key in CALLBACK_OPTIONS if key not in off]
     # each a no-op where it does not apply (one process; a precision other than 64-true or a "-true" one)
     callbacks += [PrecisionBeforeRestore(), Float64Metrics()]
-    callbacks += [StopOtherRanksOnError(), UnshareSpawnedTensors(), DestroyProcessGroupAtExit()]
+    # StackDumps before StopOtherRanksOnError: the other ranks' stacks are taken before they are killed
+    callbacks += [StackDumps(), StopOtherRanksOnError(), UnshareSpawnedTensors(), DestroyProcessGroupAtExit()]
     return callbacks, switches
 
 

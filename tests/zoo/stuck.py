@@ -1,0 +1,42 @@
+"""A rank that falls behind, written the way a user's code does it: a classifier whose training step sleeps on
+one rank, once for long (stuck, the others time out in the gradient all-reduce) or a little at every step (a
+straggler)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tests.fixtures.workload import TinyClassifier
+
+
+class SleepyClassifier(TinyClassifier):
+    """``TinyClassifier`` whose ``training_step`` on rank ``rank`` sleeps ``stuck_seconds`` at step
+    ``stuck_at_step`` (-1: never) and ``slow_seconds`` at every step.
+
+    Args:
+        rank: The rank that sleeps.
+        stuck_at_step: The optimizer step at which it sleeps ``stuck_seconds``.
+        stuck_seconds: How long it sleeps there.
+        slow_seconds: How long it sleeps at every step.
+        **kwargs: ``TinyClassifier``'s.
+    """
+
+    def __init__(
+        self,
+        rank: int = 1,
+        stuck_at_step: int = -1,
+        stuck_seconds: float = 600.0,
+        slow_seconds: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.rank, self.stuck_at_step = rank, stuck_at_step
+        self.stuck_seconds, self.slow_seconds = stuck_seconds, slow_seconds
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if self.global_rank == self.rank:
+            if self.global_step == self.stuck_at_step:
+                time.sleep(self.stuck_seconds)  # STUCK HERE
+            time.sleep(self.slow_seconds)
+        return super().training_step(batch, batch_idx)
