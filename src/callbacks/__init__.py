@@ -20,11 +20,17 @@ nothing where they do not apply. README "The training step" tells the hooks each
 - ``preemption``: ``PreemptionCheckpoint`` (preemption.py): on a stop signal, save ``last.ckpt``, stop, requeue
   (off: Lightning's own handlers, which save inside the signal handler).
 - ``throughput``: ``SpeedMonitor`` (throughput.py): ``perf/*`` (samples/s, MFU, memory, data wait).
+- ``straggler``: ``StragglerReport`` (straggler.py), acting where a process group exists: every
+  ``log_every_n_steps`` the ranks exchange their own time per batch; rank 0 names a rank slower than the median
+  by ``--straggler.factor`` and logs ``perf/straggler_ratio``.
 - ``run_plan``: ``RunPlan`` (run_plan.py): prints and saves ``run_plan.json`` when training starts.
 - ``nan_guard``: ``NonFiniteLossGuard`` (nan_guard.py): stops at a NaN or infinite loss, before a checkpoint.
 - ``PrecisionBeforeRestore`` (precision.py), always, acting under a "-true" precision: converts the module before
   a checkpoint is loaded into it.
 - ``Float64Metrics`` (precision.py), always, acting under ``64-true``: torchmetrics states in float64.
+- ``StackDumps`` (stacks.py), always, acting with several processes: every rank's stacks to
+  ``<run dir>/stacks/rank-N.txt`` on ``SIGUSR2``, and a collective that times out or loses its connection
+  reported as the rank that did not arrive, with its line (before the next one kills the other ranks).
 - ``StopOtherRanksOnError`` (src/errors.py), ``UnshareSpawnedTensors`` (spawn.py), ``DestroyProcessGroupAtExit``
   (process_group.py), always, acting where a process group exists: an error on one rank stops the others; private
   metric states in ``ddp_spawn`` workers; the process group destroyed at exit, or gloo may abort a finished rank.
@@ -50,6 +56,7 @@ from src.callbacks.random_state import RandomState
 from src.callbacks.run_plan import RunPlan
 from src.callbacks.spawn import UnshareSpawnedTensors
 from src.callbacks.stacks import StackDumps
+from src.callbacks.straggler import StragglerReport
 from src.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from src.callbacks.throughput import SpeedMonitor
 from src.errors import StopOtherRanksOnError
@@ -62,6 +69,7 @@ OPTIONAL_CALLBACKS = (
     "model_summary",
     "preemption",
     "throughput",
+    "straggler",
     "run_plan",
     "nan_guard",
     "checkpoint",
@@ -72,6 +80,7 @@ OPTIONAL_CALLBACKS = (
 CALLBACK_OPTIONS = {
     "preemption": PreemptionCheckpoint,
     "throughput": SpeedMonitor,
+    "straggler": StragglerReport,
     "run_plan": RunPlan,
     "nan_guard": NonFiniteLossGuard,
     "checkpoint": RunCheckpoint,
@@ -136,6 +145,8 @@ __all__ = [
     "RunCheckpoint",
     "RunPlan",
     "SpeedMonitor",
+    "StackDumps",
+    "StragglerReport",
     "progress_bar",
     "template_callbacks",
 ]

@@ -396,17 +396,11 @@ class StackDumps(Callback):
         self.rank = 0
         self.step = 0
         self.phase = "setup"
+        # the file, the thread and its event exist from setup on: ddp_spawn pickles the callbacks before that
         self._file: IO[str] | None = None
-        self._stop = threading.Event()
+        self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._state: dict[str, Any] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        # ddp_spawn pickles the callbacks to its workers: the file, the thread and its event stay here
-        return {**self.__dict__, "_file": None, "_stop": None, "_thread": None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _stop=threading.Event())
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.world_size == 1 or self._file is not None:
@@ -418,7 +412,7 @@ class StackDumps(Callback):
         faulthandler.register(DUMP_SIGNAL, file=self._file, all_threads=True, chain=False)
         pid = os.getpid()
         self._state = {"rank": self.rank, "pid": pid, "hostname": socket.gethostname(), "started": process_start(pid)}
-        self._stop.clear()
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keep_state, name="stack-dumps-state", daemon=True)
         self._thread.start()
 
@@ -431,7 +425,7 @@ class StackDumps(Callback):
             if now != written or time.monotonic() - last > HEARTBEAT_S:
                 self._write_state()
                 written, last = now, time.monotonic()
-            if self._stop.wait(STATE_EVERY_S):
+            if self._stop is None or self._stop.wait(STATE_EVERY_S):
                 return
 
     def _write_state(self) -> None:
@@ -499,7 +493,8 @@ class StackDumps(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._file is None:
             return
-        self._stop.set()
+        if self._stop is not None:
+            self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.phase = "finished"
