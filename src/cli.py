@@ -40,7 +40,13 @@ from src.checks import (
 from src.compat import registered_with, skip_default_config_files
 from src.data.base import GlobalBatchDataModule
 from src.errors import DEBUG_ENV, ConfigurationError, TrainingStopped, causes, describe, report, user_error_of
-from src.launch import checkpoint_plugins, strategy_as_class, strategy_name, strategy_options
+from src.launch import (
+    checkpoint_plugins,
+    flight_recorder_defaults,
+    strategy_as_class,
+    strategy_name,
+    strategy_options,
+)
 from src.options import PROG, TemplateArgumentParser, add_config_option, add_template_options
 from src.quiet import silence_known_noise
 from src.run_dir import place_loggers, shared_random_seed
@@ -222,6 +228,7 @@ class TemplateCLI(LightningCLI):
         built, chosen = self._chosen(self.config_init), self._chosen()  # the objects the parser built; the options
         trainer = built.get("trainer") or {}
         strategy = strategy_name(trainer)
+        flight_recorder_defaults(trainer, trainer.get("default_root_dir"))  # several CUDA processes only
         options = strategy_options(strategy, chosen.get("collective_timeout"), self.model)
         if options:
             kwargs["strategy"] = strategy  # `auto` as `ddp`, where Lightning picks it

@@ -5,8 +5,10 @@ SLURM's environment without Lightning's requeue)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -14,6 +16,7 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 
+from src.callbacks.stacks import STACKS_DIR
 from src.checkpoints.files import with_atomic_io
 from src.checks import import_class, requested_devices, resolve_accelerator
 from src.compat import registered_strategy
@@ -21,6 +24,14 @@ from src.compat import registered_strategy
 #: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough
 #: that a dead rank does not hold the others for Lightning's default of 30 minutes
 COLLECTIVE_TIMEOUT_S = 900.0
+#: NCCL's flight recorder: how many of the last collectives each rank keeps (their kind, sizes, state and stack)
+FLIGHT_RECORDER_ENTRIES = 2000
+#: the flight recorder's variables, each with the older name PyTorch still reads (one set by the user wins)
+FLIGHT_RECORDER_NAMES = {
+    "TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "TORCH_NCCL_DUMP_ON_TIMEOUT",
+    "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+}
 
 
 def strategy_name(trainer: Namespace | dict[str, Any]) -> Any:
@@ -32,6 +43,28 @@ def strategy_name(trainer: Namespace | dict[str, Any]) -> Any:
     devices = requested_devices(trainer.get("devices", "auto"), resolve_accelerator(trainer.get("accelerator", "auto")))
     many = (devices or 1) > 1 or (trainer.get("num_nodes") or 1) > 1
     return "ddp" if many else strategy
+
+
+def flight_recorder_defaults(trainer: Namespace | dict[str, Any], run_dir: str | None) -> dict[str, str]:
+    """For a run of several CUDA processes, NCCL's flight recorder on: every rank keeps its last collectives and
+    writes them to ``<run dir>/stacks/nccl/nccl_trace_rank_<N>`` when one times out, for ``torchfrtrace``; the
+    variables set (each only where neither it nor its older name is set), or none on CPUs and one device."""
+    accelerator = resolve_accelerator(trainer.get("accelerator", "auto"))
+    devices = requested_devices(trainer.get("devices", "auto"), accelerator)
+    if accelerator != "cuda" or ((devices or 1) <= 1 and (trainer.get("num_nodes") or 1) <= 1):
+        return {}
+    folder = Path(run_dir or os.getcwd()) / STACKS_DIR / "nccl"
+    values = {
+        "TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": str(folder / "nccl_trace_rank_"),
+    }
+    unset = [name for name in values if not {name, FLIGHT_RECORDER_NAMES[name]} & set(os.environ)]
+    chosen = {name: values[name] for name in unset}
+    if "TORCH_FR_DUMP_TEMP_FILE" in chosen:
+        folder.mkdir(parents=True, exist_ok=True)  # NCCL writes the files, not the folder
+    os.environ.update(chosen)  # before the process group exists; the ranks the launcher starts inherit them
+    return chosen
 
 
 def strategy_as_class(trainer: Namespace) -> None:
