@@ -71,21 +71,30 @@ class ThreadStack:
     frames: list[Frame] = field(default_factory=list)
 
 
+#: how the template's own lines in a stack file begin (faulthandler's never do)
+MARK = "# "
 THREAD_HEADER = re.compile(r"^(Current thread|Thread|Stack)\s*(0x[0-9a-fA-F]+)?.*\(most recent call first\):\s*$")
 FRAME_LINE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>.+?)\s*$')
 
 
 def parse_dumps(text: str) -> list[list[ThreadStack]]:
     """The dumps in ``text`` (faulthandler's output, appended once per signal), oldest first, each a list of its
-    threads. faulthandler writes no header per dump: a thread seen twice starts the next dump."""
+    threads. faulthandler writes no header per dump: a thread seen twice starts the next dump, and so does a
+    ``#`` line (``MARK``, written by each new process of a run directory resumed, and before a reporting rank's
+    own stack)."""
     dumps: list[list[ThreadStack]] = []
     thread: ThreadStack | None = None
+    marked = False
     for line in text.splitlines():
+        if line.startswith(MARK):
+            marked, thread = True, None
+            continue
         header = THREAD_HEADER.match(line)
         if header:
             ident = header.group(2) or header.group(1)
-            if not dumps or any(t.ident == ident for t in dumps[-1]):
+            if not dumps or marked or any(t.ident == ident for t in dumps[-1]):
                 dumps.append([])
+                marked = False
             thread = ThreadStack(ident, current=header.group(1) != "Thread")
             dumps[-1].append(thread)
             continue
@@ -370,7 +379,10 @@ def wait_for_dumps(folder: Path, signalled: dict[int, int], timeout_s: float = D
 
 def format_stack(frames: list[Frame]) -> str:
     """``frames`` (innermost first) as faulthandler writes a thread, so that the dump files read alike."""
-    lines = [f"Current thread 0x{threading.get_ident():016x} (most recent call first):"]
+    lines = [
+        f"{MARK}this rank's own stack, where its collective failed",
+        f"Current thread 0x{threading.get_ident():016x} (most recent call first):",
+    ]
     lines += [f'  File "{f.file}", line {f.line} in {f.function}' for f in frames]
     return "\n".join(lines) + "\n"
 
@@ -409,8 +421,10 @@ class StackDumps(Callback):
         self.folder = stacks_folder(run_dir_of(trainer))
         self.folder.mkdir(parents=True, exist_ok=True)
         self._file = open(self.folder / f"rank-{self.rank}.txt", "a")  # noqa: SIM115 (faulthandler keeps its fd)
-        faulthandler.register(DUMP_SIGNAL, file=self._file, all_threads=True, chain=False)
         pid = os.getpid()
+        self._file.write(f"{MARK}rank {self.rank}, pid {pid}, from {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        self._file.flush()  # before faulthandler writes to the descriptor itself
+        faulthandler.register(DUMP_SIGNAL, file=self._file, all_threads=True, chain=False)
         self._state = {"rank": self.rank, "pid": pid, "hostname": socket.gethostname(), "started": process_start(pid)}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keep_state, name="stack-dumps-state", daemon=True)

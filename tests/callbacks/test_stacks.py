@@ -21,11 +21,13 @@ import torch.autograd.graph
 import torch.distributed.distributed_c10d
 
 from src.callbacks.stacks import (
+    MARK,
     Frame,
     RankView,
     StackDumps,
     collective_of,
     format_groups,
+    format_stack,
     frames_of_traceback,
     group_stacks,
     hang_report,
@@ -75,6 +77,11 @@ def test_dumps_are_split_per_signal_and_the_main_thread_found_whichever_thread_d
     main.current, other.current = False, True
     assert main_thread(dumps[-1]) is main
     assert parse_dumps("") == [] and latest_main_stack("") is None
+    # a resumed run's process appends to the same file after its mark: its dump is not merged with the last one's
+    # (its threads are others, with other ids); nor is a reporting rank's own stack
+    resumed = f"{MARK}rank 0, pid 2, from now\n" + format_stack([Frame("/me/train.py", 7, "fit")])
+    assert [len(dump) for dump in parse_dumps(path.read_text() + resumed)] == [len(dumps[0]), len(dumps[1]), 1]
+    assert latest_main_stack(path.read_text() + resumed) == [Frame("/me/train.py", 7, "fit")]
 
 
 def test_the_users_frame_is_the_innermost_outside_the_libraries_and_the_templates_machinery():
