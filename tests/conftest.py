@@ -33,6 +33,14 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The SLURM tests share one small cluster: one pytest-xdist worker runs them all, one job after another."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture(autouse=True)
 def _plain_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process CLI calls pass ``args``; pytest's own argv must not look like CLI arguments."""
