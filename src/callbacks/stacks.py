@@ -30,7 +30,7 @@ from typing import IO, Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from src.errors import collective_failure, describe
+from src.errors import TrainingStopped, collective_failure, describe
 
 #: the signal every rank dumps its stacks on (SIGUSR1 is the preemption notice)
 DUMP_SIGNAL = signal.SIGUSR2
@@ -252,7 +252,10 @@ def hang_report(failed_rank: int, error: str, views: list[RankView], folder: str
         steps = sorted({str(v.state.get("step")) for v in group if v.state.get("step") is not None})
         at = f" at step {', '.join(steps)}" if steps else ""
         ranks = rank_list(v.rank for v in group)
-        sentences.append(f"{ranks.capitalize()} {'waits' if len(group) == 1 else 'wait'} in {collective}{at}.")
+        # the user's line that called it: where ranks issue different collectives, each side's own place
+        callers = sorted({str(frame) for v in group if (frame := user_frame(v.frames or []))})
+        called = f", called from {'; '.join(callers)}" if callers else ""
+        sentences.append(f"{ranks.capitalize()} {'waits' if len(group) == 1 else 'wait'} in {collective}{at}{called}.")
     if not stuck and not gone and len(waiting) > 1:
         sentences.append(
             "Every rank is in a collective, but not the same one: a collective that only some ranks call (under"
@@ -267,6 +270,17 @@ def hang_report(failed_rank: int, error: str, views: list[RankView], folder: str
         f" (`python -m src.stacks {Path(folder).parent}`)."
     )
     return " ".join(sentences)
+
+
+def first_failure_report(failed_rank: int, collective: str | None, failure: dict[str, Any]) -> str:
+    """The paragraph of a rank whose collective failed because another rank raised first: one sentence for this
+    rank, then the first failure, which is what the person must read (the survivors' errors only follow from it)."""
+    waited = f" in {collective}" if collective else ""
+    place = f" at {failure['where']}" if failure.get("where") else ""
+    return (
+        f"rank {failed_rank} lost the other ranks{waited} because rank {failure['rank']} failed first; its"
+        f" traceback is above. The first failure: rank {failure['rank']}: {failure['error']}{place}."
+    )
 
 
 def shown_frames(frames: list[Frame]) -> list[Frame]:
@@ -377,6 +391,31 @@ def wait_for_dumps(folder: Path, signalled: dict[int, int], timeout_s: float = D
         time.sleep(0.05)
 
 
+def failure_file(folder: Path, rank: int) -> Path:
+    return folder / f"error-rank-{rank}.json"
+
+
+def record_failure(folder: Path, rank: int, exception: BaseException) -> None:
+    """Write what a rank raised, and the user's line it raised at, for the other ranks' reports."""
+    frame = user_frame(frames_of_traceback(exception.__traceback__))
+    failure = {"rank": rank, "error": describe(exception), "where": str(frame) if frame else "", "time": time.time()}
+    with contextlib.suppress(OSError):
+        temporary = failure_file(folder, rank).with_suffix(".tmp")
+        temporary.write_text(json.dumps(failure))
+        os.replace(temporary, failure_file(folder, rank))
+
+
+def first_failure(folder: Path, ranks: Iterable[int], since: float) -> dict[str, Any] | None:
+    """The earliest error another rank of this run recorded after ``since`` (this process's start)."""
+    failures = []
+    for rank in ranks:
+        with contextlib.suppress(OSError, ValueError):
+            failure = json.loads(failure_file(folder, rank).read_text())
+            if failure.get("time", 0) >= since:
+                failures.append(failure)
+    return min(failures, key=lambda f: f["time"], default=None)
+
+
 def format_stack(frames: list[Frame]) -> str:
     """``frames`` (innermost first) as faulthandler writes a thread, so that the dump files read alike."""
     lines = [
@@ -413,11 +452,13 @@ class StackDumps(Callback):
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._state: dict[str, Any] = {}
+        self._since = 0.0  # when this process set up: older error files are an earlier run's
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.world_size == 1 or self._file is not None:
             return
         self.rank = trainer.global_rank
+        self._since = time.time()
         self.folder = stacks_folder(run_dir_of(trainer))
         self.folder.mkdir(parents=True, exist_ok=True)
         self._file = open(self.folder / f"rank-{self.rank}.txt", "a")  # noqa: SIM115 (faulthandler keeps its fd)
@@ -474,9 +515,20 @@ class StackDumps(Callback):
         self.phase = "save_checkpoint"
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if self.folder is None or not collective_failure(exception):
+        if self.folder is None:
+            return
+        if not collective_failure(exception):
+            if not isinstance(exception, TrainingStopped):  # an agreed stop is no failure
+                record_failure(self.folder, self.rank, exception)
             return
         self.phase = "failed in a collective"
+        others = [rank for rank in range(trainer.world_size) if rank != self.rank]
+        failure = first_failure(self.folder, others, since=self._since)
+        if failure is not None:  # another rank raised: its error is the one to read, not this rank's lost peer
+            collective = collective_of(frames_of_traceback(exception.__traceback__))
+            with contextlib.suppress(AttributeError):
+                exception.collective_report = first_failure_report(self.rank, collective, failure)  # type: ignore[attr-defined]
+            return
         states = read_states(self.folder)
         signalled = signal_ranks(self.folder, states, skip=self.rank)
         dumps = wait_for_dumps(self.folder, signalled)

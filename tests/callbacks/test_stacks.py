@@ -163,6 +163,7 @@ def test_one_process_registers_nothing(tmp_path):
 TIMEOUT_S = 10
 DDP_CPU = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.devices=2", "--progress_bar=none"]
 STUCK_LINE = next(i for i, text in enumerate(Path(stuck.__file__).read_text().splitlines(), 1) if "STUCK" in text)
+FAIL_LINE = next(i for i, text in enumerate(Path(stuck.__file__).read_text().splitlines(), 1) if "FAILS HERE" in text)
 
 
 def start(*args: str) -> subprocess.Popen:
@@ -221,6 +222,24 @@ def test_a_rank_stuck_in_its_training_step_is_named_with_its_line_when_the_other
     shown = stacks_command(run_dir, "--no-signal")
     assert "rank 0: step 3; backward; waiting in DDP's gradient all-reduce" in shown
     assert f"rank 1: step 3; training_step; not in a collective\n    {stuck.__file__}:{STUCK_LINE}" in shown
+
+
+@pytest.mark.slow
+def test_the_rank_that_raised_first_is_the_error_read_last(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start(
+        "--model=tests.zoo.stuck.FailingClassifier",
+        "--trainer.limit_val_batches=0",
+        f"--collective_timeout={TIMEOUT_S}",
+        f"--trainer.default_root_dir={run_dir}",
+    )
+    stderr = finish(process, TIMEOUT_S + 60)
+    assert process.returncode == 70, stderr[-3000:]
+    assert stderr.count("Traceback") == 1, stderr[-3000:]  # rank 1's own; rank 0's lost connection is one line
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank 0 lost the other ranks in DDP's gradient all-reduce"), last
+    first = f"The first failure: rank 1: ValueError: a sample of rank 1 has no label at {stuck.__file__}:{FAIL_LINE}"
+    assert first in last, last
 
 
 @pytest.mark.slow

@@ -40,3 +40,23 @@ class SleepyClassifier(TinyClassifier):
                 time.sleep(self.stuck_seconds)  # STUCK HERE
             time.sleep(self.slow_seconds)
         return super().training_step(batch, batch_idx)
+
+
+class FailingClassifier(TinyClassifier):
+    """``TinyClassifier`` whose ``training_step`` raises on rank ``rank`` at optimizer step ``fail_at_step``, as a
+    bug met by one rank only (its data, its branch) does.
+
+    Args:
+        rank: The rank that raises.
+        fail_at_step: The optimizer step at which it raises.
+        **kwargs: ``TinyClassifier``'s.
+    """
+
+    def __init__(self, rank: int = 1, fail_at_step: int = 3, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rank, self.fail_at_step = rank, fail_at_step
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if self.global_rank == self.rank and self.global_step == self.fail_at_step:
+            raise ValueError(f"a sample of rank {self.rank} has no label")  # FAILS HERE
+        return super().training_step(batch, batch_idx)
