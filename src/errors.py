@@ -10,6 +10,7 @@ traceback, as every error does under ``JSONARGPARSE_DEBUG=true``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import http.client
 import os
@@ -200,6 +201,8 @@ def user_error_of(exception: BaseException) -> ConfigurationError | None:
 def collective_failure(exception: BaseException) -> bool:
     """True for a collective of torch.distributed that timed out or lost its connection to another rank: a
     ``DistBackendError`` or gloo's ``RuntimeError``, told by its text (they have no type of their own)."""
+    if getattr(exception, "collective_report", None) or spawned_collective_failure(exception):
+        return True
     for error in causes(exception):
         distributed = type(error).__name__ in ("DistBackendError", "DistNetworkError")
         # a plain RuntimeError only where it comes from a backend (gloo prefixes its source file), not a user's
@@ -207,6 +210,21 @@ def collective_failure(exception: BaseException) -> bool:
         if (distributed or backend) and any(text in str(error) for text in COLLECTIVE_FAILURE_TEXTS):
             return True
     return False
+
+
+def attach_collective_report(exception: BaseException, report: str) -> None:
+    """Give a failed collective's exception the report that ``report`` prints instead of its traceback."""
+    with contextlib.suppress(AttributeError):
+        exception.collective_report = report  # type: ignore[attr-defined]
+
+
+def spawned_collective_failure(exception: BaseException) -> bool:
+    """True for a ``ddp_spawn`` worker's failed collective, which reaches the launching process as the text of the
+    worker's traceback: its last line is the collective's error."""
+    if not isinstance(exception, ProcessRaisedException):
+        return False
+    last = str(exception).strip().splitlines()[-1] if str(exception).strip() else ""
+    return any(name in last for name in COLLECTIVE_BACKENDS) and any(text in last for text in COLLECTIVE_FAILURE_TEXTS)
 
 
 def collective_failure_message(exception: BaseException) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -30,7 +31,14 @@ from typing import IO, Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from src.errors import TrainingStopped, collective_failure, describe
+from src.errors import (
+    TrainingStopped,
+    attach_collective_report,
+    collective_failure,
+    describe,
+    one_paragraph,
+    spawned_collective_failure,
+)
 
 #: the signal every rank dumps its stacks on (SIGUSR1 is the preemption notice)
 DUMP_SIGNAL = signal.SIGUSR2
@@ -108,12 +116,23 @@ def main_thread(threads: list[ThreadStack]) -> ThreadStack | None:
     """The main thread of a dump: the one not started by ``threading`` (its outermost frame is not
     ``_bootstrap``), whichever thread the signal happened to interrupt."""
     started = [t for t in threads if t.frames and t.frames[-1].function != "_bootstrap"]
-    return next(iter(started), None) or next((t for t in threads if t.current), None)
+    # a thread started by `_thread` (as execnet's) has no `_bootstrap` either: the main thread began at a module
+    entry = [t for t in started if t.frames[-1].function in ("<module>", "_run_module_as_main")]
+    return next(iter(entry + started), None) or next((t for t in threads if t.current), None)
 
 
 def frames_of_traceback(tb: Any) -> list[Frame]:
     """An exception's traceback as frames, innermost first (the reporting rank's own stack at its failure)."""
     return [Frame(f.filename, f.lineno or 0, f.name) for f in reversed(traceback.extract_tb(tb))]
+
+
+TRACEBACK_LINE = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+), in (?P<function>.+?)\s*$')
+
+
+def frames_of_traceback_text(text: str) -> list[Frame]:
+    """A Python traceback as printed (a ddp_spawn worker sends its own as text) as frames, innermost first."""
+    matches = [m for m in map(TRACEBACK_LINE.match, text.splitlines()) if m]
+    return [Frame(m["file"], int(m["line"]), m["function"]) for m in reversed(matches)]
 
 
 def is_library(file: str) -> bool:
@@ -159,6 +178,12 @@ def collective_of(frames: list[Frame]) -> str | None:
         file = frame.file.replace("\\", "/")
         if "torch/distributed/" in file and frame.function in COLLECTIVES:
             return f"torch.distributed.{frame.function}"
+        if file.endswith("torch/distributed/distributed_c10d.py") and not frame.function.startswith("_"):
+            return f"torch.distributed.{frame.function}"  # the process group's own calls (all_gather_single, ...)
+        if "torch/distributed/fsdp/" in file and frame.function.startswith("foreach_"):
+            return f"FSDP2's {frame.function.removeprefix('foreach_').replace('_', '-')} of the parameters"
+        if "torch/distributed/tensor/" in file and "redistribute" in frame.function:
+            return "a DTensor redistribute (tensor parallel)"
         if "/lightning/" in file and "/strategies/" in file and frame.function in COLLECTIVES:
             return f"Lightning's strategy.{frame.function}"
         if "torch/autograd/" in file and "backward" in frame.function:
@@ -492,6 +517,13 @@ class StackDumps(Callback):
             temporary.write_text(json.dumps(state))
             os.replace(temporary, path)  # readers never see half a file
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._file is not None and multiprocessing.parent_process() is not None:
+            # a ddp_spawn worker: Lightning runs no on_exception there, so the launching process reports; torch
+            # SIGTERMs the workers left when one fails, and each then dumps where it is before its own handler
+            # runs (registered here, after Lightning's signal handlers, which would replace it)
+            faulthandler.register(signal.SIGTERM, file=self._file, all_threads=True, chain=True)
+
     # the phase, set by the hooks as plain attributes: the daemon thread writes it
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         self.step, self.phase = trainer.global_step, "training_step"
@@ -516,6 +548,8 @@ class StackDumps(Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if self.folder is None:
+            if spawned_collective_failure(exception):  # the process that launched ddp_spawn workers
+                self._report_spawned(trainer, exception)
             return
         if not collective_failure(exception):
             if not isinstance(exception, TrainingStopped):  # an agreed stop is no failure
@@ -526,8 +560,7 @@ class StackDumps(Callback):
         failure = first_failure(self.folder, others, since=self._since)
         if failure is not None:  # another rank raised: its error is the one to read, not this rank's lost peer
             collective = collective_of(frames_of_traceback(exception.__traceback__))
-            with contextlib.suppress(AttributeError):
-                exception.collective_report = first_failure_report(self.rank, collective, failure)  # type: ignore[attr-defined]
+            attach_collective_report(exception, first_failure_report(self.rank, collective, failure))
             return
         states = read_states(self.folder)
         signalled = signal_ranks(self.folder, states, skip=self.rank)
@@ -553,8 +586,24 @@ class StackDumps(Callback):
                 view.missing = f"it did not answer {DUMP_SIGNAL.name} within {DUMP_WAIT_S:g} s"
             views.append(view)
         text = hang_report(self.rank, describe(exception), sorted(views, key=lambda v: v.rank), self.folder)
-        with contextlib.suppress(AttributeError):
-            exception.collective_report = text  # type: ignore[attr-defined]  # src/errors.py prints it
+        attach_collective_report(exception, text)  # src/errors.py prints it
+
+    def _report_spawned(self, trainer: L.Trainer, exception: BaseException) -> None:
+        """The report of a ddp_spawn worker's failed collective, made by the launching process once torch has
+        stopped the workers: the failed worker's traceback (sent as text) and the others' dumps at their SIGTERM."""
+        folder = stacks_folder(run_dir_of(trainer))
+        failed = int(getattr(exception, "error_index", 0))
+        states = read_states(folder)
+        text = str(exception)
+        error = text.strip().splitlines()[-1]
+        views = [RankView(failed, states.get(failed, {}), frames_of_traceback_text(text))]
+        for rank in range(trainer.world_size):
+            if rank != failed:
+                dump = (folder / f"rank-{rank}.txt").read_text() if (folder / f"rank-{rank}.txt").is_file() else ""
+                view = RankView(rank, states.get(rank, {}), latest_main_stack(dump))
+                view.missing = "" if view.frames else "its process left no dump"
+                views.append(view)
+        attach_collective_report(exception, hang_report(failed, one_paragraph(error), views, folder))
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._file is None:
@@ -566,6 +615,7 @@ class StackDumps(Callback):
         self.phase = "finished"
         self._write_state()
         faulthandler.unregister(DUMP_SIGNAL)
+        faulthandler.unregister(signal.SIGTERM)  # where registered; puts back the handler it chained to
         if threading.current_thread() is threading.main_thread():
             # a late `pkill -USR2` (after training, while the rank exits) must not kill it: SIGUSR2's default action
             signal.signal(DUMP_SIGNAL, signal.SIG_IGN)

@@ -225,6 +225,36 @@ def test_a_rank_stuck_in_its_training_step_is_named_with_its_line_when_the_other
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("strategy", "waits_in"),
+    [
+        # Lightning runs no on_exception in a ddp_spawn worker: the launching process reports, once torch has
+        # stopped the workers (SIGTERM, then SIGKILL 30 s later), from the dump each left at its SIGTERM
+        ("ddp_spawn", "Rank 0 waits in DDP's gradient all-reduce in backward at step 3"),
+        ("fsdp2", "Rank 0 waits in torch.distributed.all_gather_single at step 3"),  # FSDP2 gathers in forward
+    ],
+)
+def test_a_stuck_rank_is_named_under_other_launchers_and_strategies(strategy, waits_in, tmp_path):
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    process = start(
+        "--model=tests.zoo.stuck.SleepyClassifier",
+        "--model.init_args.stuck_at_step=3",
+        "--trainer.limit_val_batches=0",
+        f"--trainer.strategy={strategy}",
+        f"--collective_timeout={TIMEOUT_S}",
+        f"--trainer.default_root_dir={run_dir}",
+    )
+    stderr = finish(process, TIMEOUT_S + 90)
+    grace = 30 if strategy == "ddp_spawn" else 0  # torch.multiprocessing's wait before it SIGKILLs a worker
+    assert time.monotonic() - started < TIMEOUT_S + 30 + grace, stderr[-3000:]
+    assert process.returncode == 70, stderr[-3000:]
+    report = stderr.strip().splitlines()[-1]
+    assert f"Rank 1 did not arrive: it is at step 3, in training_step, at {stuck.__file__}:{STUCK_LINE}" in report
+    assert waits_in in report and "Traceback" not in stderr, report
+
+
+@pytest.mark.slow
 def test_the_rank_that_raised_first_is_the_error_read_last(tmp_path):
     run_dir = tmp_path / "run"
     process = start(
