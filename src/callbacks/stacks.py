@@ -49,6 +49,8 @@ DUMP_WAIT_S = 2.0
 STATE_EVERY_S = 1.0
 HEARTBEAT_S = 30.0
 STACKS_DIR = "stacks"
+#: the phase of a rank whose collective failed, while it reports
+FAILED = "failed in a collective"
 
 #: the template's own code, which a report looks past to the user's frame (its models and data, the user's
 #: rooms, count as the user's)
@@ -555,20 +557,32 @@ class StackDumps(Callback):
             if not isinstance(exception, TrainingStopped):  # an agreed stop is no failure
                 record_failure(self.folder, self.rank, exception)
             return
-        self.phase = "failed in a collective"
+        self.phase = FAILED
         others = [rank for rank in range(trainer.world_size) if rank != self.rank]
         failure = first_failure(self.folder, others, since=self._since)
         if failure is not None:  # another rank raised: its error is the one to read, not this rank's lost peer
             collective = collective_of(frames_of_traceback(exception.__traceback__))
             attach_collective_report(exception, first_failure_report(self.rank, collective, failure))
             return
-        states = read_states(self.folder)
-        signalled = signal_ranks(self.folder, states, skip=self.rank)
-        dumps = wait_for_dumps(self.folder, signalled)
         own = frames_of_traceback(exception.__traceback__)  # where this rank waited: its dump would show this hook
+        if threading.current_thread() is threading.main_thread():
+            # from here on this rank's stack of record is its exception's: another rank reporting at the same
+            # time (a desync fails on both sides) must not get a dump of this hook instead
+            faulthandler.unregister(DUMP_SIGNAL)
+            signal.signal(DUMP_SIGNAL, signal.SIG_IGN)
         if self._file is not None:
             self._file.write(format_stack(own))
             self._file.flush()
+        self._write_state()
+        states = read_states(self.folder)
+        reporting = {rank for rank, state in states.items() if state.get("phase") == FAILED and rank != self.rank}
+        signalled = signal_ranks(self.folder, {r: s for r, s in states.items() if r not in reporting}, skip=self.rank)
+        dumps = wait_for_dumps(self.folder, signalled)
+        states = {**states, **read_states(self.folder)}  # a rank that began to report while this one waited
+        for rank, state in states.items():
+            path = self.folder / f"rank-{rank}.txt"
+            if rank not in dumps and state.get("phase") == FAILED and rank != self.rank and path.is_file():
+                dumps[rank] = path.read_text()  # its latest stack is its own exception's
         views = [RankView(self.rank, {**states.get(self.rank, {}), "step": self.step}, own)]
         for rank in range(trainer.world_size):
             if rank == self.rank:

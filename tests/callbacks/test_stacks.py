@@ -163,6 +163,7 @@ def test_one_process_registers_nothing(tmp_path):
 TIMEOUT_S = 10
 DDP_CPU = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.devices=2", "--progress_bar=none"]
 STUCK_LINE = next(i for i, text in enumerate(Path(stuck.__file__).read_text().splitlines(), 1) if "STUCK" in text)
+GATHER_LINE = next(i for i, text in enumerate(Path(stuck.__file__).read_text().splitlines(), 1) if "GATHERS" in text)
 FAIL_LINE = next(i for i, text in enumerate(Path(stuck.__file__).read_text().splitlines(), 1) if "FAILS HERE" in text)
 
 
@@ -252,6 +253,24 @@ def test_a_stuck_rank_is_named_under_other_launchers_and_strategies(strategy, wa
     report = stderr.strip().splitlines()[-1]
     assert f"Rank 1 did not arrive: it is at step 3, in training_step, at {stuck.__file__}:{STUCK_LINE}" in report
     assert waits_in in report and "Traceback" not in stderr, report
+
+
+@pytest.mark.slow
+def test_a_desync_names_the_collective_each_rank_called_and_where(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start(
+        "--model=tests.zoo.stuck.DesyncClassifier",  # rank 1 alone gathers, at step 3
+        "--trainer.limit_val_batches=0",
+        f"--collective_timeout={TIMEOUT_S}",
+        f"--trainer.default_root_dir={run_dir}",
+    )
+    stderr = finish(process, TIMEOUT_S + 60)
+    assert process.returncode == 70, stderr[-3000:]
+    report = stderr.strip().splitlines()[-1]
+    assert "Rank 0 waits in DDP's gradient all-reduce in backward at step 3." in report, report
+    gathers = f"Rank 1 waits in torch.distributed.all_gather at step 3, called from {stuck.__file__}:{GATHER_LINE}"
+    assert gathers in report, report
+    assert "not the same one" in report and "TORCH_DISTRIBUTED_DEBUG=DETAIL" in report and "Traceback" not in stderr
 
 
 @pytest.mark.slow

@@ -60,3 +60,24 @@ class FailingClassifier(TinyClassifier):
         if self.global_rank == self.rank and self.global_step == self.fail_at_step:
             raise ValueError(f"a sample of rank {self.rank} has no label")  # FAILS HERE
         return super().training_step(batch, batch_idx)
+
+
+class DesyncClassifier(TinyClassifier):
+    """``TinyClassifier`` whose rank ``rank`` alone gathers its loss at step ``at_step``, as a collective under
+    a rank condition does: the other ranks are in the gradient all-reduce meanwhile.
+
+    Args:
+        rank: The rank that gathers.
+        at_step: The optimizer step at which it does.
+        **kwargs: ``TinyClassifier``'s.
+    """
+
+    def __init__(self, rank: int = 1, at_step: int = 3, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rank, self.at_step = rank, at_step
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        if self.global_rank == self.rank and self.global_step == self.at_step:
+            self.all_gather(loss.detach())  # GATHERS HERE
+        return loss
