@@ -1,5 +1,5 @@
 """The image example: ImageClassifier (CompactResNet), CIFAR10DataModule (CIFAR-10 files, the synthetic set,
-augmentation), the default run of configs/default.yaml, its bad input, and its training under ddp."""
+augmentation), the default run of configs/default.yaml, its bad input, and its training under ddp, compiled."""
 
 from __future__ import annotations
 
@@ -138,17 +138,25 @@ def test_bare_fit_trains_the_embedded_default_and_writes_checkpoint_and_metrics(
 
 
 @pytest.mark.slow
-def test_ddp_trains_the_image_model_as_one_process(run_cli, tmp_path):
-    """GroupNorm, not BatchNorm: splitting the batch over two processes changes nothing (fp64)."""
+def test_ddp_trains_the_image_model_as_one_process_and_compiled_recompiles_nothing(run_cli, tmp_path):
+    """GroupNorm, not BatchNorm: splitting the batch over two processes changes nothing (fp64). The ddp run compiles
+    the forward (``--compile=true``, inductor): the ResNet's steps update torchmetrics objects, which a compiled step
+    would recompile on each update until torch's limit; nothing recompiles over training, a validation and training
+    again, and the compiled model trains the eager one's."""
     common = [*TINY_IMAGE, "--trainer.max_steps=24", "--trainer.precision=64-true", "--progress_bar=none"]
-    run_cli("fit", *common, "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path / 'single'}")
-    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2"]
-    run_cli("fit", *common, *ddp, f"--trainer.default_root_dir={tmp_path / 'ddp'}")
+    main(["fit", *common, "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path / 'single'}"])
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--compile=true"]
+    result = run_cli("fit", *common, *ddp, f"--trainer.default_root_dir={tmp_path / 'ddp'}")
+    assert "compiling ImageClassifier.forward with torch.compile (backend inductor)" in result.stderr
+    assert "recompile" not in result.stderr.lower()
     single, spread = (load_state(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("single", "ddp"))
+    assert torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 24
     assert relative_difference(single, spread) < 1e-10
     for key in ("val/loss", "val/acc"):  # torchmetrics accumulates in fp32
         expected = last_value(read_metrics(tmp_path / "single"), key)
         assert last_value(read_metrics(tmp_path / "ddp"), key) == pytest.approx(expected, rel=1e-6)
+    # a validation between training steps: the compiled forward went from training to evaluation and back
+    assert [row["step"] for row in read_metrics(tmp_path / "ddp") if row.get("val/loss")][:1] == ["15"]
 
 
 # -- bad input -----------------------------------------------------------------------------------------------------

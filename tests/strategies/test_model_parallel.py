@@ -37,6 +37,8 @@ FP64 = ["--trainer.precision=64-true", "--trainer.val_check_interval=8"]
 FSDP2 = ["--trainer.strategy=fsdp2", "--trainer.devices=2"]
 DROPOUT = ["--model.init_args.dropout=0.2"]  # the training step draws random numbers: a resume restores them
 STEPS = 24
+#: the slow tests read one module-scoped set of runs: one worker trains it once
+pytestmark = pytest.mark.xdist_group("test_model_parallel")
 
 
 # -- fast: the pieces ----------------------------------------------------------------------------------------------

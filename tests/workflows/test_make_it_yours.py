@@ -190,7 +190,8 @@ def test_make_it_yours_leaves_a_project_that_trains_lints_and_passes_its_tests(t
     assert collected.returncode == 0, collected.stdout[-6000:] + collected.stderr[-3000:]
     assert "error" not in collected.stdout.lower().splitlines()[-1], collected.stdout[-3000:]
     smoke = ["tests/test_cli.py", "tests/test_architecture.py", "tests/data/test_sampling.py"]
-    tests = run(copy, sys.executable, "-m", "pytest", "-m", "not slow and not slurm", "-q", "-x", "-p",
+    # in one process (-n0): a small subset, which pytest-xdist's workers would take longer to start than to run
+    tests = run(copy, sys.executable, "-m", "pytest", "-m", "not slow and not slurm", "-q", "-x", "-n0", "-p",
                 "no:cacheprovider", *smoke)  # fmt: skip
     assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
     assert " passed" in tests.stdout.strip().splitlines()[-1]

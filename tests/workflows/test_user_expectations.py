@@ -19,7 +19,7 @@ from src.checks import check_sync_batchnorm
 from src.cli import main
 from src.errors import ConfigurationError
 from src.strategies import DataParallelStrategy
-from tests.conftest import REPO, TINY, cli_env, load_state, relative_difference
+from tests.conftest import REPO, TINY, load_state, relative_difference
 from tests.fixtures.batchnorm import BatchNormClassifier
 from tests.fixtures.workload import TinyClassifier
 
@@ -274,16 +274,4 @@ def test_compile_puts_a_compiled_forward_on_the_module_and_takes_it_back():
     assert "forward" not in model.__dict__
 
 
-@pytest.mark.slow  # about 60 s: inductor compiles in 2 processes
-def test_ddp_compile_compiles_the_forward_not_the_step(tmp_path, run_cli):
-    # Lightning runs a ddp step through the wrapped module's call; were the call compiled, dynamo would trace the
-    # step, break its graph in the torchmetrics updates and recompile them until torch's limit
-    result = run_cli(
-        "fit", *TINY, "--compile=true", "--trainer.max_steps=12", "--trainer.val_check_interval=6",
-        "--trainer.strategy=ddp", "--trainer.devices=2", "--progress_bar=none",
-        f"--trainer.default_root_dir={tmp_path}", env=cli_env(TORCH_LOGS="graph_breaks"),
-    )  # fmt: skip
-    assert "compiling TinyClassifier.forward with torch.compile (backend inductor)" in result.stderr
-    assert "recompile" not in result.stderr.lower()
-    assert "Graph break" not in result.stderr
-    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
+# under ddp, with inductor, over training and validation: tests/callbacks/test_compile.py
