@@ -601,6 +601,13 @@ class StackDumps(Callback):
             views.append(view)
         text = hang_report(self.rank, describe(exception), sorted(views, key=lambda v: v.rank), self.folder)
         attach_collective_report(exception, text)  # src/errors.py prints it
+        # a rank stuck in its own code never times out: under srun (which leaves the other tasks running when one
+        # fails) it would hold the job until its time limit; its stacks are taken, so end it (this host only)
+        for view in views:
+            stuck = view.rank != self.rank and view.frames is not None and collective_of(view.frames) is None
+            if stuck and alive_here(view.state):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(view.state["pid"]), signal.SIGKILL)
 
     def _report_spawned(self, trainer: L.Trainer, exception: BaseException) -> None:
         """The report of a ddp_spawn worker's failed collective, made by the launching process once torch has

@@ -28,6 +28,7 @@ from src import checks
 from src.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from src.errors import ConfigurationError
 from tests.conftest import REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
+from tests.zoo import stuck
 
 MAX_STEPS = 40  # 16 steps per epoch: the run crosses two epoch ends (validation, best-*.ckpt)
 PREEMPT_AFTER = 8  # signal the job once it has done this many steps
@@ -250,6 +251,23 @@ def test_preempted_job_saves_requeues_and_resumes_exactly(
     wandb_id = (run_dir / "wandb_run_id").read_text().strip()
     starts = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(starts) == 2 and all(p.name.endswith(f"-{wandb_id}") for p in starts), starts
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_stuck_task_is_named_with_its_line_and_the_job_ends(jobs: Jobs) -> None:
+    """srun leaves the other tasks running when one fails: the report ends the stuck one, so the job ends too."""
+    run_dir = jobs.folder / "run"
+    model = ["--model=tests.zoo.stuck.SleepyClassifier", "--model.init_args.stuck_at_step=3"]
+    stuck_args = [*model, "--collective_timeout=10"]
+    job = jobs.submit("slurm/cpu.sbatch", RUN_DIR=str(run_dir), EXTRA_ARGS=" ".join([*TRAIN_ARGS, *stuck_args]))
+    started = time.monotonic()
+    (record,) = jobs.wait(job, timeout=120)
+    log = jobs.logs()
+    assert record["JobState"] == "FAILED" and time.monotonic() - started < 90, log
+    line = next(i for i, text in enumerate(Path(stuck.__file__).read_text().splitlines(), 1) if "STUCK" in text)
+    assert f"Rank 1 did not arrive: it is at step 3, in training_step, at {stuck.__file__}:{line}" in log, log
+    assert (run_dir / "stacks" / "rank-0.txt").is_file() and (run_dir / "stacks" / "rank-1.txt").is_file()
 
 
 @pytest.mark.slurm
