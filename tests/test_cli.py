@@ -1,5 +1,6 @@
 """The command line: defaults, config round trips, env vars, any model/data class (bad input: test_errors.py)."""
 
+import sys
 import textwrap
 from datetime import timedelta
 
@@ -12,7 +13,7 @@ from src.cli import TemplateCLI, main
 from src.compat import collective_timeout
 from src.launch import strategy_name, strategy_options
 from src.strategies.model_parallel import ClipAcrossMeshes
-from tests.conftest import REPO, TINY, cli_env, last_value, read_metrics
+from tests.conftest import TINY, last_value, read_metrics
 
 
 def print_config(capsys, *args: str) -> dict:
@@ -112,34 +113,37 @@ CUSTOM_MODULE = textwrap.dedent(
 )
 
 
-def test_any_importable_model_and_data_module_can_be_trained(tmp_path, run_cli):
+def test_any_importable_model_and_data_module_can_be_trained(tmp_path, monkeypatch):
     (tmp_path / "my_pkg").mkdir()
     (tmp_path / "my_pkg" / "__init__.py").write_text(CUSTOM_MODULE)
-    env = cli_env(PYTHONPATH=f"{REPO}:{tmp_path}")
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable as a user's package is, from the path
     run_dir = tmp_path / "run"
-    run_cli(
-        "fit",
-        "--model=my_pkg.LineFit",
-        "--data=my_pkg.LineData",
-        "--data.init_args.slope=2.5",
-        "--trainer.accelerator=cpu",
-        "--trainer.max_epochs=30",
-        f"--trainer.default_root_dir={run_dir}",
-        env=env,
+    main(
+        [
+            "fit",
+            "--model=my_pkg.LineFit",
+            "--data=my_pkg.LineData",
+            "--data.init_args.slope=2.5",
+            "--trainer.accelerator=cpu",
+            "--trainer.max_epochs=30",
+            "--progress_bar=none",
+            f"--trainer.default_root_dir={run_dir}",
+        ]
     )
     rows = read_metrics(run_dir)
     assert last_value(rows, "val/loss") < 0.05  # it learned y = 2.5 x
     saved = yaml.safe_load((run_dir / "logs" / "version_0" / "config.yaml").read_text())
     assert saved["model"]["class_path"] == "my_pkg.LineFit"
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    sys.modules.pop("my_pkg", None)
 
 
-def test_resumed_run_reuses_its_directory_and_keeps_earlier_logs(tmp_path, run_cli):
+def test_resumed_run_reuses_its_directory_and_keeps_earlier_logs(tmp_path):
     run_dir = tmp_path / "run"
-    common = [*TINY, f"--trainer.default_root_dir={run_dir}", "--trainer.limit_val_batches=2"]
-    run_cli("fit", *common, "--trainer.max_steps=6")
+    common = [*TINY, f"--trainer.default_root_dir={run_dir}", "--trainer.limit_val_batches=2", "--progress_bar=none"]
+    main(["fit", *common, "--trainer.max_steps=6"])
     first_metrics = (run_dir / "logs" / "version_0" / "metrics.csv").read_bytes()
-    run_cli("fit", *common, "--trainer.max_steps=12", "--ckpt_path=last")
+    main(["fit", *common, "--trainer.max_steps=12", "--ckpt_path=last"])
     assert (run_dir / "logs" / "version_0" / "metrics.csv").read_bytes() == first_metrics
     assert (run_dir / "logs" / "version_1" / "config.yaml").is_file()
     import torch

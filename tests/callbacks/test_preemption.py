@@ -23,7 +23,12 @@ import torch
 
 from src.checkpoints.files import is_intact
 from src.cli import main
+from tests.callbacks.test_continuation import assert_same_run as assert_same_continuation
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics
+from tests.test_quiet import assert_no_noise, newcomer_env_in
+
+#: the uninterrupted runs are shared by the tests: one worker trains them once
+pytestmark = pytest.mark.xdist_group("test_preemption")
 
 STEPS = 40  # 16 optimizer steps per epoch: two and a half epochs
 COMMON = [
@@ -157,7 +162,8 @@ def test_time_based_validation_stop_and_resume(tmp_path):
         "--trainer.callbacks+=tests.helpers.Pace",
         "--trainer.callbacks.seconds=0.2",
     ]
-    main(["fit", *timed, f"--trainer.default_root_dir={tmp_path / 'straight'}"])
+    unpaced = timed[: timed.index("--trainer.callbacks+=tests.helpers.Pace")]  # pacing changes no weight
+    main(["fit", *unpaced, f"--trainer.default_root_dir={tmp_path / 'straight'}"])
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as stopped:
         main(["fit", *timed, f"--trainer.default_root_dir={run_dir}", *signal_at_step(14)])
@@ -176,7 +182,9 @@ def test_time_based_validation_stop_and_resume(tmp_path):
 # -- the stop signals from outside, as a person, a scheduler or Kubernetes sends them ---------------------------
 
 
-def start(run_dir: Path, *args: str, **env: str) -> tuple[subprocess.Popen, Path]:
+def start(
+    run_dir: Path, *args: str, environment: dict[str, str] | None = None, **env: str
+) -> tuple[subprocess.Popen, Path]:
     progress = run_dir.parent / f"{run_dir.name}.progress"
     command = [
         sys.executable,
@@ -190,7 +198,7 @@ def start(run_dir: Path, *args: str, **env: str) -> tuple[subprocess.Popen, Path
         *args,
     ]
     process = subprocess.Popen(
-        command, cwd=REPO, env=cli_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command, cwd=REPO, env=environment or cli_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     return process, progress
 
@@ -207,47 +215,102 @@ def wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: f
     raise AssertionError(f"{path} did not reach {count} lines")
 
 
+DDP = ["--trainer.strategy=ddp", "--trainer.devices=2"]
+DDP_SPAWN = ["--trainer.strategy=ddp_spawn", "--trainer.devices=2"]
+#: ddp_spawn computes what ddp does, bit for bit (the same seeds on each rank, the same all-reduce): one
+#: uninterrupted ddp run is the reference of both
+STRAIGHT_OF = {"ddp": DDP, "ddp_spawn": DDP}
+
+
+@pytest.fixture(scope="module")
+def straight_multi_process(tmp_path_factory) -> dict[str, Path]:
+    """The uninterrupted two-process run a stopped ddp or ddp_spawn run is compared with, trained on first use."""
+    runs: dict[str, Path] = {}
+
+    def run(launcher: str) -> Path:
+        strategy = STRAIGHT_OF[launcher]
+        key = strategy[0]
+        if key not in runs:
+            run_dir = tmp_path_factory.mktemp("straight") / "run"
+            command = [
+                sys.executable,
+                "-m",
+                "src.cli",
+                "fit",
+                *COMMON,
+                *strategy,
+                f"--trainer.default_root_dir={run_dir}",
+            ]
+            subprocess.run(command, cwd=REPO, env=cli_env(), check=True, capture_output=True)
+            runs[key] = run_dir
+        return runs[key]
+
+    return run  # type: ignore[return-value]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "strategy"),
-    [
-        ("SIGINT", []),
-        ("SIGTERM", ["--trainer.strategy=ddp", "--trainer.devices=2"]),
-        ("SIGTERM", ["--trainer.strategy=ddp_spawn", "--trainer.devices=2"]),
-    ],
+    [("SIGINT", []), ("SIGTERM", DDP), ("SIGTERM", DDP_SPAWN)],
     ids=["ctrl-c", "sigterm-to-rank-0-of-ddp", "sigterm-to-the-launcher-of-ddp_spawn"],
 )
-def test_signal_from_outside_saves_stops_with_its_exit_code_and_resumes_exactly(name, strategy, tmp_path):
+def test_signal_from_outside_saves_stops_with_its_exit_code_and_resumes_exactly(
+    name, strategy, straight_multi_process, tmp_path
+):
+    """The ddp run is also a newcomer's (no warning filters of the test suite, `srun` on PATH, the model summary
+    on): stopped and resumed, no rank prints a line of noise (tests/test_quiet.py). It is started with
+    ``max_steps=20``, resumed to its end, and then continued with the larger limit of the others (40): a finished
+    ddp run continued equals the uninterrupted one in every value its last.ckpt holds
+    (tests/callbacks/test_continuation.py)."""
     run_dir = tmp_path / "run"
-    process, progress = start(run_dir, *strategy)
+    quiet = strategy == DDP
+    environment = newcomer_env_in(tmp_path) if quiet else None
+    extra = ["--trainer.enable_model_summary=true"] if quiet else []
+    first_limit = ["--trainer.max_steps=20"] if quiet else []
+    process, progress = start(run_dir, *strategy, *extra, *first_limit, environment=environment)
     wait_for_lines(progress, 6, process)
     process.send_signal(signal.Signals[name])  # to the launched process only: under ddp, rank 0
-    _, stderr = process.communicate(timeout=120)
+    stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.Signals[name], stderr[-3000:]
     assert f"{name}: saved" in stderr and "--ckpt_path=last" in stderr
     assert "Traceback" not in stderr
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
-    assert 6 <= saved < STEPS
-    straight = tmp_path / "straight"
-    for args in (
-        [f"--trainer.default_root_dir={straight}"],
-        [f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last"],
-    ):
-        if strategy:  # Lightning's launchers re-run the command: a process of its own
-            command = [sys.executable, "-m", "src.cli", "fit", *COMMON, *strategy, *args]
-            subprocess.run(command, cwd=REPO, env=cli_env(), check=True, capture_output=True)
-        else:
-            main(["fit", *COMMON, *args])
+    assert 6 <= saved < (20 if quiet else STEPS)
+    resume = [f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last"]
+
+    def launch(*args: str) -> str:  # Lightning's launchers re-run the command: a process of its own
+        command = [sys.executable, "-m", "src.cli", "fit", *COMMON, *strategy, *extra, *args, *resume]
+        result = subprocess.run(command, cwd=REPO, env=environment or cli_env(), capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-6000:]
+        return result.stdout + result.stderr
+
+    if not strategy:
+        main(["fit", *COMMON, *resume])
+        straight = tmp_path / "straight"
+        main(["fit", *COMMON, f"--trainer.default_root_dir={straight}"])
+    elif quiet:
+        assert "preempted: SIGTERM: saved" in stderr
+        assert_no_noise(stdout + stderr)
+        resumed = launch(*first_limit)
+        assert "All distributed processes registered. Starting with 2 processes" in resumed
+        assert_no_noise(resumed)
+        assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 20
+        assert_no_noise(launch())  # continued to 40 steps
+        straight = straight_multi_process("ddp")
+        assert_same_continuation(run_dir, straight)
+    else:
+        launch()
+        straight = straight_multi_process(strategy[0].rpartition("=")[2])
     assert_same_run(run_dir, straight)
 
 
 @pytest.mark.slow
 def test_second_ctrl_c_stops_at_once_without_saving(tmp_path):
     run_dir = tmp_path / "run"
-    process, progress = start(run_dir, "--trainer.callbacks.seconds=3.0", "--trainer.limit_val_batches=0")
+    process, progress = start(run_dir, "--trainer.callbacks.seconds=2.0", "--trainer.limit_val_batches=0")
     wait_for_lines(progress, 1, process)
     process.send_signal(signal.SIGINT)
-    time.sleep(1.0)  # inside the 3 s step: the first Ctrl-C waits for the step's end, the second does not
+    time.sleep(1.0)  # inside the 2 s step: the first Ctrl-C waits for the step's end, the second does not
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr[-3000:]

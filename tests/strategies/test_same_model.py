@@ -1,8 +1,11 @@
 """Strategies train the same model: single device, dp, ddp and ddp_spawn, with accumulation and precision.
 
-fp64 runs show the math is identical (differences at rounding level, ~1e-14). fp32 runs agree to the level of
-float rounding amplified by training: the same single-process run with 1 thread instead of 2 differs by as
-much, so the fp32 tolerance is a rounding tolerance, not slack for a different computation.
+fp64 runs show the math is identical (differences at rounding level, ~1e-14); that fp32 ddp agrees with one
+process to fp32 rounding is shown by the ddp run of tests/workflows/test_reproducibility.py. Runs of one process
+(one device, dp on the CPU) train in this process; ddp and ddp_spawn launch the CLI. The ddp run is also stopped
+by a signal to rank 1 alone and resumed before it is compared: the ranks agree on the stop, and the resumed run
+ends with the one-process weights; the ddp_spawn run accumulates 2 micro-batches per process, which keeps the
+global batch and so the training.
 """
 
 import json
@@ -27,6 +30,9 @@ from tests.conftest import (
 )
 from tests.fixtures.workload import TinyClassifier, TinyData
 
+#: the reference fixture is shared by most tests: one worker trains it once
+pytestmark = pytest.mark.xdist_group("test_same_model")
+
 STEPS = 24  # optimizer steps per comparison run (global batch 32 of 512 samples: shuffled, crosses an epoch)
 FP64 = ["--trainer.precision=64-true"]
 SINGLE = ["--trainer.devices=1"]
@@ -36,25 +42,45 @@ DP_CPU = ["--trainer.strategy=dp", "--trainer.devices=2"]
 
 
 def fit(run_cli, run_dir: Path, *args: str) -> tuple[dict, list[dict]]:
-    run_cli("fit", *TINY, f"--trainer.default_root_dir={run_dir}", f"--trainer.max_steps={STEPS}", *args)
+    """Train ``STEPS`` steps: in this process for one process (``run_cli=None``), else through the CLI's launch."""
+    args = ("fit", *TINY, f"--trainer.default_root_dir={run_dir}", f"--trainer.max_steps={STEPS}", *args)
+    if run_cli is None:
+        main([*args, "--progress_bar=none"])
+    else:
+        run_cli(*args)
     return load_state(run_dir / "checkpoints" / "last.ckpt"), read_metrics(run_dir)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[dict, list[dict]]:
     """The single-process fp64 run every other strategy is compared with."""
-    run_dir = tmp_path_factory.mktemp("single")
-    args = [*TINY, f"--trainer.default_root_dir={run_dir}", f"--trainer.max_steps={STEPS}", *FP64, *SINGLE]
-    subprocess.run(
-        [sys.executable, "-m", "src.cli", "fit", *args], cwd=REPO, env=cli_env(), check=True, capture_output=True
-    )
-    return load_state(run_dir / "checkpoints" / "last.ckpt"), read_metrics(run_dir)
+    return fit(None, tmp_path_factory.mktemp("single"), *FP64, *SINGLE)
+
+
+#: rank 1 alone gets the preemption signal after step 7
+SIGNAL_RANK_1 = ["--trainer.callbacks+=tests.helpers.SignalAtStep", "--trainer.callbacks.step=7",
+                 "--trainer.callbacks.rank=1"]  # fmt: skip
+
+
+#: ddp_spawn accumulates 2 micro-batches of 8 in each of its 2 processes: the global batch and the training stay
+SPAWN_ACCUMULATE_2 = [*DDP_SPAWN, "--trainer.accumulate_grad_batches=2"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", [DDP, DDP_SPAWN, DP_CPU], ids=["ddp", "ddp_spawn", "dp"])
+@pytest.mark.parametrize(
+    "strategy", [DDP, SPAWN_ACCUMULATE_2, DP_CPU], ids=["ddp-stopped-on-rank-1", "ddp_spawn-accumulate2", "dp"]
+)
 def test_strategy_trains_the_same_model_as_one_process(strategy, reference, run_cli, tmp_path):
-    state, rows = fit(run_cli, tmp_path / "run", *FP64, *strategy)
+    run_dir = tmp_path / "run"
+    if strategy == DDP:  # stopped by the signal to rank 1 and resumed
+        args = [*TINY, f"--trainer.default_root_dir={run_dir}", f"--trainer.max_steps={STEPS}", *FP64, *DDP]
+        stopped = run_cli("fit", *args, *SIGNAL_RANK_1, check=False)
+        assert stopped.returncode == 75, stopped.stderr[-2000:]
+        # the ranks learn of the signal through an all-reduce read one step later: saved after step 8
+        assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
+        state, rows = fit(run_cli, run_dir, *FP64, *strategy, "--ckpt_path=last")
+    else:
+        state, rows = fit(None if strategy == DP_CPU else run_cli, run_dir, *FP64, *strategy)
     ref_state, ref_rows = reference
     assert relative_difference(ref_state, state) < 1e-10
     for key in ("val/loss", "val/acc"):  # torchmetrics accumulates in fp32
@@ -62,46 +88,10 @@ def test_strategy_trains_the_same_model_as_one_process(strategy, reference, run_
     assert last_value(rows, "step") == STEPS - 1
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "args",
-    [
-        [*SINGLE, "--trainer.accumulate_grad_batches=4"],  # 4 micro-batches of 8 in one process
-        [*DDP, "--trainer.accumulate_grad_batches=2"],  # 2 micro-batches of 8 in each of 2 processes
-    ],
-    ids=["single-accumulate4", "ddp2-accumulate2"],
-)
-def test_accumulation_and_per_process_batch_keep_the_same_training(args, reference, run_cli, tmp_path):
-    state, _ = fit(run_cli, tmp_path / "run", *FP64, *args)
+def test_accumulation_keeps_the_same_training(reference, tmp_path):
+    """4 micro-batches of 8 in one process (2 of 8 in each of 2 processes: the ddp_spawn run above)."""
+    state, _ = fit(None, tmp_path / "run", *FP64, *SINGLE, "--trainer.accumulate_grad_batches=4")
     assert relative_difference(reference[0], state) < 1e-10
-
-
-@pytest.mark.slow
-def test_fp32_strategies_agree_to_rounding(run_cli, tmp_path):
-    # measured here: ddp 5e-6 from one process; the same one-process run on 1 thread instead of 2: 2.5e-5
-    sgd = ["--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.lr=0.01"]
-    single, _ = fit(run_cli, tmp_path / "single", *sgd, *SINGLE)
-    for name, strategy in (("ddp", DDP), ("spawn", DDP_SPAWN)):
-        state, _ = fit(run_cli, tmp_path / name, *sgd, *strategy)
-        assert relative_difference(single, state) < 3e-5, name
-
-
-@pytest.mark.slow
-def test_preempted_ddp_run_resumes_to_the_uninterrupted_result(reference, run_cli, tmp_path):
-    """Only rank 1 gets the signal; both ranks agree, save, stop with status 75, and the resumed run ends equal."""
-    run_dir = tmp_path / "run"
-    common = [*TINY, f"--trainer.default_root_dir={run_dir}", f"--trainer.max_steps={STEPS}", *FP64, *DDP]
-    signal = [
-        "--trainer.callbacks+=tests.helpers.SignalAtStep",
-        "--trainer.callbacks.step=7",
-        "--trainer.callbacks.rank=1",
-    ]
-    stopped = run_cli("fit", *common, *signal, check=False)
-    assert stopped.returncode == 75, stopped.stderr[-2000:]
-    # the ranks learn of the signal through an all-reduce read one step later: saved after step 8
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
-    run_cli("fit", *common, "--ckpt_path=last")
-    assert relative_difference(reference[0], load_state(run_dir / "checkpoints" / "last.ckpt")) < 1e-10
 
 
 # -- dp on Lightning 2.x ---------------------------------------------------------------------------------------
@@ -154,22 +144,7 @@ def test_dp_on_cpu_runs_as_one_device_with_a_warning_and_the_same_result():
         assert torch.equal(single[key], dp[key]), key
 
 
-# -- precision ---------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_16_mixed_on_cpu_falls_back_to_bf16_and_says_so_once(run_cli, tmp_path):
-    result = run_cli(
-        "fit",
-        *TINY,
-        *DDP,
-        "--trainer.precision=16-mixed",
-        "--trainer.max_steps=3",
-        "--trainer.limit_val_batches=1",
-        f"--trainer.default_root_dir={tmp_path}",
-    )
-    output = result.stdout + result.stderr
-    assert output.count("Using `precision='bf16-mixed'` instead") == 1
+# -- precision (16-mixed on a CPU, bf16 said once under ddp: tests/test_quiet.py) -----------------------------------
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("bf16-true", torch.bfloat16), ("64-true", torch.float64)])

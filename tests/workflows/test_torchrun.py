@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from src.cli import main
 from tests.conftest import REPO, TINY, cli_env, load_state, relative_difference
 
-pytestmark = pytest.mark.slow
+#: the one-process reference is shared by both tests: one worker trains it once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_torchrun")]
 
 MAX_STEPS = 24
 ARGS = [
@@ -66,10 +68,9 @@ def last_checkpoint(run_dir: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def single_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The reference: one process, no torchrun."""
+    """The reference: one process, no torchrun (trained in this one)."""
     run_dir = tmp_path_factory.mktemp("single") / "run"
-    command = [sys.executable, "-m", "src.cli", "fit", *ARGS, "--trainer.devices=1"]
-    finish(start([*command, f"--trainer.default_root_dir={run_dir}"]))
+    main(["fit", *ARGS, "--trainer.devices=1", f"--trainer.default_root_dir={run_dir}"])
     yield run_dir
 
 
