@@ -182,21 +182,17 @@ def test_time_based_validation_stop_and_resume(tmp_path):
 # -- the stop signals from outside, as a person, a scheduler or Kubernetes sends them ---------------------------
 
 
+def fit_command(run_dir: Path, *args: str) -> list[str]:
+    """``python -m src.cli fit`` of this file's workload into ``run_dir``."""
+    return [sys.executable, "-m", "src.cli", "fit", *COMMON, f"--trainer.default_root_dir={run_dir}", *args]
+
+
 def start(
     run_dir: Path, *args: str, environment: dict[str, str] | None = None, **env: str
 ) -> tuple[subprocess.Popen, Path]:
     progress = run_dir.parent / f"{run_dir.name}.progress"
-    command = [
-        sys.executable,
-        "-m",
-        "src.cli",
-        "fit",
-        *COMMON,
-        f"--trainer.default_root_dir={run_dir}",
-        "--trainer.callbacks+=tests.helpers.Pace",
-        f"--trainer.callbacks.progress_file={progress}",
-        *args,
-    ]
+    pace = ["--trainer.callbacks+=tests.helpers.Pace", f"--trainer.callbacks.progress_file={progress}"]
+    command = fit_command(run_dir, *pace, *args)
     process = subprocess.Popen(
         command, cwd=REPO, env=environment or cli_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -232,16 +228,7 @@ def straight_multi_process(tmp_path_factory) -> dict[str, Path]:
         key = strategy[0]
         if key not in runs:
             run_dir = tmp_path_factory.mktemp("straight") / "run"
-            command = [
-                sys.executable,
-                "-m",
-                "src.cli",
-                "fit",
-                *COMMON,
-                *strategy,
-                f"--trainer.default_root_dir={run_dir}",
-            ]
-            subprocess.run(command, cwd=REPO, env=cli_env(), check=True, capture_output=True)
+            subprocess.run(fit_command(run_dir, *strategy), cwd=REPO, env=cli_env(), check=True, capture_output=True)
             runs[key] = run_dir
         return runs[key]
 
