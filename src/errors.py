@@ -223,7 +223,8 @@ def spawned_collective_failure(exception: BaseException) -> bool:
     worker's traceback: its last line is the collective's error."""
     if not isinstance(exception, ProcessRaisedException):
         return False
-    last = str(exception).strip().splitlines()[-1] if str(exception).strip() else ""
+    lines = str(exception).strip().splitlines()
+    last = lines[-1] if lines else ""
     return any(name in last for name in COLLECTIVE_BACKENDS) and any(text in last for text in COLLECTIVE_FAILURE_TEXTS)
 
 
