@@ -71,7 +71,10 @@ class TemplateCLI(LightningCLI):
         register_model_parallel_strategies()
         per_subcommand = {"default_config_files": [str(DEFAULT_CONFIG)], "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        kwargs.setdefault("trainer_class", TuningTrainer)  # a Trainer with `tune` (src/tuning/)
+        #: a trainer_class given here runs every subcommand; else only `tune` builds src/tuning's Trainer
+        self.chosen_trainer_class = kwargs.get("trainer_class")
+        # the parser takes `tune`'s options from this class's `tune` method, as fit's from Trainer.fit
+        kwargs.setdefault("trainer_class", TuningTrainer)
         super().__init__(
             model_class=L.LightningModule,
             datamodule_class=L.LightningDataModule,
@@ -107,6 +110,8 @@ class TemplateCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         self._parse_with_the_chosen_classes_defaults(parser, args)
         subcommand = self.config.get("subcommand")
+        if subcommand != "tune" and self.chosen_trainer_class is None:
+            self.trainer_class = L.Trainer  # fit, validate, test and predict run on Lightning's own Trainer
         strategy_as_class(self.config[subcommand].trainer if subcommand is not None else self.config.trainer)
         if subcommand is None:
             return

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import math
 
+import lightning as L
 import pytest
 import yaml
 from torch import Tensor
 
-from src.cli import main
+from src.cli import TemplateCLI, main
 from src.data.sampling import per_process_batch_size
+from src.tuning import Trainer as TuningTrainer
 from src.tuning import global_batch_size, scaled_lr
 from tests.conftest import TINY, read_metrics
 from tests.fixtures.workload import TinyClassifier
@@ -96,3 +98,11 @@ def test_the_global_batch_divides_and_the_learning_rate_scales_by_the_chosen_rul
     assert scaled_lr(1e-3, 16, 64, "sqrt") == pytest.approx(2e-3)
     assert scaled_lr(1e-3, 16, 64, "none") == 1e-3
     assert math.isclose(scaled_lr(2e-3, 64, 16, "sqrt"), 1e-3)
+
+
+def test_only_tune_builds_the_trainer_with_a_tune_method(tmp_path):
+    fit = TemplateCLI(["fit", *TINY, "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path / 'fit'}"])
+    assert type(fit.trainer) is L.Trainer and fit.trainer.global_step == 1
+    tune = TemplateCLI(["tune", *LIMITED, "--steps_per_trial=1", "--lr_find_steps=0", "--max_batch_size=8",
+                        f"--trainer.default_root_dir={tmp_path / 'tune'}"])  # fmt: skip
+    assert type(tune.trainer) is TuningTrainer and (tmp_path / "tune" / "tuned.yaml").is_file()
