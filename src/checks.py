@@ -6,6 +6,7 @@ process group waiting forever; the checkpoint to resume is read here once and ch
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Mapping, Sequence
@@ -465,19 +466,36 @@ def check_checkpoint_fits(model: Any, checkpoint: Mapping[str, Any], path: Path)
     )
 
 
+def config_files(args: Sequence[Any]) -> list[str]:
+    """The values of ``--config`` among the arguments, in order (files, or YAML strings given in their place)."""
+    args = [str(a) for a in args]
+    return [
+        args[i + 1] if a == "--config" else a.split("=", 1)[1]
+        for i, a in enumerate(args)
+        if (a == "--config" and i + 1 < len(args)) or a.startswith("--config=")
+    ]
+
+
+def load_config_file(name: str) -> Any:
+    """A ``--config`` file's contents (raises ``yaml.YAMLError``), read once per process and change."""
+    path = Path(name)
+    return _load_yaml(str(path.resolve()), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_yaml(path: str, mtime_ns: int) -> Any:
+    return yaml.safe_load(Path(path).read_text())
+
+
 def yaml_problem(args: Any) -> str | None:
     """The first ``--config`` file among the arguments that is not valid YAML, as a one-paragraph error."""
     if not isinstance(args, (list, tuple)):
         return None
-    args = [str(a) for a in args]
-    files = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
-    files += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
-    for name in files:
-        path = Path(name)
-        if not path.is_file():
+    for name in config_files(args):
+        if not Path(name).is_file():
             continue  # jsonargparse reports a missing file (or a YAML string given in place of a path)
         try:
-            yaml.safe_load(path.read_text())
+            load_config_file(name)
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

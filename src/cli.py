@@ -36,6 +36,7 @@ from src.checks import (
     check_sequence_length,
     check_sync_batchnorm,
     import_class,
+    load_config_file,
 )
 from src.compat import registered_with, skip_default_config_files
 from src.data.base import GlobalBatchDataModule
@@ -47,7 +48,7 @@ from src.launch import (
     strategy_name,
     strategy_options,
 )
-from src.options import PROG, TemplateArgumentParser, add_config_option, add_template_options
+from src.options import CLASSES, PROG, TemplateArgumentParser, add_config_option, add_template_options, chosen_classes
 from src.quiet import silence_known_noise
 from src.run_dir import place_loggers, shared_random_seed
 from src.strategies import register_dp_strategy, register_model_parallel_strategies
@@ -66,6 +67,7 @@ class TemplateCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         #: the ``--ckpt_path`` file and its contents, read once before launch for the checks
         self.resumed: tuple[Path, dict[str, Any]] | None = None
+        self.runs_a_subcommand = run  # run=False: one parser, the options at the top level
         silence_known_noise()  # src/quiet.py: the lines every run printed that say nothing about the run
         register_dp_strategy()
         register_model_parallel_strategies()
@@ -130,38 +132,53 @@ class TemplateCLI(LightningCLI):
             config["seed_everything"] = shared_random_seed()
 
     def _parse_with_the_chosen_classes_defaults(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse so that ``--model=X`` / ``--data=Y`` start from their own defaults, not the init_args the default
-        config's class shares with them by name (jsonargparse keeps those): parse again without that section."""
+        """Parse once, so that ``--model=X`` / ``--data=Y`` start from their own defaults, not the init_args that the
+        default config's class shares with them by name (jsonargparse keeps those).
+
+        The classes are read from the arguments before parsing (``--model``, ``--model.class_path`` and the
+        ``--config`` files, the last one winning, as jsonargparse takes them); where one differs from the default
+        config's, the default config is given without that section. A class the arguments do not name plainly (an
+        environment variable, a short class name) is seen only in the parsed config: that one case parses again.
+        """
         argv = list(sys.argv[1:] if args is None else args) if isinstance(args, (list, tuple, type(None))) else None
         if argv is None:
             super().parse_arguments(parser, args)
             return
-        printing = [a for a in argv if str(a).startswith("--print_config")]
+        subcommand = next((a for a in argv if a in SUBCOMMANDS), None) if self.runs_a_subcommand else None
+        chosen = chosen_classes(argv, subcommand)
+        rebased = self._rebased_arguments(argv, subcommand, chosen)
+        unresolved = any(name and import_class(name) is None for name in chosen.values())
+        unresolved |= any(key.startswith("PL_") and key.endswith(("__MODEL", "__DATA")) for key in os.environ)
+        # --print_config prints while parsing: where a class may still show only in the parsed config, it waits
+        printing = [a for a in argv if str(a).startswith("--print_config")] if unresolved else []
         with warnings.catch_warnings():
-            # the arguments are sys.argv's, passed on explicitly to be parsed twice
+            # the arguments are sys.argv's, passed on explicitly so that they can be rebased
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-            super().parse_arguments(parser, [a for a in argv if a not in printing])
-            rebased = self._rebased_arguments(argv)
-            if rebased is not None or printing:
-                super().parse_arguments(parser, rebased if rebased is not None else argv)
+            super().parse_arguments(parser, [a for a in rebased or argv if a not in printing])
+            if unresolved:
+                parsed = self.config[subcommand] if subcommand is not None else self.config
+                named = {key: (parsed.get(key) or Namespace()).get("class_path") for key in CLASSES}
+                late = self._rebased_arguments(argv, subcommand, named)
+                if late != rebased or printing:
+                    super().parse_arguments(parser, late or argv)
 
-    def _rebased_arguments(self, argv: list[str]) -> list[str] | None:
-        subcommand = self.config.get("subcommand")  # None with run=False: one parser, options at the top level
-        if subcommand is not None and subcommand not in argv:
+    def _rebased_arguments(self, argv: list[str], subcommand: str | None, chosen: dict[str, Any]) -> list[str] | None:
+        """The arguments with the default config replaced by itself without the sections of ``chosen``'s classes
+        that differ from its own; None where none differs."""
+        if not any(chosen.values()):
             return None
-        config = self.config[subcommand] if subcommand is not None else self.config
-        defaults = yaml.safe_load(DEFAULT_CONFIG.read_text()) or {}
-        chosen = {key: config[key].get("class_path") for key in ("model", "data")}
+        defaults = load_config_file(str(DEFAULT_CONFIG)) or {}
         changed = [
             key
             for key, class_path in chosen.items()
-            if isinstance(defaults.get(key), dict)
+            if class_path
+            and isinstance(defaults.get(key), dict)
+            and import_class(str(class_path)) is not None
             and import_class(str(class_path)) is not import_class(defaults[key]["class_path"])
         ]
         if not changed:
             return None
-        # the default config file is replaced by the same file without those sections
-        skip_default_config_files(self, subcommand)
+        skip_default_config_files(self, subcommand)  # replaced by the same file without those sections
         base = yaml.safe_dump({key: value for key, value in defaults.items() if key not in changed})
         at = argv.index(subcommand) + 1 if subcommand is not None else 0
         return [*argv[:at], "--config", base, *(f"--{key}={chosen[key]}" for key in changed), *argv[at:]]

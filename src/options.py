@@ -5,14 +5,16 @@ parser whose errors are one paragraph."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+import yaml
 from jsonargparse import ActionConfigFile, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
 from src.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from src.checkpoints.resume import checkpoint_dir
-from src.checks import yaml_problem
+from src.checks import load_config_file, yaml_problem
 from src.errors import debug_mode
 from src.launch import COLLECTIVE_TIMEOUT_S
 
@@ -105,3 +107,33 @@ def add_config_option(parser: LightningArgumentParser) -> None:
         " order and a later one wins: a --config file overrides the flags given before it, a flag overrides the"
         " files before it. Put --config files first and flags after them.",
     )
+
+
+#: the config sections whose class a command line may change
+CLASSES = ("model", "data")
+
+
+def chosen_classes(argv: list[str], subcommand: str | None) -> dict[str, str | None]:
+    """The ``class_path`` of the model and data module that the arguments name (None where they name none), read
+    as jsonargparse reads them: ``--model=X``, ``--model X``, ``--model.class_path=X`` and the sections of
+    ``--config`` files or YAML strings, in order, the last one winning."""
+    chosen: dict[str, str | None] = dict.fromkeys(CLASSES)
+    options = argv[argv.index(subcommand) + 1 :] if subcommand is not None else argv
+    for index, argument in enumerate(options):
+        name, equals, value = str(argument).partition("=")
+        if not equals:
+            value = str(options[index + 1]) if index + 1 < len(options) else ""
+        if name == "--config":
+            try:
+                sections = load_config_file(value) if Path(value).is_file() else yaml.safe_load(value)
+            except yaml.YAMLError:
+                continue  # the parser says what is wrong with it
+            for key in CLASSES if isinstance(sections, dict) else ():
+                section = sections.get(key)
+                class_path = section.get("class_path") if isinstance(section, dict) else section
+                if isinstance(class_path, str):
+                    chosen[key] = class_path
+        for key in CLASSES:
+            if name in (f"--{key}", f"--{key}.class_path") and value and not value.startswith("-"):
+                chosen[key] = value
+    return chosen

@@ -3,13 +3,15 @@
 import sys
 import textwrap
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import yaml
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
 
-from src.cli import TemplateCLI, main
+from src.cli import DEFAULT_CONFIG, TemplateCLI, main
 from src.compat import collective_timeout
 from src.launch import strategy_name, strategy_options
 from src.strategies.model_parallel import ClipAcrossMeshes
@@ -53,6 +55,41 @@ def test_environment_variables_set_any_option(capsys, monkeypatch):
     assert config["trainer"]["max_steps"] == 33
     assert config["data"]["class_path"] == "tests.fixtures.workload.TinyData"
     assert config["data"]["init_args"]["batch_size"] == 64
+
+
+TINY_CLASSES = ["--model=tests.fixtures.workload.TinyClassifier", "--data=tests.fixtures.workload.TinyData"]
+
+
+@pytest.mark.parametrize("how", ["flags", "config-file", "short-name"])
+def test_other_classes_start_from_their_own_defaults_in_one_parse(how, tmp_path, capsys, monkeypatch):
+    classes = tmp_path / "classes.yaml"  # a config file naming both classes
+    classes.write_text(
+        "model:\n  class_path: tests.fixtures.workload.TinyClassifier\ndata: tests.fixtures.workload.TinyData\n"
+    )
+    chosen = {
+        "flags": TINY_CLASSES,
+        "config-file": ["--config", str(classes)],
+        "short-name": ["--model=TinyClassifier", TINY_CLASSES[1]],  # resolved by the parser: parsed twice
+    }[how]
+    parses, reads = [], []
+    parse_arguments, read_text = LightningCLI.parse_arguments, Path.read_text
+
+    def counted_parse(self, parser, args):
+        parses.append(args)
+        return parse_arguments(self, parser, args)
+
+    def counted_read(self, *args, **kwargs):
+        reads.extend([self] if self.name == DEFAULT_CONFIG.name else [])
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(LightningCLI, "parse_arguments", counted_parse)
+    monkeypatch.setattr(Path, "read_text", counted_read)
+    config = print_config(capsys, *chosen)
+    assert len(parses) == (2 if how == "short-name" else 1)
+    assert len(reads) <= 1  # the template's own read; the parser then reads none of configs/default.yaml
+    # TinyClassifier's own learning rate, not configs/default.yaml's AdamW section (lr 0.003), which it shares
+    assert config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 0.001
+    assert config["data"]["class_path"] == "tests.fixtures.workload.TinyData"
 
 
 def test_help_lists_model_data_and_optimizer_options(capsys):

@@ -15,7 +15,7 @@ from src.checks import check_compile
 from src.cli import TemplateCLI, main
 from src.data.base import GlobalBatchDataModule
 from src.strategies import DataParallelStrategy
-from tests.conftest import TINY, cli_env, load_state, relative_difference
+from tests.conftest import TINY, load_state, relative_difference
 
 
 class TinyRegression(L.LightningModule):
@@ -139,7 +139,7 @@ def test_supported_strategies_are_single_device_and_the_ddp_family():
 def test_compiled_ddp_spawn_trains_like_one_eager_device(tmp_path, run_cli):
     main(["fit", *TINY_USER, f"--trainer.default_root_dir={tmp_path / 'eager'}"])
     # aot_eager: the same graph capture and autograd split as inductor, without its code generation (ddp compiles
-    # with inductor: the next test)
+    # with inductor: tests/examples/test_image.py)
     result = run_cli(
         "fit", *TINY_USER, "--trainer.strategy=ddp_spawn", "--trainer.devices=2",
         "--trainer.callbacks+=src.callbacks.compile.CompileModel", "--trainer.callbacks.backend=aot_eager",
@@ -149,25 +149,4 @@ def test_compiled_ddp_spawn_trains_like_one_eager_device(tmp_path, run_cli):
     eager = load_state(tmp_path / "eager" / "checkpoints" / "last.ckpt")
     compiled = load_state(tmp_path / "ddp_spawn" / "checkpoints" / "last.ckpt")
     assert list(compiled) == list(eager)
-    assert relative_difference(eager, compiled) < 1e-10
-
-
-@pytest.mark.slow  # inductor compiles in 2 processes
-def test_ddp_compile_compiles_the_forward_not_the_step_and_trains_like_one_eager_device(tmp_path, run_cli):
-    # Lightning runs a ddp step through the wrapped module's call; were the call compiled, dynamo would trace the
-    # step, break its graph in the torchmetrics updates and recompile them until torch's limit
-    common = [*TINY, "--trainer.precision=64-true", "--trainer.max_steps=12", "--trainer.val_check_interval=6"]
-    common += ["--progress_bar=none"]
-    main(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'eager'}"])
-    result = run_cli(
-        "fit", *common, "--compile=true", "--trainer.strategy=ddp", "--trainer.devices=2",
-        f"--trainer.default_root_dir={tmp_path / 'ddp'}", env=cli_env(TORCH_LOGS="graph_breaks"),
-    )  # fmt: skip
-    assert "compiling TinyClassifier.forward with torch.compile (backend inductor)" in result.stderr
-    assert "recompile" not in result.stderr.lower()
-    assert "Graph break" not in result.stderr
-    assert torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
-    eager = load_state(tmp_path / "eager" / "checkpoints" / "last.ckpt")
-    compiled = load_state(tmp_path / "ddp" / "checkpoints" / "last.ckpt")
-    assert list(compiled) == list(eager) and not any("_orig_mod" in key for key in compiled)
     assert relative_difference(eager, compiled) < 1e-10

@@ -274,4 +274,4 @@ def test_compile_puts_a_compiled_forward_on_the_module_and_takes_it_back():
     assert "forward" not in model.__dict__
 
 
-# under ddp, with inductor, over training and validation: tests/callbacks/test_compile.py
+# under ddp, with inductor, over training and validation: tests/examples/test_image.py and test_gpt_model_parallel.py
