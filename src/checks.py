@@ -26,7 +26,7 @@ from src.errors import DEBUG_ENV, ConfigurationError, describe
 
 GPU_ACCELERATORS = ("gpu", "cuda")
 #: strategies that run one process per device (the world size is devices x num_nodes)
-MULTIPROCESS_PREFIXES = ("ddp", "fsdp", "deepspeed", "tensor_parallel")
+MULTIPROCESS_PREFIXES = ("ddp", "fsdp", "deepspeed", "tensor_parallel", "pipeline")
 
 
 #: Lightning ignores SLURM in a job with one of these names (``salloc`` names its job ``interactive``)
@@ -101,6 +101,12 @@ def world_size(strategy: str | None, devices: int, num_nodes: int) -> int:
     if strategy is None or strategy == "auto" or strategy.startswith(MULTIPROCESS_PREFIXES):
         return devices * num_nodes
     return 1  # single_device, dp
+
+
+def process_count(trainer: Mapping[str, Any]) -> int:
+    """Processes the ``trainer`` section asks for (devices per node times nodes; 1 where that cannot be told)."""
+    devices = requested_devices(trainer.get("devices", "auto"), resolve_accelerator(trainer.get("accelerator", "auto")))
+    return (devices or 1) * int(trainer.get("num_nodes") or 1)
 
 
 def check_strategy(strategy: str | None) -> None:

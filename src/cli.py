@@ -37,6 +37,7 @@ from src.checks import (
     check_sync_batchnorm,
     import_class,
     load_config_file,
+    process_count,
 )
 from src.compat import registered_with, skip_default_config_files
 from src.data.base import GlobalBatchDataModule
@@ -51,7 +52,8 @@ from src.launch import (
 from src.options import CLASSES, PROG, TemplateArgumentParser, add_config_option, add_template_options, chosen_classes
 from src.quiet import silence_known_noise
 from src.run_dir import place_loggers, shared_random_seed
-from src.strategies import register_dp_strategy, register_model_parallel_strategies
+from src.strategies import register_dp_strategy, register_model_parallel_strategies, register_pipeline_strategy
+from src.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline
 from src.tuning import Trainer as TuningTrainer
 
 __all__ = ["DEFAULT_CONFIG", "TemplateCLI", "main", "shared_random_seed"]
@@ -71,6 +73,7 @@ class TemplateCLI(LightningCLI):
         silence_known_noise()  # src/quiet.py: the lines every run printed that say nothing about the run
         register_dp_strategy()
         register_model_parallel_strategies()
+        register_pipeline_strategy()
         per_subcommand = {"default_config_files": [str(DEFAULT_CONFIG)], "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         #: a trainer_class given here runs every subcommand; else only `tune` builds src/tuning's Trainer
@@ -120,6 +123,11 @@ class TemplateCLI(LightningCLI):
         config = self.config[subcommand]
         argv = sys.argv[1:] if args is None else args
         check_launch(config.trainer.as_dict(), batch_size=self._global_batch_size(config), args=argv)
+        if strategy_name(config.trainer.as_dict()) == PipelineStrategy.strategy_name:
+            model = import_class(str((config.get("model") or Namespace()).get("class_path")))
+            accumulate = int(config.trainer.get("accumulate_grad_batches") or 1)
+            options, processes = PipelineOptions(**config.pipeline.as_dict()), process_count(config.trainer.as_dict())
+            check_pipeline(options, processes, model, self._global_batch_size(config), accumulate)
         if config.get("compile"):
             check_compile(config.trainer.get("strategy"))
         # the checkpoint is read once, here, before LightningCLI rebuilds the model from its hyperparameters
@@ -252,6 +260,8 @@ class TemplateCLI(LightningCLI):
         strategy = strategy_name(trainer)
         flight_recorder_defaults(trainer, trainer.get("default_root_dir"))  # several CUDA processes only
         options = strategy_options(strategy, chosen.get("collective_timeout"), self.model)
+        if strategy == PipelineStrategy.strategy_name:
+            options.update(chosen.pipeline.as_dict())  # --pipeline.*
         if options:
             kwargs["strategy"] = strategy  # `auto` as `ddp`, where Lightning picks it
         callbacks, switches = template_callbacks(trainer, chosen, built, strategy)

@@ -217,6 +217,13 @@ def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> N
     strategy._tensor_parallel_size = tensor_parallel
 
 
+def set_device_mesh(strategy: Any, mesh: Any) -> None:
+    """Give a ``ModelParallelStrategy`` and its LightningModule another device mesh than the 2-D one it builds in
+    ``setup_environment`` (both keep it in ``_device_mesh``; ``configure_model`` reads ``module.device_mesh``)."""
+    strategy._device_mesh = mesh
+    strategy.lightning_module._device_mesh = mesh
+
+
 def collective_timeout(strategy: Any) -> timedelta | None:
     """How long a ``DDPStrategy``'s or ``ModelParallelStrategy``'s collectives wait: the timeout each creates its
     process group with, which neither exposes publicly (both keep it in ``_timeout``)."""

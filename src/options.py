@@ -17,6 +17,7 @@ from src.checkpoints.resume import checkpoint_dir
 from src.checks import load_config_file, yaml_problem
 from src.errors import debug_mode
 from src.launch import COLLECTIVE_TIMEOUT_S
+from src.strategies.pipeline import PipelineOptions
 
 PROG = "python -m src.cli"
 
@@ -85,6 +86,7 @@ def add_template_options(parser: LightningArgumentParser) -> None:
         " ddp_spawn (other strategies are refused before launch); checkpoints keep their keys. For a mode or"
         " backend, add src.callbacks.compile.CompileModel to --trainer.callbacks instead.",
     )
+    parser.add_class_arguments(PipelineOptions, "pipeline")  # for --trainer.strategy=pipeline
     parser.add_argument(
         "--collective_timeout",
         type=float | None,

@@ -500,6 +500,12 @@ def test_model_parallel_strategy_creates_its_process_group_and_mesh_with_what_co
         strategy.setup_environment()
         assert strategy.device_mesh.shape == (1, 1)
         assert strategy.device_mesh.mesh_dim_names == ("data_parallel", "tensor_parallel")
+        # another mesh (pipeline's 3-D one) for the strategy and the module's configure_model alike
+        names = ("pipeline", "data_parallel", "tensor_parallel")
+        mesh = dist.device_mesh.init_device_mesh("cpu", (1, 1, 1), mesh_dim_names=names)
+        compat.set_device_mesh(strategy, mesh)
+        assert strategy.device_mesh is mesh and strategy.lightning_module.device_mesh is mesh
+        assert strategy.distributed_sampler_kwargs == {"num_replicas": 1, "rank": 0}
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

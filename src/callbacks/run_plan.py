@@ -128,6 +128,7 @@ def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]
         "seed": int(os.environ["PL_GLOBAL_SEED"]) if "PL_GLOBAL_SEED" in os.environ else None,
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         **{f"{name}_bytes_per_rank": value for name, value in memory_per_rank(pl_module, trainer.optimizers).items()},
+        **(trainer.strategy.pipeline_plan() if hasattr(trainer.strategy, "pipeline_plan") else {}),  # pipeline
     }
 
 

@@ -1,4 +1,5 @@
-"""Sharded checkpoints (``fsdp2``, ``tensor_parallel``): tell one apart, replace one atomically, read one whole.
+"""Sharded checkpoints (``fsdp2``, ``tensor_parallel``, ``pipeline``): tell one apart, replace one atomically,
+read one whole.
 
 A sharded checkpoint is a folder named like a checkpoint file (``last.ckpt``, ``best-100.ckpt``) holding one
 shard file per rank (``torch.distributed.checkpoint``: ``*.distcp`` and ``.metadata``) and ``meta.pt``,
@@ -97,6 +98,32 @@ def _optimizer_state_by_position(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _optimizer_state_from_flat(flat: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    """The optimizer state of a ``pipeline`` checkpoint (``state.NAME.KEY`` and ``param_groups.NAME.KEY``, each stage's
+    own names) in one device's layout: positions in ``order`` (the whole model's parameter names, a tied weight
+    under its first name only; its other copy's entries are dropped), groups of equal settings in that order."""
+    position = {name: index for index, name in enumerate(order)}
+    state: dict[int, dict[str, Any]] = {}
+    settings: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        kind, _, rest = key.partition(".")
+        name, _, field = rest.rpartition(".")
+        if name not in position:
+            continue
+        if kind == "state":
+            state.setdefault(position[name], {})[field] = value
+        elif kind == "param_groups":
+            settings.setdefault(name, {})[field] = value
+    groups: list[dict[str, Any]] = []
+    for name in order:
+        group = next((g for g in groups if all(g[k] == v for k, v in settings.get(name, {}).items())), None)
+        if group is None:
+            group = {**settings.get(name, {}), "params": []}
+            groups.append(group)
+        group["params"].append(position[name])
+    return {"state": state, "param_groups": groups}
+
+
 def load_sharded_checkpoint(folder: str | Path) -> dict[str, Any]:
     """The whole checkpoint of a sharded folder in the single-file layout (read in this process, no process group).
 
@@ -116,6 +143,12 @@ def load_sharded_checkpoint(folder: str | Path) -> dict[str, Any]:
         checkpoint: dict[str, Any] = torch.load(flat, map_location="cpu", weights_only=False)
     checkpoint.update(torch.load(folder / METADATA_FILE, map_location="cpu", weights_only=False))
     optimizer_keys = sorted((k for k in checkpoint if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k[10:]))
+    order = (checkpoint.get("pipeline") or {}).get("parameter_order")  # src/strategies/pipeline.py
     if optimizer_keys:
-        checkpoint["optimizer_states"] = [_optimizer_state_by_position(checkpoint.pop(k)) for k in optimizer_keys]
+        checkpoint["optimizer_states"] = [
+            _optimizer_state_from_flat(checkpoint.pop(k), order)
+            if order
+            else _optimizer_state_by_position(checkpoint.pop(k))
+            for k in optimizer_keys
+        ]
     return checkpoint

@@ -6,6 +6,7 @@ the device has (flash or memory-efficient attention on GPUs).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -90,15 +91,31 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    def layers(self) -> list[Block]:
+        """The blocks this network holds, in order (under ``pipeline``, a stage's only)."""
+        return list(self.blocks.values() if isinstance(self.blocks, nn.ModuleDict) else self.blocks)
+
+    def keep_stage(self, first: int, end: int, last_stage: bool) -> None:
+        """Keep blocks ``first`` to ``end - 1`` (under their names: ``blocks.2`` stays ``blocks.2``), the embeddings
+        only where ``first`` is 0 and the final norm and output layer only on the ``last_stage``; the forward then
+        runs what is held, from token ids or the previous stage's activations."""
+        self.blocks = nn.ModuleDict({str(i): self.blocks[i] for i in range(first, end)})
+        if first > 0:
+            self.tok_emb = self.pos_emb = self.drop = None
+        if not last_stage:
+            self.ln_f = self.lm_head = None
+
     def forward(self, tokens: Tensor) -> Tensor:
-        time = tokens.shape[1]
-        if time > self.block_size:
-            raise ValueError(f"sequence of {time} tokens is longer than the model's block_size={self.block_size}")
-        positions = torch.arange(time, device=tokens.device)
-        x = self.drop(self.tok_emb(tokens) + self.pos_emb(positions))
-        for block in self.blocks:
+        x = tokens
+        if self.tok_emb is not None:  # the first pipeline stage, or the whole network
+            time = tokens.shape[1]
+            if time > self.block_size:
+                raise ValueError(f"sequence of {time} tokens is longer than the model's block_size={self.block_size}")
+            positions = torch.arange(time, device=tokens.device)
+            x = self.drop(self.tok_emb(tokens) + self.pos_emb(positions))
+        for block in self.layers():
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        return self.lm_head(self.ln_f(x)) if self.lm_head is not None else x
 
 
 class CausalLanguageModel(TemplateModule):
@@ -111,6 +128,8 @@ class CausalLanguageModel(TemplateModule):
         n_head: Attention heads per block.
         n_embd: Width of the residual stream.
         dropout: Dropout rate (0 keeps training identical across strategies).
+        pipeline_split: Under ``--trainer.strategy=pipeline``, the first block of each stage after the first (e.g.
+            ``[3]`` for two stages of blocks 0-2 and 3-5); unset, the blocks are balanced by parameter count.
         **kwargs: The optimizer and LR scheduler options (``TemplateModule``).
     """
 
@@ -122,11 +141,15 @@ class CausalLanguageModel(TemplateModule):
         n_head: int = 4,
         n_embd: int = 128,
         dropout: float = 0.0,
+        pipeline_split: list[int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.net = GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
+        #: of the whole network, also where a pipeline stage keeps part of it
+        self.num_parameters = sum(p.numel() for p in self.net.parameters())
+        self.num_position_parameters = self.net.pos_emb.weight.numel()
         # one mean per stage; WeightedMean keeps the per-step update free of host-device syncs
         self.train_loss, self.val_loss, self.test_loss = WeightedMean(), WeightedMean(), WeightedMean()
 
@@ -158,22 +181,37 @@ class CausalLanguageModel(TemplateModule):
                 "mlp.0": ColwiseParallel(),
                 "mlp.2": RowwiseParallel(),
             }
-            for block in self.net.blocks:
+            for block in self.net.layers():
                 parallelize_module(block, tensor_parallel, plan)
         data_parallel = mesh["data_parallel"]
-        for block in self.net.blocks:
+        for block in self.net.layers():
             fully_shard(block, mesh=data_parallel)
         fully_shard(self.net, mesh=data_parallel)  # embeddings, final norm and (tied) output layer
 
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+    def pipeline_stage(self, index: int, count: int) -> nn.Module:
+        """Under ``pipeline``: keep the layers of stage ``index`` of ``count`` and return the network that runs them
+        (``src/strategies/pipeline.py``). The embeddings go to the first stage, the final norm and the output layer
+        to the last; the blocks are cut at ``pipeline_split`` or balanced by parameter count."""
+        n_layer = self.hparams.n_layer
+        bounds = [0, *(self.hparams.pipeline_split or balanced_split(self.net, count)), n_layer]
+        if len(bounds) != count + 1 or any(b <= a for a, b in itertools.pairwise(bounds)):
+            raise ConfigurationError(
+                f"--model.init_args.pipeline_split={self.hparams.pipeline_split} does not cut {n_layer} blocks into"
+                f" {count} stages of at least one block. Fix: give {count - 1} increasing block indices between 1 and"
+                f" {n_layer - 1}, or leave it unset to balance the stages by parameter count."
+            )
+        self.net.keep_stage(bounds[index], bounds[index + 1], last_stage=index == count - 1)
+        return self.net
+
+    def pipeline_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """The mean next-token cross-entropy of one micro-batch, from the last stage's logits."""
+        return F.cross_entropy(at_least_fp32(logits).flatten(0, 1), targets.flatten())
 
     def flops_per_token(self, sequence_length: int | None = None) -> int:
         """Training FLOPs per token (forward + backward): 6 per parameter plus attention (PaLM, appendix B)."""
         hp = self.hparams
         time = sequence_length or hp.block_size
-        non_embedding = self.num_parameters - self.net.pos_emb.weight.numel()
+        non_embedding = self.num_parameters - self.num_position_parameters
         return 6 * non_embedding + 12 * hp.n_layer * hp.n_embd * time
 
     def flops_per_sample(self, sequence_length: int | None = None) -> int:
@@ -188,8 +226,7 @@ class CausalLanguageModel(TemplateModule):
     def model_step(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """Mean next-token cross-entropy of a batch ``(inputs, targets)``."""
         inputs, targets = batch
-        logits = self(inputs)
-        return F.cross_entropy(at_least_fp32(logits).flatten(0, 1), targets.flatten())
+        return self.pipeline_loss(self(inputs), targets)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """One micro-batch of training; returns the loss Lightning backpropagates."""
@@ -245,3 +282,20 @@ class CausalLanguageModel(TemplateModule):
                 next_token = torch.multinomial(logits.softmax(dim=-1), 1)
             tokens = torch.cat([tokens, next_token], dim=1)
         return tokens
+
+
+def balanced_split(net: GPT, count: int) -> list[int]:
+    """The first block of each stage after the first, so that the stages hold about equal parameters: the
+    embeddings count on the first stage, the final norm on the last (the output layer is the tied embedding)."""
+    sizes = [sum(p.numel() for p in block.parameters()) for block in net.layers()]
+    first = sum(p.numel() for p in (*net.tok_emb.parameters(), *net.pos_emb.parameters()))
+    total = first + sum(sizes) + sum(p.numel() for p in net.ln_f.parameters())
+    cuts, held = [], first
+    for index, size in enumerate(sizes[:-1]):
+        held += size
+        remaining_stages = count - 1 - len(cuts)
+        blocks_left = len(sizes) - index - 1
+        target = total * (len(cuts) + 1) / count
+        if remaining_stages and (held >= target or blocks_left == remaining_stages):
+            cuts.append(index + 1)
+    return cuts

@@ -1,12 +1,15 @@
-"""Strategies this template adds to Lightning's registry (``dp``, ``fsdp2``, ``tensor_parallel``)."""
+"""Strategies this template adds to Lightning's registry (``dp``, ``fsdp2``, ``tensor_parallel``, ``pipeline``)."""
 
 from src.strategies.dp import DataParallelStrategy, register_dp_strategy
 from src.strategies.model_parallel import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
+from src.strategies.pipeline import PipelineStrategy, register_pipeline_strategy
 
 __all__ = [
     "DataParallelStrategy",
     "FSDP2Strategy",
+    "PipelineStrategy",
     "TensorParallelStrategy",
     "register_dp_strategy",
     "register_model_parallel_strategies",
+    "register_pipeline_strategy",
 ]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 import shutil
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -57,12 +57,20 @@ if TYPE_CHECKING:
 LIGHTNING_TIMEOUT: timedelta | None = inspect.signature(ModelParallelStrategy).parameters["timeout"].default
 
 
-def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
+def clip_grad_norm(
+    parameters: Iterable[Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    reduce_group: Any = None,
+    not_in_norm: Collection[int] = (),
+) -> Tensor:
     """``torch.nn.utils.clip_grad_norm_`` for gradients that live on different device meshes.
 
     Under tensor parallelism, the split layers' gradients are DTensors on the 2-D mesh and the others (norms,
     embeddings) on the data-parallel mesh only; torch's function stacks their norms and refuses two meshes. The
-    norm of each mesh's group is made whole (``full_tensor``), then the norm of those norms is the total.
+    norm of each mesh's group is made whole (``full_tensor``), then the norm of those norms is the total. Under
+    ``pipeline`` each stage holds other parameters: ``reduce_group`` (the stages) sums their ``norm_type``-th
+    powers, and ``not_in_norm`` (ids) leaves out a tied weight's second copy, which one device counts once.
     """
     groups: dict[Any, list[Tensor]] = {}
     for param in parameters:
@@ -70,9 +78,14 @@ def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float, norm_type: flo
             groups.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
     norms = []
     for params in groups.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+        counted = [p.grad for p in params if id(p) not in not_in_norm]
+        norm = torch.nn.utils.get_total_norm(counted, norm_type) if counted else torch.zeros(())
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     total = torch.nn.utils.get_total_norm(norms, norm_type) if norms else torch.zeros(())
+    if reduce_group is not None:  # a finite norm_type: the stages' powers add up (no inf-norm across stages)
+        power = total.double() ** norm_type
+        torch.distributed.all_reduce(power, group=reduce_group)
+        total = (power ** (1.0 / norm_type)).to(total.dtype)
     for params in groups.values():  # one mesh per call: torch's foreach kernels refuse to mix them
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
