@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import yaml
 from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -49,7 +48,15 @@ from src.launch import (
     strategy_name,
     strategy_options,
 )
-from src.options import CLASSES, PROG, TemplateArgumentParser, add_config_option, add_template_options, chosen_classes
+from src.options import (
+    CLASSES,
+    PROG,
+    TemplateArgumentParser,
+    add_config_option,
+    add_template_options,
+    chosen_classes,
+    rebased_arguments,
+)
 from src.quiet import silence_known_noise
 from src.run_dir import place_loggers, shared_random_seed
 from src.strategies import register_dp_strategy, register_model_parallel_strategies, register_pipeline_strategy
@@ -171,25 +178,12 @@ class TemplateCLI(LightningCLI):
                     super().parse_arguments(parser, late or argv)
 
     def _rebased_arguments(self, argv: list[str], subcommand: str | None, chosen: dict[str, Any]) -> list[str] | None:
-        """The arguments with the default config replaced by itself without the sections of ``chosen``'s classes
-        that differ from its own; None where none differs."""
         if not any(chosen.values()):
-            return None
-        defaults = load_config_file(str(DEFAULT_CONFIG)) or {}
-        changed = [
-            key
-            for key, class_path in chosen.items()
-            if class_path
-            and isinstance(defaults.get(key), dict)
-            and import_class(str(class_path)) is not None
-            and import_class(str(class_path)) is not import_class(defaults[key]["class_path"])
-        ]
-        if not changed:
-            return None
-        skip_default_config_files(self, subcommand)  # replaced by the same file without those sections
-        base = yaml.safe_dump({key: value for key, value in defaults.items() if key not in changed})
-        at = argv.index(subcommand) + 1 if subcommand is not None else 0
-        return [*argv[:at], "--config", base, *(f"--{key}={chosen[key]}" for key in changed), *argv[at:]]
+            return None  # the default config's classes: configs/default.yaml is the parser's to read
+        rebased = rebased_arguments(argv, subcommand, chosen, load_config_file(str(DEFAULT_CONFIG)) or {})
+        if rebased is not None:
+            skip_default_config_files(self, subcommand)  # replaced by the same file without those sections
+        return rebased
 
     @staticmethod
     def _global_batch_size(config: Namespace) -> int | None:

@@ -14,7 +14,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 
 from src.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from src.checkpoints.resume import checkpoint_dir
-from src.checks import load_config_file, yaml_problem
+from src.checks import import_class, load_config_file, yaml_problem
 from src.errors import debug_mode
 from src.launch import COLLECTIVE_TIMEOUT_S
 from src.strategies.pipeline import PipelineOptions
@@ -139,3 +139,24 @@ def chosen_classes(argv: list[str], subcommand: str | None) -> dict[str, str | N
             if name in (f"--{key}", f"--{key}.class_path") and value and not value.startswith("-"):
                 chosen[key] = value
     return chosen
+
+
+def rebased_arguments(
+    argv: list[str], subcommand: str | None, chosen: dict[str, Any], defaults: dict[str, Any]
+) -> list[str] | None:
+    """The arguments with the default config (``defaults``) given in front as a YAML string without the sections
+    whose class ``chosen`` changes, and those classes named; None where ``chosen`` changes none. The caller makes
+    the parser skip its default config file then."""
+    changed = [
+        key
+        for key, class_path in chosen.items()
+        if class_path
+        and isinstance(defaults.get(key), dict)
+        and import_class(str(class_path)) is not None
+        and import_class(str(class_path)) is not import_class(defaults[key]["class_path"])
+    ]
+    if not changed:
+        return None
+    base = yaml.safe_dump({key: value for key, value in defaults.items() if key not in changed})
+    at = argv.index(subcommand) + 1 if subcommand is not None else 0
+    return [*argv[:at], "--config", base, *(f"--{key}={chosen[key]}" for key in changed), *argv[at:]]
