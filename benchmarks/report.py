@@ -57,7 +57,7 @@ def counterpart(rows: list[Row], row: Row, accelerator: str, baseline: str) -> R
     single, multi = ("bare-lightning", "bare-lightning-ddp") if baseline == "bare" else ("plain-loop", "plain-ddp")
     if row.strategy in ("ddp", "ddp_spawn", "fsdp2", "bare-lightning-ddp"):
         return _find(rows, row, multi, row.devices)
-    if row.strategy == "tensor_parallel":  # one model replica on the whole batch, as one device computes it
+    if row.strategy in ("tensor_parallel", "pipeline"):  # one model replica on the whole batch, as one device
         return _find(rows, row, single, 1)
     one_process_dp = row.strategy == "dp" and (accelerator == "cpu" or row.devices == 1)
     if row.strategy in ("single", "bare-lightning") or one_process_dp:
@@ -119,7 +119,8 @@ def build_table(
         info = workload_info[row.workload]
         entry: dict[str, Any] = {**row_dict(row), "label": STRATEGY_LABELS[row.strategy], **figures[row]}
         # the ranks of one tensor-parallel group (one node: all of them) share each sample
-        entry["per_process_batch"] = row.batch_size // (1 if row.strategy == "tensor_parallel" else row.processes)
+        shared = row.strategy in ("tensor_parallel", "pipeline")  # every rank of the group sees each sample
+        entry["per_process_batch"] = row.batch_size // (1 if shared else row.processes)
         entry["memory_budget_mb"] = memory_budget_mb
         entry["fits_budget"] = fits(entry.get("state_mb_per_rank"), memory_budget_mb)
         entry["builtin"] = info.get("builtin", True)
@@ -246,7 +247,7 @@ def comparisons(table: list[dict[str, Any]]) -> list[str]:
         same_run = ("workload", "devices", "precision", "batch_size")
         ddp = next((r for r in table if r["strategy"] == "ddp" and all(r[k] == row[k] for k in same_run)), {})
         state, ddp_state, ddp_ms = row.get("state_mb_per_rank"), ddp.get("state_mb_per_rank"), ddp.get("step_ms_median")
-        if row["strategy"] in ("fsdp2", "tensor_parallel") and state and ddp_state and ddp_ms:
+        if row["strategy"] in ("fsdp2", "tensor_parallel", "pipeline") and state and ddp_state and ddp_ms:
             lines.append(
                 f"{name}: {state:.2f} MB of model state per rank, {100 * state / ddp_state:.0f}% of ddp's"
                 f" {ddp_state:.2f} MB; median step {row['step_ms_median']:.2f} ms vs ddp's {ddp_ms:.2f} ms"

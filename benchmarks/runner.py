@@ -26,6 +26,7 @@ from benchmarks.clock import T0_ENV, rank_path
 from benchmarks.environment import load_average
 from benchmarks.stats import summarise_run
 from benchmarks.workloads import WORKLOADS, Workload, cli_flags
+from src.strategies.pipeline import PipelineOptions, bubble_fraction
 
 #: what each strategy of a row means; "bare-*" and "plain-*" are the baselines
 STRATEGY_LABELS = {
@@ -35,6 +36,7 @@ STRATEGY_LABELS = {
     "ddp_spawn": "template, ddp_spawn",
     "fsdp2": "template, fsdp2 (sharded)",
     "tensor_parallel": "template, tensor_parallel (split layers)",
+    "pipeline": "template, pipeline (layers in stages, 1f1b)",
     "bare-lightning": "bare Lightning",
     "bare-lightning-ddp": "bare Lightning, ddp",
     "plain-loop": "plain PyTorch loop",
@@ -45,7 +47,7 @@ STRATEGY_LABELS = {
 ONE_DEVICE_ROW = {"template": "single", "bare": "bare-lightning", "plain": "plain-loop"}
 ONE_DEVICE_ROWS = tuple(ONE_DEVICE_ROW.values())
 MULTIPROCESS_BASELINES = ("bare-lightning-ddp", "plain-ddp")
-MODEL_PARALLEL = ("fsdp2", "tensor_parallel")
+MODEL_PARALLEL = ("fsdp2", "tensor_parallel", "pipeline")
 MULTIPROCESS = ("ddp", "ddp_spawn", *MODEL_PARALLEL, *MULTIPROCESS_BASELINES)
 #: rows run only when ``--strategies`` names them (not part of "all"): they are for models that do not fit one device
 OPT_IN = MODEL_PARALLEL
@@ -108,6 +110,8 @@ def not_applicable(row: Row, workload: Workload) -> str | None:
             f"n/a: {workload.model_name or workload.name} has no configure_model hook, so no tensor-parallel plan"
             " (fsdp2 shards any model)"
         )
+    if row.strategy == "pipeline" and not workload.pipeline_stages:
+        return f"n/a: {workload.model_name or workload.name} has no pipeline_stage hook (src/strategies/pipeline.py)"
     return None
 
 
@@ -119,6 +123,13 @@ def note(row: Row, accelerator: str) -> str:
         return "dp on one GPU is a single device"
     if row.strategy == "tensor_parallel":
         return "one node: the processes split each layer and all see the whole batch (data-parallel size 1)"
+    if row.strategy == "pipeline":
+        micro_batches = PipelineOptions().micro_batches
+        bubble = bubble_fraction(row.processes, micro_batches)
+        return (
+            f"{row.processes} stages, {micro_batches} micro-batches: each stage idles {bubble:.0%} of a step in"
+            " theory ((stages - 1) / (micro_batches + stages - 1)); all see the whole batch"
+        )
     if row.precision == "16-mixed" and accelerator == "cpu":
         return "Lightning runs 16-mixed as bf16-mixed on a CPU"
     return ""

@@ -46,6 +46,8 @@ class Workload:
     counts_tokens: bool = False
     batch_per_process: bool = False
     tensor_parallel_plan: bool = False
+    #: whether the model defines the hooks of ``--trainer.strategy=pipeline``
+    pipeline_stages: bool = False
     model_name: str = ""
 
     def settings(self, quick: bool) -> dict[str, Any]:
@@ -152,12 +154,18 @@ def named(workload: Workload, cli: Any) -> Workload:
 
 
 def with_model(workload: Workload, cli: Any) -> Workload:
-    """The workload with what its built model tells: its class name, and whether it has a tensor-parallel plan."""
+    """The workload with what its built model tells: its class name, whether it has a tensor-parallel plan and
+    pipeline stages."""
     from lightning.pytorch.utilities.model_helpers import is_overridden  # as the tensor_parallel strategy checks
+
+    from src.strategies.pipeline import missing_hooks
 
     model = cli.model
     return replace(
-        workload, model_name=type(model).__name__, tensor_parallel_plan=is_overridden("configure_model", model)
+        workload,
+        model_name=type(model).__name__,
+        tensor_parallel_plan=is_overridden("configure_model", model),
+        pipeline_stages=not missing_hooks(model),
     )
 
 

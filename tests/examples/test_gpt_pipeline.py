@@ -187,3 +187,19 @@ def test_the_gpt_splits_its_blocks_by_parameters_or_where_told():
     assert list(told.net.blocks) == ["0"] and told.net.lm_head is None
     with pytest.raises(Exception, match="does not cut 6 blocks into 3 stages"):
         CausalLanguageModel(n_layer=6, n_embd=32, n_head=2, pipeline_split=[4, 2]).pipeline_stage(0, 3)
+
+
+@pytest.mark.slow
+def test_prediction_runs_through_the_stages_and_gives_one_devices_tokens(runs, tmp_path):
+    folder = runs["pipeline"] / "checkpoints" / "last.ckpt"
+    writer = ["--trainer.callbacks+=tests.zoo.writer.SavePredictions", "--trainer.limit_predict_batches=2"]
+    predicted = {}
+    for name, strategy in ("single", ["--trainer.devices=1"]), ("pipeline", PIPELINE):
+        out = tmp_path / name
+        args = [*RUN, *strategy, *writer, f"--trainer.callbacks.output_dir={out}", f"--ckpt_path={folder}"]
+        command = [sys.executable, "-m", "src.cli", "predict", *args, f"--trainer.default_root_dir={out}"]
+        result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        predicted[name] = torch.cat(torch.load(out / "predictions_rank0.pt", weights_only=False)["predictions"])
+    assert predicted["single"].shape == (16, 32)  # 2 batches of 8 sequences, the next token after each position
+    assert torch.equal(predicted["pipeline"], predicted["single"])
