@@ -238,6 +238,8 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         super().setup(trainer)
         set_own_method(self.precision_plugin, "clip_grad_by_norm", self._clip_grad_by_norm)
+        #: this stage's end of each tied weight (None between the ends), found once: the sharded parameters exist now
+        self._tied_held = self._held_tied()
         assert self.stage_module is not None
         layers = getattr(self.stage_module, "layers", None)
         held = (
@@ -355,17 +357,15 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         if self.stages == 1:
             return
         group, device = self.pipeline_group, self.root_device
-        for parameter in self._held_tied():
+        for parameter in self._tied_held:
             grad = new.get(parameter) if parameter is not None else None
             local = _local(grad) if grad is not None else None
             shape, dtype = _broadcast_header(local, group, src=self.stages - 1, device=device)
             dist.all_reduce(local if local is not None else torch.zeros(shape, dtype=dtype, device=device), group=group)
 
     def _clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
-        counted_elsewhere = set()
-        if self.is_last and not self.is_first:  # a tied weight counts once, on the first stage
-            named = dict(self.lightning_module.named_parameters())
-            counted_elsewhere = {id(named[last]) for _, last in self.tied if last in named}
+        # a tied weight counts once, on the first stage
+        counted_elsewhere = {id(p) for p in self._tied_held if p is not None} if not self.is_first else set()
         clip_grad_norm(
             list(self.precision_plugin.main_params(optimizer)),
             clip_val,
