@@ -1,5 +1,5 @@
 """The language model example: CausalLanguageModel (a byte-level GPT), TextDataModule and the embedded corpus,
-its bad input, its throughput figures, and that it learns (that ddp trains it as one process does, and compiled:
+its bad input, its throughput figures, and that it learns (that ddp trains it as one process does:
 tests/examples/test_gpt_model_parallel.py, with fsdp2 and tensor_parallel)."""
 
 from __future__ import annotations
