@@ -107,3 +107,70 @@ class StepClock:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(self.result(rank=rank, **extra)))
         return target
+
+
+class StageClock:
+    """The pipelined part of each optimizer step of one pipeline rank, and the time its stage worked in it.
+
+    The window opens when the step's first batch starts and closes before the optimizer step: it holds the
+    schedule's forwards and backwards of every micro-batch and the sums over the stages that follow them (the
+    loss, tied weights), where a stage that finished early waits for the others. The work is each call of the
+    stage's forward or backward of one micro-batch (``src.compat.time_stage_work``); the rest of the window the
+    stage waited for its neighbours: the bubble (``benchmarks.stats.bubble_figures``). On a GPU every mark is a
+    CUDA event on the stage's stream, read after training, so the kernels' time counts and no sync is added.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._window: list[Any] = []
+        self._work: list[tuple[Any, Any]] = []
+        self._work_start: Any = None
+        #: per optimizer step: (window start, window end, [(work start, work end), ...]), None before timing began
+        self.marks: list[tuple[Any, Any, list[tuple[Any, Any]]] | None] = []
+
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def window_start(self) -> None:
+        """At the start of each batch: opens the step's window at its first batch (accumulation: later ones keep it)."""
+        if not self._window:
+            self._window.append(self._mark())
+
+    def window_end(self) -> None:
+        """Before the optimizer step."""
+        if len(self._window) == 1:
+            self._window.append(self._mark())
+
+    def work_start(self) -> None:
+        self._work_start = self._mark()
+
+    def work_end(self) -> None:
+        if self._work_start is not None and len(self._window) == 1:  # work inside the open window only
+            self._work.append((self._work_start, self._mark()))
+        self._work_start = None
+
+    def step_end(self) -> None:
+        """At the end of each optimizer step (the same calls as ``StepClock.step_end``)."""
+        complete = len(self._window) == 2
+        self.marks.append((self._window[0], self._window[1], self._work) if complete else None)
+        self._window, self._work = [], []
+
+    def _seconds(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end) / 1000 if self.cuda else end - start
+
+    def result(self) -> dict[str, list[float | None]]:
+        """Per optimizer step, aligned with ``StepClock.result()["step_times_s"]`` (which starts at the second
+        step): the window's and the work's seconds, None where the step was not timed."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        window: list[float | None] = []
+        work: list[float | None] = []
+        for marks in self.marks[1:]:
+            window.append(None if marks is None else self._seconds(marks[0], marks[1]))
+            work.append(None if marks is None else sum(self._seconds(start, end) for start, end in marks[2]))
+        return {"pipeline_window_s": window, "pipeline_work_s": work}

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchmarks.runner import ONE_DEVICE_ROW, STRATEGY_LABELS, Row, note, row_dict
+from benchmarks.runner import ONE_DEVICE_ROW, STRATEGY_LABELS, Row, note, pipeline_shape, row_dict, theoretical_bubble
 from benchmarks.stats import aggregate, overhead, scaling_efficiency
 
 DASH = "\u2013"  # an en dash: "no value" in the table
@@ -125,6 +125,10 @@ def build_table(
         entry["fits_budget"] = fits(entry.get("state_mb_per_rank"), memory_budget_mb)
         entry["builtin"] = info.get("builtin", True)
         entry["note"] = note(row, accelerator)
+        entry["bubble_theory"] = theoretical_bubble(row)
+        entry["pipeline_stages"], entry["micro_batches"] = (
+            pipeline_shape(row) if row.strategy == "pipeline" else (None, None)
+        )
         measured = entry.get("samples_per_s") is not None and not entry.get("error")
         entry["status"] = entry.get("not_applicable") or ("ok" if measured else "failed")
         throughput, tokens = entry.get("samples_per_s"), info.get("tokens_per_sample")
@@ -255,6 +259,45 @@ def comparisons(table: list[dict[str, Any]]) -> list[str]:
     return ["## The template against its baselines", "", *lines] if lines else []
 
 
+def bubble_section(table: list[dict[str, Any]]) -> list[str]:
+    """The pipeline rows' bubble: in theory, and as measured per rank."""
+    lines = []
+    for row in table:
+        if row.get("bubble_theory") is None:
+            continue
+        name = f"{row['workload']} {row['precision']} b{row['batch_size']} {row['label']} x{row['devices']}"
+        shape = f"{row['pipeline_stages']} stages, {row['micro_batches']} micro-batches"
+        line = f"- {name}: theory {100 * row['bubble_theory']:.0f}% ({shape})"
+        if row.get("bubble_measured") is None:
+            lines.append(f"{line}; not measured ({row.get('error') or row.get('not_applicable') or 'no timed steps'})")
+            continue
+        line += (
+            f"; measured {100 * row['bubble_measured']:.0f}% [{100 * row['bubble_p25']:.0f}{DASH}"
+            f"{100 * row['bubble_p75']:.0f}%], "
+            + ", ".join(f"stage {i} {100 * share:.0f}%" for i, share in enumerate(row["bubble_per_stage"]))
+        )
+        if row["repeats_ok"] > 1:
+            line += (
+                f"; {row['repeats_ok']} repeats from {100 * row['bubble_measured_min']:.0f}% to"
+                f" {100 * row['bubble_measured_max']:.0f}%"
+            )
+        lines.append(line)
+    if not lines:
+        return []
+    return [
+        "",
+        "## Pipeline bubble",
+        "",
+        "The share of the pipelined part of a step (from the batch's start to the optimizer step) in which a stage"
+        " waits for its neighbours instead of running its forwards and backwards: in theory (stages - 1) /"
+        " (micro_batches + stages - 1), for stages of equal time and nothing else to wait for; measured on each"
+        " rank as 1 - (its stage's forward and backward time) / (the pipelined part's time), the median over the"
+        " timed steps of the ranks' mean [interquartile range], then each stage's median.",
+        "",
+        *lines,
+    ]
+
+
 def startup_section(startup: dict[str, Any] | None, table: list[dict[str, Any]]) -> list[str]:
     """What a user waits for on every launch: ``--help``, and the time to the first training step."""
     if not startup:
@@ -313,6 +356,7 @@ def markdown(results: dict[str, Any]) -> str:
         ),
         "",
         *comparisons(table),
+        *bubble_section(table),
         *startup_section(results.get("startup"), table),
     ]
     return "\n".join(lines) + "\n"

@@ -115,6 +115,16 @@ def not_applicable(row: Row, workload: Workload) -> str | None:
     return None
 
 
+def pipeline_shape(row: Row) -> tuple[int, int]:
+    """(stages, micro-batches) of a pipeline row: one stage per process, the strategy's default micro-batches."""
+    return row.processes, PipelineOptions().micro_batches
+
+
+def theoretical_bubble(row: Row) -> float | None:
+    """The share of a step each stage of a pipeline row idles in theory (None for the other rows)."""
+    return bubble_fraction(*pipeline_shape(row)) if row.strategy == "pipeline" else None
+
+
 def note(row: Row, accelerator: str) -> str:
     """What the reader must know about a row."""
     if row.strategy == "dp" and accelerator == "cpu":
@@ -124,11 +134,11 @@ def note(row: Row, accelerator: str) -> str:
     if row.strategy == "tensor_parallel":
         return "one node: the processes split each layer and all see the whole batch (data-parallel size 1)"
     if row.strategy == "pipeline":
-        micro_batches = PipelineOptions().micro_batches
-        bubble = bubble_fraction(row.processes, micro_batches)
+        stages, micro_batches = pipeline_shape(row)
         return (
-            f"{row.processes} stages, {micro_batches} micro-batches: each stage idles {bubble:.0%} of a step in"
-            " theory ((stages - 1) / (micro_batches + stages - 1)); all see the whole batch"
+            f"{stages} stages, {micro_batches} micro-batches: each stage idles {theoretical_bubble(row):.0%} of a step"
+            " in theory ((stages - 1) / (micro_batches + stages - 1); measured: 'Pipeline bubble' below); all see the"
+            " whole batch"
         )
     if row.precision == "16-mixed" and accelerator == "cpu":
         return "Lightning runs 16-mixed as bf16-mixed on a CPU"
@@ -278,6 +288,7 @@ def run_all(
                     f"[{done}/{total}] {row.key} repeat {repeat}: {run['samples_per_s']:.1f} samples/s,"
                     f" step {run['step_ms_median']:.2f} ms median, first step after {run['startup_s']:.1f} s"
                     f" ({run['wall_s']:.0f} s)"
+                    + (f", bubble {run['bubble_measured']:.0%}" if run.get("bubble_measured") is not None else "")
                 )
     return results
 

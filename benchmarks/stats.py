@@ -33,6 +33,41 @@ def state_per_rank(ranks: list[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
+def _quartiles(values: list[float]) -> list[float]:
+    # linear interpolation between the closest ranks, as numpy's default
+    return statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+
+
+def idle_share(window_s: float, work_s: float) -> float:
+    """The share of a step's pipelined part in which the stage did not work: it waited for its neighbours."""
+    return 1 - work_s / window_s
+
+
+def bubble_figures(ranks: list[dict[str, Any]], timed: list[bool]) -> dict[str, Any]:
+    """The measured bubble of a pipeline run (``benchmarks.clock.StageClock``), over the steps marked ``timed``
+    (aligned with ``step_times_s``): per step, the mean over the ranks of each one's idle share; the median of those
+    and their quartiles, and each stage's median. Empty where the run was not pipelined."""
+    if not ranks or "pipeline_window_s" not in ranks[0]:
+        return {}
+    shares: list[list[float]] = []  # per rank, per timed step
+    for rank in ranks:
+        steps = zip(rank["pipeline_window_s"], rank["pipeline_work_s"], timed, strict=True)
+        shares.append([idle_share(window, work) for window, work, keep in steps if keep and window is not None])
+    if not all(shares) or len({len(per_rank) for per_rank in shares}) != 1:
+        return {}
+    per_step = [statistics.fmean(step) for step in zip(*shares, strict=True)]
+    quartiles = _quartiles(per_step)
+    stages: dict[int, list[float]] = {}
+    for rank, per_rank in zip(ranks, shares, strict=True):
+        stages.setdefault(rank.get("pipeline_stage", 0), []).extend(per_rank)
+    return {
+        "bubble_measured": statistics.median(per_step),
+        "bubble_p25": quartiles[0],
+        "bubble_p75": quartiles[2],
+        "bubble_per_stage": [statistics.median(stages[stage]) for stage in sorted(stages)],
+    }
+
+
 def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -> dict[str, Any]:
     """Figures of one run from the JSON of each of its processes (rank 0 first).
 
@@ -48,10 +83,10 @@ def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -
     if not steady:
         raise ValueError(f"no timed steps after {warmup} warm-up steps ({rank0['steps']} steps recorded)")
     mean = statistics.fmean(steady)
-    # linear interpolation between the closest ranks, as numpy's default
-    quartiles = statistics.quantiles(steady, n=4, method="inclusive") if len(steady) > 1 else [steady[0]] * 3
+    quartiles = _quartiles(steady)
     startups = [r["first_step_s"] for r in ranks if r.get("first_step_s") is not None]
     memory = [device_memory(r["peak_memory"]) for r in ranks]
+    timed = [i >= max(0, warmup - 1) and not boundary for i, boundary in enumerate(rank0["new_epoch"])]
     return {
         "timed_steps": len(steady),
         "epoch_boundaries_excluded": len(times) - len(steady),
@@ -74,6 +109,7 @@ def summarise_run(ranks: list[dict[str, Any]], warmup: int, global_batch: int) -
         "precision_run": rank0.get("precision"),
         "loss_first": rank0.get("losses", {}).get("first"),
         "loss_last": rank0.get("losses", {}).get("last"),
+        **bubble_figures(ranks, timed),  # pipeline runs only
     }
 
 
@@ -87,6 +123,9 @@ MEDIAN_FIELDS = (
     "cpu_share",
     "samples_per_s",
     "startup_s",
+    "bubble_measured",
+    "bubble_p25",
+    "bubble_p75",
 )
 
 
@@ -105,6 +144,12 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     result["samples_per_s_min"] = min(throughputs)
     result["samples_per_s_max"] = max(throughputs)
     result["peak_memory_mb"] = max(run["peak_memory_mb"] for run in ok)
+    bubbles = [run for run in ok if run.get("bubble_measured") is not None]
+    if bubbles:  # a pipeline row: the spread over repeats, and each stage's median
+        result["bubble_measured_min"] = min(run["bubble_measured"] for run in bubbles)
+        result["bubble_measured_max"] = max(run["bubble_measured"] for run in bubbles)
+        per_stage = zip(*(run["bubble_per_stage"] for run in bubbles), strict=True)
+        result["bubble_per_stage"] = [statistics.median(stage) for stage in per_stage]
     for name in STATE_FIELDS:  # the same in every repeat: what the model and optimizer hold, not a timing
         result[name] = ok[0].get(name)
     for name in ("memory_kind", "threads_per_process", "processes", "device", "strategy_class", "precision_run"):

@@ -322,6 +322,33 @@ def instance_attributes(obj: object) -> dict[str, Any]:
     return dict(vars(obj))
 
 
+# -- torch.distributed.pipelining: a stage's work -------------------------------------------------------------
+
+#: what a schedule of ``torch.distributed.pipelining`` calls on a ``PipelineStage`` for the stage's own work on one
+#: micro-batch (its forward; its backward; the weight half of a split backward): the schedule's waits for the
+#: neighbouring stages lie between these calls, which its public API does not time
+STAGE_WORK = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+
+
+def time_stage_work(stage: Any, start: Callable[[], None], end: Callable[[], None]) -> None:
+    """Call ``start()`` before and ``end()`` after each piece of ``stage``'s own work, whichever schedule calls it
+    (the benchmark's measured bubble: ``benchmarks/clock.py``). Relied on: the schedules call these methods on the
+    stage object, after waiting for its inputs and before sending its outputs."""
+
+    def timed(work: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start()
+            try:
+                return work(*args, **kwargs)
+            finally:
+                end()
+
+        return run
+
+    for name in STAGE_WORK:
+        set_own_method(stage, name, timed(getattr(stage, name)))
+
+
 # -- methods replaced on one object -------------------------------------------------------------------------
 
 

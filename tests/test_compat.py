@@ -728,6 +728,25 @@ def test_an_own_clip_grad_by_norm_is_what_the_precision_plugin_clips_with():
     assert clipped == [0.5, 0.5]
 
 
+def test_time_stage_work_brackets_each_forward_and_backward_a_schedule_runs_on_the_stage(one_process_group):
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    torch.manual_seed(0)
+    events: list[str] = []
+    module = nn.Linear(4, 2)
+    module.register_forward_hook(lambda *args: events.append("forward"))
+    module.register_full_backward_hook(lambda *args: events.append("backward"))  # the input requires grad below
+    stage = PipelineStage(module, 0, 1, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, 2, loss_fn=lambda output, target: (output - target).pow(2).mean())
+    batch = torch.randn(4, 4, requires_grad=True), torch.zeros(4, 2)
+    schedule.step(batch[0], target=batch[1])  # the first step also sets the stage up (a forward and a backward)
+    events.clear()
+    compat.time_stage_work(stage, lambda: events.append("start"), lambda: events.append("end"))
+    schedule.step(batch[0], target=batch[1])
+    # GPipe on one stage and two micro-batches: two forwards, then two backwards, each inside its own bracket
+    assert events == ["start", "forward", "end"] * 2 + ["start", "backward", "end"] * 2
+
+
 # -- the seam: nothing else in src/ reaches into a library's internals --------------------------------------
 
 #: names of the Python standard library's documented API that start with an underscore (namedtuple's)
@@ -744,7 +763,13 @@ PRIVATE_MODULE = re.compile(r"(lightning|torch|torchmetrics|jsonargparse)(\\?\.\
 REACHING_FUNCTIONS = {"vars"}
 #: the libraries' undocumented names that have no underscore, and the modules that only hold such names: only
 #: src/compat.py spells them
-UNDOCUMENTED_NAMES = {"scatter_kwargs", "get_available_flops", "default_pg_timeout", "is_overridden"}
+UNDOCUMENTED_NAMES = {
+    "scatter_kwargs",
+    "get_available_flops",
+    "default_pg_timeout",
+    "is_overridden",
+    *compat.STAGE_WORK,
+}
 UNDOCUMENTED_ATTRIBUTES = {"callback_keys", "default_config_files", "restarting", "restarted_mid_epoch", "reset_on_run"}
 UNDOCUMENTED_KEYS = {"init_params"}
 UNDOCUMENTED_MODULES = {

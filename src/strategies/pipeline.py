@@ -179,6 +179,9 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         self.stage_module: nn.Module | None = None
         self.stage_index = 0
         self._schedule: Any = None
+        #: this rank's stages (``PipelineStage``), built with the schedule at the first training batch (the benchmark
+        #: times their work: benchmarks/timing.py)
+        self.pipeline_stages: list[PipelineStage] = []
         self._batch_shape: torch.Size | None = None
         self._pending: list[tuple[nn.Parameter, Tensor | None]] = []
 
@@ -264,6 +267,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
     def teardown(self) -> None:
         drop_own_method(self.precision_plugin, "clip_grad_by_norm")
         self._schedule = None
+        self.pipeline_stages = []
         super().teardown()
 
     def _schedule_for(self, batch_size: int) -> Any:
@@ -281,6 +285,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
             self._schedule = SCHEDULES[self.schedule_name](
                 stage, self.micro_batches, loss_fn=self._micro_batch_loss, scale_grads=False
             )
+            self.pipeline_stages = [stage]
         return self._schedule
 
     def _micro_batch_loss(self, output: Tensor, target: Tensor) -> Tensor:
