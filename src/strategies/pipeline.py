@@ -397,7 +397,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         shard_stages(self.stage_modules, self.device_mesh["data_parallel"], type(self.lightning_module).__name__)
         super().setup(trainer)
         set_own_method(self.precision_plugin, "clip_grad_by_norm", self._clip_grad_by_norm)
-        #: this stage's end of each tied weight (None between the ends), found once: the sharded parameters exist now
+        #: this process's end of each tied weight (None between the ends), found once: the sharded parameters exist now
         self._tied_held = self._held_tied()
         held = [(index, _layer_count(stage), sum(p.numel() for p in stage.parameters())) for index, stage in
                 self.stage_modules.items()]  # fmt: skip
@@ -484,7 +484,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         self._pending = [(p, p.grad) for p in trained]
         for parameter, grad in zip(trained, earlier, strict=True):
             parameter.grad = grad
-        # the batch's mean loss, from the last stage to every stage: the model logs it as one device would
+        # the batch's mean loss, from the last stage's process to the others: the model logs it as one device would
         loss = torch.zeros((), dtype=torch.float64, device=self.root_device)
         if self.is_last:
             loss += torch.stack([value.detach().double() for value in losses]).sum()
