@@ -86,7 +86,7 @@ class StepTimer(Callback):
             # after the last step: Adam's moments exist, and under fsdp2 / tensor_parallel only this rank's shards
             state_bytes=memory_per_rank(pl_module, trainer.optimizers),
             **(
-                {**self.stage_clock.result(), "pipeline_stage": trainer.strategy.stage_index}
+                {**self.stage_clock.result(), "pipeline_stage": trainer.strategy.pipeline_rank}
                 if self.stage_clock is not None
                 else {}
             ),

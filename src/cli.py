@@ -60,7 +60,7 @@ from src.options import (
 from src.quiet import silence_known_noise
 from src.run_dir import place_loggers, shared_random_seed
 from src.strategies import register_dp_strategy, register_model_parallel_strategies, register_pipeline_strategy
-from src.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline
+from src.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline, check_stages
 from src.tuning import Trainer as TuningTrainer
 
 __all__ = ["DEFAULT_CONFIG", "TemplateCLI", "main", "shared_random_seed"]
@@ -130,13 +130,13 @@ class TemplateCLI(LightningCLI):
         config = self.config[subcommand]
         argv = sys.argv[1:] if args is None else args
         check_launch(config.trainer.as_dict(), batch_size=self._global_batch_size(config), args=argv)
+        if config.get("compile"):  # before the strategy's own checks: what it refuses is the strategy itself
+            check_compile(config.trainer.get("strategy"))
         if strategy_name(config.trainer.as_dict()) == PipelineStrategy.strategy_name:
             model = import_class(str((config.get("model") or Namespace()).get("class_path")))
             accumulate = int(config.trainer.get("accumulate_grad_batches") or 1)
             options, processes = PipelineOptions(**config.pipeline.as_dict()), process_count(config.trainer.as_dict())
             check_pipeline(options, processes, model, self._global_batch_size(config), accumulate)
-        if config.get("compile"):
-            check_compile(config.trainer.get("strategy"))
         # the checkpoint is read once, here, before LightningCLI rebuilds the model from its hyperparameters
         self.resumed = resolve_checkpoint(subcommand, config)
         if self.resumed is not None:
@@ -210,6 +210,8 @@ class TemplateCLI(LightningCLI):
             return
         check_optimizer(self.model)
         check_sequence_length(self.model, self.datamodule)
+        if isinstance(self.trainer.strategy, PipelineStrategy):  # the split, on the model every process builds
+            check_stages(self.model, self.trainer.strategy.stage_count)
         if self.subcommand == "fit":  # Lightning converts BatchNorm to SyncBatchNorm for fitting only
             sync = self.config[self.subcommand].trainer.get("sync_batchnorm")
             check_sync_batchnorm(self.model, self.trainer, bool(sync))

@@ -63,21 +63,53 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class GPT(nn.Module):
+class Layers(nn.Module):
+    """Consecutive layers of the GPT: the embeddings where they start from token ids, blocks, and the final norm
+    and output layer where they end at the logits. ``GPT`` holds all of them; ``GPT.stage`` gives a pipeline stage
+    some of them (the same modules, not copies)."""
+
+    def __init__(
+        self,
+        block_size: int,
+        blocks: nn.ModuleList,
+        embeddings: tuple[nn.Embedding, nn.Embedding, nn.Dropout] | None = None,
+        head: tuple[nn.LayerNorm, nn.Linear] | None = None,
+    ) -> None:
+        super().__init__()
+        self.block_size = block_size
+        # registered in this order (the GPT's parameter names and order): embeddings, blocks, norm, output layer
+        self.tok_emb, self.pos_emb, self.drop = embeddings or (None, None, None)
+        self.blocks = blocks
+        self.ln_f, self.lm_head = head or (None, None)
+
+    def layers(self) -> list[Block]:
+        """The blocks, in order (under ``pipeline``, only those whose stages this process runs: the others are
+        placeholders without parameters)."""
+        return [block for block in self.blocks if isinstance(block, Block)]
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.tok_emb is not None:  # token ids in
+            time = x.shape[1]
+            if time > self.block_size:
+                raise ValueError(f"sequence of {time} tokens is longer than the model's block_size={self.block_size}")
+            positions = torch.arange(time, device=x.device)
+            x = self.drop(self.tok_emb(x) + self.pos_emb(positions))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x)) if self.lm_head is not None else x  # logits, or the next stage's input
+
+
+class GPT(Layers):
     """Token and position embeddings, ``n_layer`` blocks, a final norm and an output layer tied to the embedding."""
 
     def __init__(
         self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, dropout: float
     ) -> None:
-        super().__init__()
-        self.block_size = block_size
-        self.tok_emb = nn.Embedding(vocab_size, n_embd)
-        self.pos_emb = nn.Embedding(block_size, n_embd)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd)
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-        self.lm_head.weight = self.tok_emb.weight  # weight tying: fewer parameters, better small models
+        tok_emb, pos_emb = nn.Embedding(vocab_size, n_embd), nn.Embedding(block_size, n_embd)
+        blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        ln_f, lm_head = nn.LayerNorm(n_embd), nn.Linear(n_embd, vocab_size, bias=False)
+        lm_head.weight = tok_emb.weight  # weight tying: fewer parameters, better small models
+        super().__init__(block_size, blocks, (tok_emb, pos_emb, nn.Dropout(dropout)), (ln_f, lm_head))
         self.apply(self._init_weights)
         for name, param in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
@@ -91,31 +123,12 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def layers(self) -> list[Block]:
-        """The blocks this network holds, in order (under ``pipeline``, a stage's only)."""
-        return list(self.blocks.values() if isinstance(self.blocks, nn.ModuleDict) else self.blocks)
-
-    def keep_stage(self, first: int, end: int, last_stage: bool) -> None:
-        """Keep blocks ``first`` to ``end - 1`` (under their names: ``blocks.2`` stays ``blocks.2``), the embeddings
-        only where ``first`` is 0 and the final norm and output layer only on the ``last_stage``; the forward then
-        runs what is held, from token ids or the previous stage's activations."""
-        self.blocks = nn.ModuleDict({str(i): self.blocks[i] for i in range(first, end)})
-        if first > 0:
-            self.tok_emb = self.pos_emb = self.drop = None
-        if not last_stage:
-            self.ln_f = self.lm_head = None
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        x = tokens
-        if self.tok_emb is not None:  # the first pipeline stage, or the whole network
-            time = tokens.shape[1]
-            if time > self.block_size:
-                raise ValueError(f"sequence of {time} tokens is longer than the model's block_size={self.block_size}")
-            positions = torch.arange(time, device=tokens.device)
-            x = self.drop(self.tok_emb(tokens) + self.pos_emb(positions))
-        for block in self.layers():
-            x = block(x)
-        return self.lm_head(self.ln_f(x)) if self.lm_head is not None else x
+    def stage(self, first: int, end: int) -> Layers:
+        """Blocks ``first`` to ``end - 1``, with the embeddings if ``first`` is 0 and the final norm and output
+        layer if ``end`` is the last: this network's own modules, so a stage trains the GPT's weights."""
+        embeddings = (self.tok_emb, self.pos_emb, self.drop) if first == 0 else None
+        head = (self.ln_f, self.lm_head) if end == len(self.blocks) else None
+        return Layers(self.block_size, nn.ModuleList(self.blocks[first:end]), embeddings, head)
 
 
 class CausalLanguageModel(TemplateModule):
@@ -147,15 +160,17 @@ class CausalLanguageModel(TemplateModule):
         super().__init__(**kwargs)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.net = GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
-        #: of the whole network, also where a pipeline stage keeps part of it
+        #: of the whole network, also where a pipeline process holds part of it
         self.num_parameters = sum(p.numel() for p in self.net.parameters())
         self.num_position_parameters = self.net.pos_emb.weight.numel()
         # one mean per stage; WeightedMean keeps the per-step update free of host-device syncs
         self.train_loss, self.val_loss, self.test_loss = WeightedMean(), WeightedMean(), WeightedMean()
 
     def configure_model(self) -> None:
-        """Under ``fsdp2`` / ``tensor_parallel``: split attention and MLP over the tensor-parallel ranks (if any),
-        then shard each block, and the rest of the network, over the data-parallel ranks with FSDP2.
+        """Under ``fsdp2`` / ``tensor_parallel`` / ``pipeline``: split attention and MLP over the tensor-parallel
+        ranks (if any), then shard each block, and the rest of the network, over the data-parallel ranks with
+        FSDP2. Under ``pipeline`` only the blocks of this process's stages are here, and the strategy shards the
+        rest of each stage itself (no process runs the whole network).
 
         Lightning calls this once the processes exist (``self.device_mesh`` is set only under those strategies)
         and again for test or predict after fit, when the network is already sharded.
@@ -186,13 +201,20 @@ class CausalLanguageModel(TemplateModule):
         data_parallel = mesh["data_parallel"]
         for block in self.net.layers():
             fully_shard(block, mesh=data_parallel)
-        fully_shard(self.net, mesh=data_parallel)  # embeddings, final norm and (tied) output layer
+        if "pipeline" not in (mesh.mesh_dim_names or ()):  # under pipeline each stage shards its rest itself
+            fully_shard(self.net, mesh=data_parallel)  # embeddings, final norm and (tied) output layer
 
     def pipeline_stage(self, index: int, count: int) -> nn.Module:
-        """Under ``pipeline``: keep the layers of stage ``index`` of ``count`` and return the network that runs them
-        (``src/strategies/pipeline.py``). The embeddings go to the first stage, the final norm and the output layer
-        to the last; the blocks are cut at ``pipeline_split`` or balanced by parameter count."""
+        """Under ``pipeline``: the layers of stage ``index`` of ``count`` (``src/strategies/pipeline.py``), this
+        model's own modules. The embeddings go to the first stage, the final norm and the output layer to the last;
+        the blocks are cut at ``pipeline_split`` or balanced by parameter count."""
         n_layer = self.hparams.n_layer
+        if count > n_layer:
+            raise ConfigurationError(
+                f"--model.init_args.n_layer={n_layer} blocks cannot make {count} pipeline stages of at least one block"
+                " (the pipeline's processes x --pipeline.stages_per_rank). Fix: run at most"
+                f" {n_layer} stages (fewer processes or stages per rank), or a model with more layers."
+            )
         bounds = [0, *(self.hparams.pipeline_split or balanced_split(self.net, count)), n_layer]
         if len(bounds) != count + 1 or any(b <= a for a, b in itertools.pairwise(bounds)):
             raise ConfigurationError(
@@ -200,8 +222,7 @@ class CausalLanguageModel(TemplateModule):
                 f" {count} stages of at least one block. Fix: give {count - 1} increasing block indices between 1 and"
                 f" {n_layer - 1}, or leave it unset to balance the stages by parameter count."
             )
-        self.net.keep_stage(bounds[index], bounds[index + 1], last_stage=index == count - 1)
-        return self.net
+        return self.net.stage(bounds[index], bounds[index + 1])
 
     def pipeline_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         """The mean next-token cross-entropy of one micro-batch, from the last stage's logits."""

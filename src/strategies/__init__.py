@@ -1,7 +1,12 @@
 """Strategies this template adds to Lightning's registry (``dp``, ``fsdp2``, ``tensor_parallel``, ``pipeline``)."""
 
 from src.strategies.dp import DataParallelStrategy, register_dp_strategy
-from src.strategies.model_parallel import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
+from src.strategies.model_parallel import (
+    FSDP2Strategy,
+    TensorParallelStrategy,
+    prediction_replica,
+    register_model_parallel_strategies,
+)
 from src.strategies.pipeline import PipelineStrategy, register_pipeline_strategy
 
 __all__ = [
@@ -9,6 +14,7 @@ __all__ = [
     "FSDP2Strategy",
     "PipelineStrategy",
     "TensorParallelStrategy",
+    "prediction_replica",
     "register_dp_strategy",
     "register_model_parallel_strategies",
     "register_pipeline_strategy",

@@ -246,6 +246,31 @@ def register_model_parallel_strategies() -> None:
             strategy.register_strategies(StrategyRegistry)
 
 
+def prediction_replica(trainer: pl.Trainer) -> int | None:
+    """The data-parallel replica whose outputs this process writes, or None where another process of the same
+    replica writes them: for a prediction writer (Lightning's ``BasePredictionWriter``), which Lightning calls in
+    every process. Under ``ddp`` every process is its own replica (its global rank); under ``tensor_parallel`` and
+    ``pipeline`` the processes of one replica see the same samples and compute the same outputs, so one of them
+    writes (tensor-parallel rank 0, the last pipeline stage's rank).
+
+    Example::
+
+        replica = prediction_replica(trainer)
+        if replica is not None:
+            torch.save(predictions, f"predictions_{replica}.pt")
+    """
+    strategy = trainer.strategy
+    mesh = strategy.device_mesh if isinstance(strategy, ModelParallelStrategy) else None
+    if mesh is not None:
+        names = mesh.mesh_dim_names or ()
+        if "tensor_parallel" in names and mesh["tensor_parallel"].get_local_rank() != 0:
+            return None
+        if "pipeline" in names and mesh["pipeline"].get_local_rank() != mesh["pipeline"].size() - 1:
+            return None
+    sampler = getattr(strategy, "distributed_sampler_kwargs", None) or {}  # the rank among data-parallel replicas
+    return int(sampler.get("rank", trainer.global_rank))
+
+
 def _local(tensor: Tensor) -> Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 

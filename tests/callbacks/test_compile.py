@@ -98,6 +98,7 @@ def test_compiled_fit_trains_like_eager_with_the_same_checkpoint_keys_and_resume
     [
         (["--trainer.strategy=dp"], "--trainer.strategy=dp: dp copies the module"),
         (["--trainer.strategy=fsdp2", "--trainer.devices=2"], "--trainer.strategy=fsdp2: FSDP2Strategy shards"),
+        (["--trainer.strategy=pipeline", "--trainer.devices=2"], "--trainer.strategy=pipeline: pipeline trains by"),
         (
             ["--trainer.strategy.class_path=lightning.pytorch.strategies.ModelParallelStrategy", "--trainer.devices=2"],
             "--trainer.strategy.class_path=lightning.pytorch.strategies.ModelParallelStrategy: ModelParallelStrategy",

@@ -1,9 +1,11 @@
-"""``--trainer.strategy=pipeline`` on the GPT example: its layers in two stages on two CPU processes train the
-model one device trains, in fp64 and through the public command: every training-loss row, every validation row
-and the final weights, under ``1f1b`` with gradient clipping (the norm over both stages, the tied embedding
-counted once) and under ``gpipe`` with gradient accumulation. The 1f1b run is stopped by SIGTERM and resumed from
-its sharded checkpoint, so the same comparison proves the exact resume; the checkpoint consolidates into the file
-one device writes. Bad settings are refused before any process starts."""
+"""``--trainer.strategy=pipeline`` on the GPT example: its layers in stages on two CPU processes train the model
+one device trains, in fp64 and through the public command: every training-loss row, every validation row and the
+final weights. With one stage per process (two blocks each) under ``1f1b`` with gradient clipping (the norm over
+both stages, the tied embedding counted once), stopped by SIGTERM and resumed from its sharded checkpoint under
+``gpipe``, so the same comparison proves both schedules and the exact resume; with two stages per process (four
+stages of one block) under ``interleaved_1f1b`` with clipping and gradient accumulation. That checkpoint
+consolidates into the file one device writes, predicts one device's tokens (written once per pipeline) and
+refuses a resume with another split. Bad settings are refused before any process starts."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from tests.examples.conftest import TINY_GPT
 
 RUN = [
     *TINY_GPT,
-    "--model.init_args.n_layer=4",  # two blocks per stage
+    "--model.init_args.n_layer=4",  # two blocks per stage, or one under two stages per process
     "--data.init_args.batch_size=8",
     "--trainer.precision=64-true",
     "--trainer.max_steps=8",
@@ -32,7 +34,8 @@ RUN = [
     "--progress_bar=none",
 ]
 CLIPPED = ["--trainer.gradient_clip_val=0.5"]
-ACCUMULATED = ["--trainer.accumulate_grad_batches=2", "--pipeline.schedule=gpipe", "--pipeline.micro_batches=2"]
+ACCUMULATED = ["--trainer.accumulate_grad_batches=2"]
+INTERLEAVED = ["--pipeline.schedule=interleaved_1f1b", "--pipeline.stages_per_rank=2"]
 PIPELINE = ["--trainer.strategy=pipeline", "--trainer.devices=2"]
 pytestmark = pytest.mark.xdist_group("test_gpt_pipeline")
 
@@ -44,29 +47,31 @@ def fit_in_process(*args: str) -> None:
         assert stop.code in (0, None)
 
 
-def launch(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "src.cli", "fit", *RUN, *PIPELINE, *args]
-    return subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
+def launch(*args: str, command: str = "fit") -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "src.cli", command, *RUN, *PIPELINE, *args]
+    return subprocess.run(argv, cwd=REPO, env=cli_env(), capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """One device (clipped; accumulated) in this process; the pipeline's clipped 1f1b run stopped at step 4 and
-    resumed, and its accumulated gpipe run, two processes each."""
-    dirs = {name: tmp_path_factory.mktemp(name) for name in ("single", "single_accumulated", "pipeline", "gpipe")}
+    """One device (clipped; clipped and accumulated) in this process; two processes each: the pipeline's clipped
+    1f1b run stopped at step 4 and resumed under gpipe, and its clipped and accumulated interleaved run."""
+    dirs = {name: tmp_path_factory.mktemp(name) for name in ("single", "single_accumulated", "pipeline", "interleaved")}
     fit_in_process(*CLIPPED, f"--trainer.default_root_dir={dirs['single']}")
-    fit_in_process(*ACCUMULATED[:1], f"--trainer.default_root_dir={dirs['single_accumulated']}")
+    fit_in_process(*CLIPPED, *ACCUMULATED, f"--trainer.default_root_dir={dirs['single_accumulated']}")
     stop = ["--trainer.callbacks+=tests.helpers.SignalAtStep", "--trainer.callbacks.step=4"]
     cut = launch(
         *CLIPPED, *stop, "--trainer.callbacks.signal_name=SIGTERM", f"--trainer.default_root_dir={dirs['pipeline']}"
     )
     assert cut.returncode == 143, cut.stderr[-4000:]
-    dirs["cut_stderr"] = cut.stderr  # type: ignore[assignment]
-    resumed = launch(*CLIPPED, f"--trainer.default_root_dir={dirs['pipeline']}", "--ckpt_path=last")
+    dirs["cut_output"] = cut.stdout + cut.stderr  # type: ignore[assignment]
+    resumed = launch(
+        *CLIPPED, "--pipeline.schedule=gpipe", f"--trainer.default_root_dir={dirs['pipeline']}", "--ckpt_path=last"
+    )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    gpipe = launch(*ACCUMULATED, f"--trainer.default_root_dir={dirs['gpipe']}")
-    assert gpipe.returncode == 0, gpipe.stderr[-4000:]
-    dirs["plan"] = gpipe.stdout + gpipe.stderr  # type: ignore[assignment]
+    interleaved = launch(*CLIPPED, *ACCUMULATED, *INTERLEAVED, f"--trainer.default_root_dir={dirs['interleaved']}")
+    assert interleaved.returncode == 0, interleaved.stderr[-4000:]
+    dirs["plan"] = interleaved.stdout + interleaved.stderr  # type: ignore[assignment]
     return dirs
 
 
@@ -89,9 +94,13 @@ def assert_same_rows(run: Path, single: Path) -> None:
 
 
 @pytest.mark.slow
-def test_1f1b_with_clipping_stopped_and_resumed_trains_the_model_one_device_trains(runs):
-    assert "preempted: SIGTERM: saved" in runs["cut_stderr"]
-    assert_same_rows(runs["pipeline"], runs["single"])
+def test_1f1b_stopped_and_resumed_under_gpipe_with_clipping_trains_the_model_one_device_trains(runs):
+    output = runs["cut_output"]
+    assert "preempted: SIGTERM: saved" in output
+    assert "pipeline_stages                 2" in output and "micro_batches                   4" in output
+    assert "layers_per_stage                2, 2" in output
+    assert f"bubble_fraction                 {bubble_fraction(2, 4):.3f}" in output  # 1 / 5
+    assert_same_rows(runs["pipeline"], runs["single"])  # steps 0-3 under 1f1b, 4-7 under gpipe
     assert set(rows(runs["pipeline"], "val/loss")) == set(rows(runs["single"], "val/loss")) == {"2", "5"}
     # the folder of shards, read whole: one device's weights (the tied output layer equal to the embedding)
     whole = load_sharded_checkpoint(runs["pipeline"] / "checkpoints" / "last.ckpt")
@@ -107,22 +116,32 @@ def test_1f1b_with_clipping_stopped_and_resumed_trains_the_model_one_device_trai
 
 
 @pytest.mark.slow
-def test_gpipe_with_accumulation_trains_the_model_one_device_trains_and_plans_its_bubble(runs):
-    assert_same_rows(runs["gpipe"], runs["single_accumulated"])
+def test_two_stages_per_process_interleaved_with_clipping_and_accumulation_train_the_model_one_device_trains(runs):
     plan = runs["plan"]
-    assert "pipeline_stages                 2" in plan and "micro_batches                   2" in plan
-    assert "layers_per_stage                2, 2" in plan
-    assert f"bubble_fraction                 {bubble_fraction(2, 2):.3f}" in plan  # 1 / 3
+    assert "pipeline_stages                 4 (2 per rank)" in plan  # stage s on pipeline rank s % 2
+    assert (
+        "schedule                        interleaved_1f1b" in plan
+        and "layers_per_stage                1, 1, 1, 1" in plan
+    )
+    assert f"bubble_fraction                 {bubble_fraction(2, 4, 2):.3f}" in plan  # 1 / (2 x 4 + 1)
+    assert_same_rows(runs["interleaved"], runs["single_accumulated"])
+    assert set(rows(runs["interleaved"], "train/loss")) == {str(step) for step in range(8)}
+    whole = load_sharded_checkpoint(runs["interleaved"] / "checkpoints" / "last.ckpt")
+    single = torch.load(runs["single_accumulated"] / "checkpoints" / "last.ckpt", weights_only=False)
+    assert whole["global_step"] == single["global_step"] == 8 and whole["pipeline"]["stages_per_rank"] == 2
+    assert relative_difference(single["state_dict"], whole["state_dict"]) < 1e-9
+    assert torch.equal(whole["state_dict"]["net.lm_head.weight"], whole["state_dict"]["net.tok_emb.weight"])
 
 
 @pytest.mark.slow
-def test_a_pipeline_checkpoint_validates_on_one_device_and_consolidates(runs, tmp_path):
-    folder = runs["pipeline"] / "checkpoints" / "last.ckpt"
+def test_an_interleaved_checkpoint_validates_on_one_device_and_consolidates(runs, tmp_path):
+    folder = runs["interleaved"] / "checkpoints" / "last.ckpt"
     out = tmp_path / "model.ckpt"
     done = subprocess.run([sys.executable, "-m", "src.consolidate", str(folder), str(out)], cwd=REPO, env=cli_env())
     assert done.returncode == 0 and out.is_file()
     losses = {}
-    for name, checkpoint in ("folder", folder), ("file", out), ("single", runs["single"] / "checkpoints" / "last.ckpt"):
+    single = runs["single_accumulated"] / "checkpoints" / "last.ckpt"
+    for name, checkpoint in ("folder", folder), ("file", out), ("single", single):
         run_dir = tmp_path / name
         main(
             [
@@ -138,18 +157,17 @@ def test_a_pipeline_checkpoint_validates_on_one_device_and_consolidates(runs, tm
 
 
 @pytest.mark.slow
-def test_resuming_with_another_stage_count_is_refused_and_the_checkpoint_kept(runs):
-    folder = runs["pipeline"] / "checkpoints" / "last.ckpt"
+def test_resuming_with_another_number_of_stages_per_process_is_refused_and_the_checkpoint_kept(runs):
+    folder = runs["interleaved"] / "checkpoints" / "last.ckpt"
     before = sorted(p.name for p in folder.iterdir())
-    command = [sys.executable, "-m", "src.cli", "fit", *RUN, "--trainer.strategy=pipeline", "--trainer.devices=1"]
-    result = subprocess.run(
-        [*command, f"--trainer.default_root_dir={runs['pipeline']}", "--ckpt_path=last"],
-        cwd=REPO, env=cli_env(), capture_output=True, text=True,
-    )  # fmt: skip
+    result = launch(f"--trainer.default_root_dir={runs['interleaved']}", "--ckpt_path=last")  # 1f1b, one per rank
     assert result.returncode == 2, result.stderr[-3000:]
     report = result.stderr.strip().splitlines()[-1]
-    assert report.startswith(f"error: --ckpt_path={folder} was saved by a run with 2 pipeline stages; this run has 1")
-    assert "Fix:" in report and "Traceback" not in result.stderr
+    assert report.startswith(
+        f"error: --ckpt_path={folder} was saved by a run with 4 pipeline stages (2 per rank); this run has 2 (1 per"
+        " rank). Fix: resume with 2 processes per pipeline"
+    )
+    assert "--pipeline.stages_per_rank=2" in report and "Traceback" not in result.stderr
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
@@ -159,9 +177,17 @@ def test_resuming_with_another_stage_count_is_refused_and_the_checkpoint_kept(ru
         ([*RUN, "--pipeline.micro_batches=1"], "--pipeline.micro_batches=1 is fewer than the 2 pipeline stages"),
         ([*RUN, "--pipeline.micro_batches=3"], "do not split into --pipeline.micro_batches=3 equal micro-batches"),
         ([*RUN, "--pipeline.data_parallel_size=3"], "does not divide the 2 processes into pipelines"),
+        ([*RUN, "--pipeline.stages_per_rank=2"], "--pipeline.schedule=1f1b runs one stage per process, not"),
+        ([*RUN, *INTERLEAVED, "--pipeline.micro_batches=5"], "--pipeline.micro_batches=5 is not a count"),
+        ([*RUN, *INTERLEAVED[:1]], "this run has 2 pipeline rank(s) and --pipeline.stages_per_rank=1"),
+        (
+            [*RUN, *INTERLEAVED[:1], "--pipeline.stages_per_rank=3"],
+            "--model.init_args.n_layer=4 blocks cannot make 6 pipeline stages",
+        ),
     ],
-    ids=["fewer-micro-batches-than-stages", "uneven-micro-batches", "sizes"],
-)
+    ids=["fewer-micro-batches-than-stages", "uneven-micro-batches", "sizes", "one-stage-schedule", "rounds",
+         "one-stage-interleaved", "more-stages-than-blocks"],
+)  # fmt: skip
 def test_bad_pipeline_settings_are_refused_before_launch(args, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as stop:
         main(["fit", *args, *PIPELINE, "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"])
@@ -171,35 +197,42 @@ def test_bad_pipeline_settings_are_refused_before_launch(args, message, capsys, 
     assert not list(tmp_path.iterdir())  # nothing started, nothing written
 
 
-def test_the_gpt_splits_its_blocks_by_parameters_or_where_told():
+def test_the_gpt_gives_each_stage_its_own_layers_and_stays_whole():
     from src.models import CausalLanguageModel
     from src.models.gpt import balanced_split
 
     model = CausalLanguageModel(n_layer=6, n_embd=32, n_head=2, block_size=32)
     assert balanced_split(model.net, 2) == [3] and balanced_split(model.net, 3) == [2, 4]
-    stage = model.pipeline_stage(1, 2)
-    assert next(name for name, _ in model.named_parameters()) == "net.blocks.3.ln1.weight"  # names kept
-    assert stage is model.net and model.net.tok_emb is None and model.net.lm_head is not None
-    hidden = torch.randn(2, 5, 32)
-    assert stage(hidden).shape == (2, 5, 256)  # activations in, logits out
+    names = [name for name, _ in model.named_parameters()]
+    first, second = model.pipeline_stage(0, 2), model.pipeline_stage(1, 2)
+    assert [name for name, _ in model.named_parameters()] == names  # the model unchanged
+    assert first.blocks[0] is model.net.blocks[0] and second.blocks[0] is model.net.blocks[3]  # shared, not copied
+    assert first.lm_head is None and second.tok_emb is None and second.lm_head is model.net.lm_head
+    tokens = torch.randint(0, 256, (2, 5))
+    hidden = first(tokens)
+    assert hidden.shape == (2, 5, 32)  # tokens in, activations out; activations in, logits out
+    assert torch.equal(second(hidden), model(tokens))
     told = CausalLanguageModel(n_layer=6, n_embd=32, n_head=2, block_size=32, pipeline_split=[1])
-    told.pipeline_stage(0, 2)
-    assert list(told.net.blocks) == ["0"] and told.net.lm_head is None
+    assert len(told.pipeline_stage(0, 2).layers()) == 1 and len(told.pipeline_stage(1, 2).layers()) == 5
     with pytest.raises(Exception, match="does not cut 6 blocks into 3 stages"):
         CausalLanguageModel(n_layer=6, n_embd=32, n_head=2, pipeline_split=[4, 2]).pipeline_stage(0, 3)
 
 
 @pytest.mark.slow
-def test_prediction_runs_through_the_stages_and_gives_one_devices_tokens(runs, tmp_path):
-    folder = runs["pipeline"] / "checkpoints" / "last.ckpt"
+def test_prediction_runs_through_two_stages_per_process_writes_once_and_gives_one_devices_tokens(runs, tmp_path):
+    folder = runs["interleaved"] / "checkpoints" / "last.ckpt"
     writer = ["--trainer.callbacks+=tests.zoo.writer.SavePredictions", "--trainer.limit_predict_batches=2"]
+    out = {name: tmp_path / name for name in ("single", "pipeline")}
+    args = [*writer, f"--ckpt_path={folder}"]
+    main(["predict", *RUN, "--trainer.devices=1", *args, f"--trainer.callbacks.output_dir={out['single']}",
+          f"--trainer.default_root_dir={out['single']}"])  # fmt: skip
+    result = launch(*INTERLEAVED, *args, f"--trainer.callbacks.output_dir={out['pipeline']}",
+                    f"--trainer.default_root_dir={out['pipeline']}", command="predict")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
     predicted = {}
-    for name, strategy in ("single", ["--trainer.devices=1"]), ("pipeline", PIPELINE):
-        out = tmp_path / name
-        args = [*RUN, *strategy, *writer, f"--trainer.callbacks.output_dir={out}", f"--ckpt_path={folder}"]
-        command = [sys.executable, "-m", "src.cli", "predict", *args, f"--trainer.default_root_dir={out}"]
-        result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr[-3000:]
-        predicted[name] = torch.cat(torch.load(out / "predictions_rank0.pt", weights_only=False)["predictions"])
+    for name, folder in out.items():
+        written = sorted(path.name for path in folder.glob("predictions_*.pt"))
+        assert written == ["predictions_rank0.pt"]  # one data-parallel replica: one file, not one per stage
+        predicted[name] = torch.cat(torch.load(folder / written[0], weights_only=False)["predictions"])
     assert predicted["single"].shape == (16, 32)  # 2 batches of 8 sequences, the next token after each position
     assert torch.equal(predicted["pipeline"], predicted["single"])
