@@ -193,8 +193,9 @@ class PreemptionCheckpoint(Callback):
         self._stop_signal = agreed
         if validation_follows(trainer):
             return  # save once that validation and ModelCheckpoint are done, or it would never run on resume
+        # saved here, where Lightning's own checkpoints of a step are saved; stopped at the next hook, once Lightning
+        # has logged this step's row (raising now would lose it: the resume starts at the next step)
         self._save(trainer)
-        self._stop(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._stop_signal or self._saved_path is not None or trainer.sanity_checking:
@@ -207,7 +208,7 @@ class PreemptionCheckpoint(Callback):
         self._save(trainer)
 
     def _stop_once_saved(self, trainer: L.Trainer, *args: Any) -> None:
-        if self._saved_path is not None:  # saved after a validation: stop before the next batch or epoch
+        if self._saved_path is not None:  # saved at the step or after its validation: stop before the next one
             self._stop(trainer)
 
     on_train_batch_start = on_train_epoch_end = _stop_once_saved  # type: ignore[assignment]

@@ -38,6 +38,7 @@ COMMON = [
     f"--trainer.max_steps={STEPS}",
     "--trainer.max_epochs=-1",
     "--trainer.limit_val_batches=2",
+    "--trainer.log_every_n_steps=1",  # a training row at every step: none may be lost or repeated around a stop
     "--model.init_args.dropout=0.2",
 ]
 
@@ -101,6 +102,18 @@ def validation_rows(run_dir: Path) -> list[tuple[str, str]]:
     ]
 
 
+def training_rows(run_dir: Path) -> list[tuple[str, str]]:
+    """``(step, train/loss)`` of every training row over the run's logger versions, in order."""
+    versions = sorted((run_dir / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    return [
+        (r["step"], r["train/loss"])
+        for v in versions
+        if (v / "metrics.csv").is_file()
+        for r in read_metrics(run_dir, int(v.name[8:]))
+        if r.get("train/loss")
+    ]
+
+
 def best_checkpoint(run_dir: Path) -> tuple[str, float]:
     """The best checkpoint's file name and score, as ModelCheckpoint recorded them in last.ckpt."""
     callbacks = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]
@@ -127,6 +140,7 @@ def assert_same_run(resumed: Path, straight: Path) -> None:
     rows, expected = validation_rows(resumed), validation_rows(straight)
     assert [step for step, _ in rows] == [step for step, _ in expected]  # every validation, at the same step
     assert [float(v) for _, v in rows] == [float(v) for _, v in expected]  # the same numbers, not close ones
+    assert training_rows(resumed) == training_rows(straight)  # every step's row, once, none lost at the stop
     assert best_checkpoint(resumed) == best_checkpoint(straight)
     assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == sorted(
         p.name for p in (straight / "checkpoints").iterdir()
