@@ -3,6 +3,8 @@
 Layers, bottom to top: the libraries' private names, errors and quiet (0); the user's rooms and what they build on,
 data, models, strategies and checkpoints (1); the callbacks (2); the checks before launch and ``tune`` (3);
 the command line (4); the commands built on it (5). A new module of ``src/`` must be given its layer here.
+
+The tests mirror the code (README "Tests"): every module of ``src/`` with a function or class has its test file.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -37,6 +40,19 @@ LAYERS = {
 }
 
 
+#: the modules tested elsewhere, with where (README "Tests"): the examples, whose tests scripts/make_it_yours.py
+#: removes with them, and the two packages whose only function imports the examples when first named
+TESTED_ELSEWHERE = {
+    "src/models/gpt.py": "tests/examples/",
+    "src/models/image_classifier.py": "tests/examples/",
+    "src/data/images.py": "tests/examples/",
+    "src/data/text.py": "tests/examples/",
+    "src/data/corpus.py": "tests/examples/",
+    "src/models/__init__.py": "tests/examples/ (src.models.CausalLanguageModel, src.models.ImageClassifier)",
+    "src/data/__init__.py": "tests/examples/ (src.data.TextDataModule, src.data.CIFAR10DataModule)",
+}
+
+
 def module_name(path) -> str:
     parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -61,6 +77,31 @@ def imports_of_src() -> dict[str, set[str]]:
             imported |= {name for name in names if name == "src" or name.startswith("src.")}
         graph[module_name(path)] = imported
     return graph
+
+
+def mirror_test(path: Path) -> Path:
+    """``tests/<package>/test_<module>.py`` for ``src/<package>/<module>.py``; for a package's ``__init__.py`` (its
+    table of contents) and ``__main__.py`` (its command), ``tests/<package>/test_<package>.py``."""
+    relative = path.relative_to(REPO / "src")
+    name = relative.parent.name if relative.stem in ("__init__", "__main__") else relative.stem
+    return REPO / "tests" / relative.parent / f"test_{name}.py"
+
+
+def has_logic(path: Path) -> bool:
+    """Whether a module defines a function or a class (not only imports, constants and a command's one line)."""
+    nodes = ast.walk(ast.parse(path.read_text()))
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for node in nodes)
+
+
+def test_every_module_with_logic_has_its_mirror_test_file():
+    modules = [path for path in sorted((REPO / "src").rglob("*.py")) if has_logic(path)]
+    assert len(modules) > 20  # the walk found the package
+    missing = [
+        f"{path.relative_to(REPO)} (expected {mirror_test(path).relative_to(REPO)})"
+        for path in modules
+        if str(path.relative_to(REPO)) not in TESTED_ELSEWHERE and not mirror_test(path).is_file()
+    ]
+    assert not missing, f"modules without their test file: {missing}; add it, or list the module in TESTED_ELSEWHERE"
 
 
 def test_no_module_imports_a_layer_above_its_own():

@@ -13,7 +13,6 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from src.cli import DEFAULT_CONFIG, TemplateCLI, main
 from src.compat import collective_timeout
-from src.launch import strategy_name, strategy_options
 from src.strategies.model_parallel import ClipAcrossMeshes
 from tests.conftest import TINY, last_value, read_metrics
 
@@ -197,16 +196,6 @@ def test_cli_builds_the_objects_without_running_for_notebooks_and_scripts():
     assert cli.trainer.max_steps == 3 and cli.datamodule.batch_size == 64
 
 
-def test_a_strategy_of_auto_that_runs_several_processes_is_named_ddp_so_it_gets_the_templates_ddp_options():
-    # the collective timeout and, for manual optimization, find_unused_parameters: options of a ddp strategy by name
-    cpu = {"strategy": "auto", "accelerator": "cpu"}
-    assert strategy_name({**cpu, "devices": 2}) == "ddp"
-    assert strategy_name({**cpu, "devices": 1, "num_nodes": 2}) == "ddp"
-    assert strategy_name({**cpu, "devices": 1}) == "auto"  # one process: Lightning's single-device strategy
-    assert strategy_name({**cpu, "devices": "auto"}) == "auto"  # one CPU process, as Lightning counts it
-    assert strategy_name({**cpu, "strategy": "ddp_spawn", "devices": 2}) == "ddp_spawn"  # a name is kept
-
-
 # -- strategies given by name and as a class -------------------------------------------------------------------
 
 STRATEGY_CLASSES = [
@@ -253,13 +242,3 @@ def test_collective_timeout_null_leaves_lightnings_default_to_a_strategy_by_name
     assert collective_timeout(cli.trainer.strategy) == timedelta(seconds=60)
     # the options reach the one strategy the Trainer builds: the registry keeps Lightning's own
     assert StrategyRegistry[strategy]["init_params"] == ({"start_method": "popen"} if strategy == "ddp" else {})
-
-
-def test_a_model_that_optimizes_by_hand_gets_find_unused_parameters_under_a_ddp_strategy_by_name():
-    from tests.zoo.gan import TinyGAN
-
-    minute = timedelta(seconds=60)
-    assert strategy_options("ddp", 60, TinyGAN()) == {"timeout": minute, "find_unused_parameters": True}
-    assert strategy_options("ddp_find_unused_parameters_false", 60, TinyGAN()) == {"timeout": minute}  # as named
-    assert strategy_options("fsdp2", None, TinyGAN()) == {}  # ddp's option only; null: no timeout
-    assert strategy_options("dp", 60, TinyGAN()) == {}  # one process: no collectives

@@ -522,18 +522,3 @@ def test_a_failed_collective_is_told_by_its_text_and_reported_as_one_paragraph_w
     error.collective_report = "rank 1 did not arrive"  # what src/callbacks/stacks.py attaches
     report(error)
     assert capsys.readouterr().err == "error: rank 1 did not arrive\n"
-
-
-def test_nccls_flight_recorder_is_on_for_several_cuda_processes_only_and_a_users_setting_wins(tmp_path, monkeypatch):
-    from src.launch import FLIGHT_RECORDER_NAMES, flight_recorder_defaults
-
-    for name in {*FLIGHT_RECORDER_NAMES, *FLIGHT_RECORDER_NAMES.values()}:
-        monkeypatch.delenv(name, raising=False)
-    assert flight_recorder_defaults({"accelerator": "cpu", "devices": 2}, str(tmp_path)) == {}
-    assert flight_recorder_defaults({"accelerator": "gpu", "devices": 1, "num_nodes": 1}, str(tmp_path)) == {}
-    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")  # the older name of the buffer's size, set by the user
-    chosen = flight_recorder_defaults({"accelerator": "gpu", "devices": 2}, str(tmp_path))
-    folder = tmp_path / "stacks" / "nccl"
-    assert chosen == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": f"{folder}/nccl_trace_rank_"}
-    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and "TORCH_FR_BUFFER_SIZE" not in os.environ
-    assert folder.is_dir()

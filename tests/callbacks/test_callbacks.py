@@ -1,17 +1,15 @@
-"""The template's callbacks: every one is listed in ``src/callbacks/__init__.py``, and ``--callbacks_off`` leaves
-optional ones out of a run; under SLURM Lightning's own save-and-requeue gives way to ``PreemptionCheckpoint``."""
+"""The template's callbacks (``src/callbacks/__init__.py``): every one is listed there, the Trainer holds them in the
+listed order, and ``--callbacks_off`` leaves optional ones out of a run. Each callback's own test is beside this one."""
 
 from __future__ import annotations
 
 import csv
 
 import pytest
-from lightning.fabric.plugins.environments import SLURMEnvironment
 
 import src.callbacks
 from src.callbacks import OPTIONAL_CALLBACKS, PreemptionCheckpoint, RunPlan, SpeedMonitor
 from src.callbacks.continuation import ExactContinuation
-from src.callbacks.steps import EveryNSteps
 from src.cli import TemplateCLI, main
 from tests.conftest import TINY
 
@@ -60,30 +58,3 @@ def test_an_unknown_name_is_refused(capsys):
         TemplateCLI(args=[*TINY, "--callbacks_off=[thruput]"], run=False)
     assert stop.value.code == 2
     assert "callbacks_off" in capsys.readouterr().err
-
-
-@pytest.fixture
-def under_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The environment of one task started by ``srun`` (what Lightning detects SLURM by)."""
-    for name, value in {
-        "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0",
-        "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "node1", "SLURM_NTASKS_PER_NODE": "1",
-    }.items():  # fmt: skip
-        monkeypatch.setenv(name, value)
-
-
-def test_under_slurm_lightnings_requeue_is_off_while_preemption_handles_signals(under_slurm):
-    def environment(*args: str) -> SLURMEnvironment:
-        cli = TemplateCLI(args=[*TINY, "--trainer.strategy=ddp", *args], run=False)
-        return cli.trainer.strategy.cluster_environment
-
-    assert environment().auto_requeue is False
-    assert environment("--callbacks_off=[preemption]").auto_requeue is True  # Lightning's own handling instead
-
-
-def test_every_n_steps_is_due_when_a_multiple_is_crossed():
-    every = EveryNSteps(5, start=3)  # resumed at step 3
-    assert [step for step in (4, 5, 5, 6, 9, 11, 12, 15) if every.due(step)] == [5, 11, 15]
-    new_step = EveryNSteps()
-    assert [step for step in (0, 0, 1, 1, 3) if new_step.due(step)] == [0, 1, 3]
-    assert not EveryNSteps(0).due(100)

@@ -10,8 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from src.callbacks.progress import progress_bar
-from src.callbacks.throughput import SpeedMonitor, dense_peak_flops, first_tensor
+from src.callbacks.throughput import dense_peak_flops, first_tensor
 from src.cli import main
 from tests.conftest import TINY, read_metrics
 
@@ -167,12 +166,3 @@ def test_fp16_loss_scale_is_logged_and_bf16_has_none(tmp_path):
     assert len(fp16) == 2 and all(s == 2.0 ** round(math.log2(s)) for s in fp16), fp16
     assert 2.0**16 > fp16[0] >= fp16[1]
     assert scales["bf16-mixed"] == []  # bf16 has fp32's range: no loss scaling
-
-
-@pytest.mark.parametrize("mode", ["plain", "rich"])
-def test_both_progress_bars_show_the_throughput_figures(mode):
-    """The figures do not pass through ``self.log``, so the template's bars add them themselves."""
-    monitor, bar = SpeedMonitor(), progress_bar(mode)
-    trainer = L.Trainer(callbacks=[monitor, bar], logger=False, enable_checkpointing=False)
-    monitor.shown = {"perf/samples_per_s": 123.0}
-    assert bar.get_metrics(trainer, UserModule())["perf/samples_per_s"] == 123.0

@@ -2,11 +2,12 @@
 
 ``limit_val_batches=k`` / ``limit_test_batches=k`` mean the first ``k`` global batches of the set in order, on one
 process as under ``ddp``; every sample is counted once and every rank runs as many batches. Under ``ddp_spawn``
-each worker has its own metric states (they arrive in shared memory), so the first validation after a resume is
-the one an uninterrupted run logs (``tests/callbacks/test_preemption.py``) and ``validate`` equals the single-device
-result. Under ``ddp`` one launch per stage: ``validate`` on its first 2 batches, ``test`` on the whole set (the limit
-and the short last batch go through the same sampler for either stage); one process checks all four against
-the numbers computed by hand.
+each worker has its own metric states (they arrive in shared memory; the copying is tested in
+tests/callbacks/test_spawn.py), so the first validation after a resume is the one an uninterrupted run logs
+(``tests/callbacks/test_preemption.py``) and ``validate`` equals the single-device result (here, on this module's
+checkpoint). Under ``ddp`` one launch per stage: ``validate`` on its first 2 batches, ``test`` on the whole set
+(the limit and the short last batch go through the same sampler for either stage); one process checks all four
+against the numbers computed by hand.
 """
 
 from __future__ import annotations
@@ -17,11 +18,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
 
-from src.callbacks.precision import metrics_in_float64
-from src.callbacks.spawn import unshare_module_tensors
 from src.cli import main
 from src.data.sampling import EvaluationBatches, global_evaluation_batches
 from tests.conftest import TINY, read_metrics
@@ -83,62 +80,6 @@ def test_short_last_batch_joins_the_previous_one():
 def test_batch_smaller_than_the_world_names_the_option_and_a_fix():
     with pytest.raises(ValueError, match=r"--data.batch_size=2 .*Fix: set --data.batch_size to at least 4"):
         EvaluationBatches(range(10), 2, num_replicas=4, rank=0)
-
-
-# -- metric states: private per spawned worker, float64 under 64-true ----------------------------------------------
-
-
-class TwoMetrics(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.mean = MeanMetric()
-        self.acc = MulticlassAccuracy(3, average="micro")
-        self.alias = self.mean.mean_value  # two names for one tensor, as a MetricCollection's compute group has
-
-
-def test_metric_states_that_a_spawn_left_in_shared_memory_get_private_copies():
-    module = TwoMetrics()
-    module.mean.update(torch.tensor([1.0, 3.0]))
-    for tensor in (module.mean.mean_value, module.mean.weight, module.acc.tp):
-        tensor.share_memory_()  # what torch.multiprocessing does to every tensor it sends to a spawned process
-    shared = module.mean.mean_value
-    assert unshare_module_tensors(module) == 3
-    assert not any(t.is_shared() for t in (module.mean.mean_value, module.mean.weight, module.acc.tp))
-    assert module.alias is module.mean.mean_value  # aliases stay one tensor
-    module.mean.update(torch.tensor([5.0]))
-    assert shared.item() == 4.0  # the shared copy, which the other workers would see, is left alone
-    assert module.mean.compute().item() == 3.0
-    assert unshare_module_tensors(module) == 0  # nothing shared is left
-
-
-def test_lightning_unshares_only_parameters_and_buffers_in_spawned_workers():
-    """If this fails, Lightning's spawn launcher changed how it copies the module for its workers: check whether
-    it now copies metric states too, and whether ``UnshareSpawnedTensors`` is still needed."""
-    from lightning.fabric.strategies.launchers.multiprocessing import _disable_module_memory_sharing
-
-    module = TwoMetrics()
-    module.linear = torch.nn.Linear(2, 2)
-    module.mean.mean_value.share_memory_()
-    module.linear.weight.data.share_memory_()
-    _disable_module_memory_sharing(module)
-    assert not module.linear.weight.is_shared()
-    assert module.mean.mean_value.is_shared()  # left shared: the template's callback copies it
-
-
-def test_64_true_keeps_floating_metric_states_in_float64_and_counts_as_integers():
-    module = TwoMetrics()
-    module.double()  # what --trainer.precision=64-true does to the model: torchmetrics ignores it
-    assert module.mean.mean_value.dtype == torch.float32
-    metrics_in_float64(module)
-    assert module.mean.mean_value.dtype == module.mean.weight.dtype == torch.float64
-    assert module.acc.tp.dtype == torch.int64
-    module.to("cpu")  # what a strategy's setup does: torchmetrics sets the dtype it casts inputs to back to float32
-    assert module.mean.dtype == torch.float32 and module.mean.mean_value.dtype == torch.float64
-    metrics_in_float64(module)  # hence Float64Metrics calls it again when each stage starts
-    assert module.mean.dtype == torch.float64
-    module.mean.update(torch.tensor([1.0, 2.0], dtype=torch.float64))
-    module.mean.reset()  # reset() restores defaults that are float64 too
-    assert module.mean.mean_value.dtype == torch.float64
 
 
 # -- validate and test on one process and under ddp / ddp_spawn: the same numbers --------------------------------

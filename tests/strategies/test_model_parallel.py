@@ -2,7 +2,10 @@
 sharded checkpoints (atomic, resumable bit for bit, readable on one device and under ddp, consolidated).
 
 The slow tests train the tests' workload (``TinyClassifier``, which has no ``configure_model``) in fp64 under
-fsdp2 on two processes: the default policy must give the model one device trains.
+fsdp2 on two processes: the default policy must give the model one device trains. They read one module-scoped set
+of runs, so the slow tests of ``src/strategies/sharding.py``, ``src/checkpoints/consolidate.py`` (and its command,
+``python -m src.consolidate``) and ``src/checkpoints/sharded.py`` on a trained run are here, not in their mirror
+files (tests/strategies/test_sharding.py, tests/checkpoints/test_consolidate.py, tests/checkpoints/test_sharded.py).
 """
 
 from __future__ import annotations
@@ -19,17 +22,14 @@ import pytest
 import torch
 from lightning.pytorch.plugins.precision import DoublePrecision
 from lightning.pytorch.strategies import StrategyRegistry
-from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from src.checkpoints import sharded as sharded_checkpoint
-from src.checkpoints.consolidate import main as consolidate_main
 from src.checkpoints.files import is_intact
 from src.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint, move_into_place, restore_interrupted
 from src.cli import main
 from src.errors import ConfigurationError
 from src.strategies import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
 from src.strategies.model_parallel import clip_grad_norm, memory_per_rank
-from src.strategies.sharding import DefaultShardingPolicy
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics, relative_difference
 from tests.fixtures.workload import TinyClassifier
 
@@ -61,15 +61,6 @@ def test_tensor_parallel_refuses_a_model_without_a_plan():
         strategy.setup_environment()
 
 
-def test_default_policy_is_bound_for_one_run_only():
-    model = TinyClassifier()
-    policy = DefaultShardingPolicy.install(model)
-    assert is_overridden("configure_model", model)
-    policy.uninstall()
-    assert not is_overridden("configure_model", model)
-    assert "configure_model" not in vars(model)
-
-
 def test_clip_grad_norm_matches_torch_on_plain_tensors():
     torch.manual_seed(0)
     ours = [torch.nn.Parameter(torch.randn(5)) for _ in range(3)]
@@ -93,13 +84,6 @@ def test_memory_per_rank_counts_parameters_gradients_and_optimizer_state():
     model(torch.randn(5, 4)).sum().backward()
     optimizer.step()
     assert memory_per_rank(model, [optimizer])["optimizer_state"] == 2 * 4 * (12 + 3)  # Adam's two moments
-
-
-def test_consolidate_refuses_a_folder_that_is_no_checkpoint(tmp_path, capsys):
-    assert consolidate_main([str(tmp_path), str(tmp_path / "out.ckpt")]) == 2
-    error = capsys.readouterr().err
-    assert "not a complete sharded checkpoint" in error and "Fix:" in error
-    assert not (tmp_path / "out.ckpt").exists()
 
 
 # -- slow: trained runs --------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import pytest
 import torch
 import yaml
 
-from src.cli import main, shared_random_seed
+from src.cli import main
 from tests.conftest import cli_env, last_value, load_state, read_metrics, relative_difference
 
 #: the single-device runs are shared by most tests: one worker trains them once
@@ -187,18 +187,6 @@ def test_a_flag_that_contradicts_the_checkpoint_is_refused(tmp_path, capsys):
     # the same value as the checkpoint's is no contradiction
     main([*args, "--ckpt_path=last", "--model.init_args.hidden=8", "--trainer.max_epochs=2"])
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["hyper_parameters"]["hidden"] == 8
-
-
-def test_random_seed_is_shared_by_the_processes_of_one_job(monkeypatch):
-    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    first = shared_random_seed()
-    assert shared_random_seed() == first  # every rank of the job, and the job requeued
-    monkeypatch.setenv("SLURM_JOB_ID", "4243")
-    assert shared_random_seed() != first  # another job, another seed
-    monkeypatch.setenv("PL_GLOBAL_SEED", "7")  # processes Lightning started inherit the first one's
-    assert shared_random_seed() == 7
 
 
 # -- ddp and ddp_spawn (2 CPU processes), compared with one device ------------------------------------------

@@ -1,19 +1,16 @@
-"""``python -m src.cli tune`` (src/tuning/): the largest micro-batch under a memory limit, a learning rate, a config."""
+"""``python -m src.cli tune`` (src/tuning/trainer.py): the largest micro-batch under a memory limit, a learning rate,
+a config (the batch and learning-rate arithmetic: tests/tuning/test_scaling.py)."""
 
 from __future__ import annotations
 
 import json
-import math
 
 import lightning as L
-import pytest
 import yaml
 from torch import Tensor
 
 from src.cli import TemplateCLI, main
-from src.data.sampling import per_process_batch_size
 from src.tuning import Trainer as TuningTrainer
-from src.tuning import global_batch_size, scaled_lr
 from tests.conftest import TINY, read_metrics
 from tests.fixtures.workload import TinyClassifier
 
@@ -34,7 +31,7 @@ class MemoryLimitedClassifier(TinyClassifier):
 
 LIMITED = [
     *TINY,
-    "--model=tests.tuning.test_tune.MemoryLimitedClassifier",
+    "--model=tests.tuning.test_trainer.MemoryLimitedClassifier",
     "--model.init_args.hidden=24",
     "--model.init_args.memory_limit=20",
 ]
@@ -88,16 +85,6 @@ def test_binsearch_bisects_to_the_limit_and_keeps_lightnings_margin_without_a_le
     # 16 fits, 32 does not; bisecting finds 20, the limit itself, and Lightning keeps 5% below it: int(20 * 0.95)
     assert yaml.safe_load(config.read_text()) == {"data": {"init_args": {"batch_size": 19}}}
     assert "learning rate: not measured" in capsys.readouterr().out
-
-
-def test_the_global_batch_divides_and_the_learning_rate_scales_by_the_chosen_rule():
-    for devices, accumulate in [(1, 1), (2, 1), (4, 2), (3, 5)]:
-        batch = global_batch_size(16, devices, accumulate)
-        assert per_process_batch_size(batch, devices, accumulate) == 16
-    assert scaled_lr(1e-3, 16, 64, "linear") == pytest.approx(4e-3)
-    assert scaled_lr(1e-3, 16, 64, "sqrt") == pytest.approx(2e-3)
-    assert scaled_lr(1e-3, 16, 64, "none") == 1e-3
-    assert math.isclose(scaled_lr(2e-3, 64, 16, "sqrt"), 1e-3)
 
 
 def test_only_tune_builds_the_trainer_with_a_tune_method(tmp_path):

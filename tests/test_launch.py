@@ -1,0 +1,85 @@
+"""What the template adds to Lightning's launch (src/launch.py), decided from the options before the Trainer is
+built: the strategy's name, the options a strategy given by name gets, NCCL's flight recorder, and the plugins
+(atomic checkpoints; under SLURM, Lightning's requeue off while ``PreemptionCheckpoint`` handles the signals)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from src.checkpoints.files import AtomicCheckpointIO
+from src.cli import TemplateCLI
+from src.launch import checkpoint_plugins, strategy_name, strategy_options
+from tests.conftest import TINY
+
+
+def test_a_strategy_of_auto_that_runs_several_processes_is_named_ddp_so_it_gets_the_templates_ddp_options():
+    # the collective timeout and, for manual optimization, find_unused_parameters: options of a ddp strategy by name
+    cpu = {"strategy": "auto", "accelerator": "cpu"}
+    assert strategy_name({**cpu, "devices": 2}) == "ddp"
+    assert strategy_name({**cpu, "devices": 1, "num_nodes": 2}) == "ddp"
+    assert strategy_name({**cpu, "devices": 1}) == "auto"  # one process: Lightning's single-device strategy
+    assert strategy_name({**cpu, "devices": "auto"}) == "auto"  # one CPU process, as Lightning counts it
+    assert strategy_name({**cpu, "strategy": "ddp_spawn", "devices": 2}) == "ddp_spawn"  # a name is kept
+
+
+def test_a_model_that_optimizes_by_hand_gets_find_unused_parameters_under_a_ddp_strategy_by_name():
+    from tests.zoo.gan import TinyGAN
+
+    minute = timedelta(seconds=60)
+    assert strategy_options("ddp", 60, TinyGAN()) == {"timeout": minute, "find_unused_parameters": True}
+    assert strategy_options("ddp_find_unused_parameters_false", 60, TinyGAN()) == {"timeout": minute}  # as named
+    assert strategy_options("fsdp2", None, TinyGAN()) == {}  # ddp's option only; null: no timeout
+    assert strategy_options("dp", 60, TinyGAN()) == {}  # one process: no collectives
+
+
+def test_nccls_flight_recorder_is_on_for_several_cuda_processes_only_and_a_users_setting_wins(tmp_path, monkeypatch):
+    from src.launch import FLIGHT_RECORDER_NAMES, flight_recorder_defaults
+
+    for name in {*FLIGHT_RECORDER_NAMES, *FLIGHT_RECORDER_NAMES.values()}:
+        monkeypatch.delenv(name, raising=False)
+    assert flight_recorder_defaults({"accelerator": "cpu", "devices": 2}, str(tmp_path)) == {}
+    assert flight_recorder_defaults({"accelerator": "gpu", "devices": 1, "num_nodes": 1}, str(tmp_path)) == {}
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")  # the older name of the buffer's size, set by the user
+    chosen = flight_recorder_defaults({"accelerator": "gpu", "devices": 2}, str(tmp_path))
+    folder = tmp_path / "stacks" / "nccl"
+    assert chosen == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": f"{folder}/nccl_trace_rank_"}
+    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and "TORCH_FR_BUFFER_SIZE" not in os.environ
+    assert folder.is_dir()
+
+
+@pytest.fixture
+def under_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment of one task started by ``srun`` (what Lightning detects SLURM by)."""
+    for name, value in {
+        "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "node1", "SLURM_NTASKS_PER_NODE": "1",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+
+
+def test_under_slurm_lightnings_requeue_is_off_while_preemption_handles_signals(under_slurm):
+    def environment(*args: str) -> SLURMEnvironment:
+        cli = TemplateCLI(args=[*TINY, "--trainer.strategy=ddp", *args], run=False)
+        return cli.trainer.strategy.cluster_environment
+
+    assert environment().auto_requeue is False
+    assert environment("--callbacks_off=[preemption]").auto_requeue is True  # Lightning's own handling instead
+
+
+def test_checkpoints_are_saved_atomically_and_slurms_environment_comes_without_lightnings_requeue(
+    under_slurm, monkeypatch
+):
+    plugins = checkpoint_plugins(None)
+    assert [type(plugin) for plugin in plugins] == [AtomicCheckpointIO, SLURMEnvironment]
+    assert plugins[1].auto_requeue is False
+    # preemption off: Lightning picks its own SLURM environment, with its save-and-requeue
+    assert [type(plugin) for plugin in checkpoint_plugins([], slurm_requeue=True)] == [AtomicCheckpointIO]
+    own = [TorchCheckpointIO(), LightningEnvironment()]
+    assert checkpoint_plugins(own) == own  # the user's checkpoint IO and cluster environment stand
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")  # torchrun inside the SLURM job started the processes
+    assert [type(plugin) for plugin in checkpoint_plugins(None)] == [AtomicCheckpointIO]

@@ -1,0 +1,41 @@
+"""The command line's options on top of LightningCLI's (src/options.py): the model and data classes the arguments
+name, read before parsing, and the arguments rebased so that a changed class starts from its own defaults. The
+options themselves are tested through the command line (tests/test_cli.py, tests/test_errors.py)."""
+
+from __future__ import annotations
+
+import yaml
+
+from src.options import chosen_classes, rebased_arguments
+
+TINY_MODEL = "tests.fixtures.workload.TinyClassifier"
+DEFAULTS = {
+    "model": {"class_path": TINY_MODEL, "init_args": {"hidden": 64}},
+    "data": {"class_path": "tests.fixtures.workload.TinyData", "init_args": {"batch_size": 8}},
+    "trainer": {"max_steps": 5},
+}
+
+
+def test_the_classes_are_read_as_the_parser_reads_them_the_last_one_winning(tmp_path):
+    config = tmp_path / "classes.yaml"
+    config.write_text("model:\n  class_path: pkg.FromFile\ndata: pkg.DataFromFile\n")
+    argv = ["--model=pkg.BeforeTheSubcommand", "fit", "--model", "pkg.Spaced", "--config", str(config),
+            "--data.class_path=pkg.Flag"]  # fmt: skip
+    assert chosen_classes(argv, "fit") == {"model": "pkg.FromFile", "data": "pkg.Flag"}
+    assert chosen_classes(["fit", "--config", "{model: pkg.Inline}"], "fit") == {"model": "pkg.Inline", "data": None}
+    assert chosen_classes(["--model=pkg.M"], None) == {"model": "pkg.M", "data": None}  # no subcommand
+    # an option where the class should be names none; a config that is no YAML is left to the parser to report
+    assert chosen_classes(["fit", "--model", "--trainer.max_steps=3"], "fit") == {"model": None, "data": None}
+    assert chosen_classes(["fit", "--config", "{model: [", "--data=pkg.D"], "fit") == {"model": None, "data": "pkg.D"}
+
+
+def test_a_changed_class_starts_from_its_own_defaults_and_the_rest_of_the_default_config_stays():
+    argv = ["fit", "--trainer.max_steps=3"]
+    regressor = "tests.zoo.regression.Regressor"
+    rebased = rebased_arguments(argv, "fit", {"model": regressor, "data": None}, DEFAULTS)
+    assert rebased is not None and rebased[:2] == ["fit", "--config"]
+    assert yaml.safe_load(rebased[2]) == {"data": DEFAULTS["data"], "trainer": DEFAULTS["trainer"]}
+    assert rebased[3:] == [f"--model={regressor}", "--trainer.max_steps=3"]  # the user's arguments after it
+    # the default's own class (by any of its import paths) changes nothing, nor does a name that is no class
+    for same in (TINY_MODEL, "tests.fixtures.TinyClassifier", "no.such.Model"):
+        assert rebased_arguments(argv, "fit", {"model": same, "data": None}, DEFAULTS) is None, same
