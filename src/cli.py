@@ -141,7 +141,7 @@ class TemplateCLI(LightningCLI):
         plainly (an environment variable, a short class name) is seen only in the parsed config: where it changes
         the default config's class, that one case parses again, from the default config rebased."""
         if self.rebased is not None:
-            subcommand_parser(self, self.named).set_defaults(self.rebased)
+            self._start_from(self.rebased)
         late = self.rebasing and unresolved(self.classes)
         # --print_config prints while parsing: where a class may still show only in the parsed config, it waits
         printing = [a for a in self.argv if str(a).startswith("--print_config")] if late else []
@@ -153,8 +153,16 @@ class TemplateCLI(LightningCLI):
         if rebased != self.rebased or printing:
             if rebased is not None:
                 skip_default_config_files(self, self.named)  # replaced by the same file, rebased
-                subcommand_parser(self, self.named).set_defaults(rebased)
+                self._start_from(rebased)
             super().parse_arguments(parser, args)
+
+    def _start_from(self, defaults: dict[str, Any]) -> None:
+        """The subcommand's parser takes ``defaults`` (configs/default.yaml, rebased) as its defaults; what it
+        refuses is an error in that file, said in one paragraph as jsonargparse says it of a default config file."""
+        try:
+            subcommand_parser(self, self.named).set_defaults(defaults)
+        except Exception as error:
+            self.parser.error(f"{DEFAULT_CONFIG}: {error.args[0] if error.args else error}")
 
     # -- build: the objects of the config, then the Trainer, once -----------------------------------------------
 

@@ -43,7 +43,6 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor import DTensor
 
 from src.compat import drop_own_method, set_device_mesh, set_mesh_sizes, set_own_method
@@ -53,8 +52,8 @@ from src.strategies.model_parallel import LIGHTNING_TIMEOUT, _ModelParallelMixin
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-#: the schedules by name (``torch.distributed.pipelining``)
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+#: the schedules by name: their classes in ``torch.distributed.pipelining``, imported by a pipeline run alone
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 #: what a model defines to be pipelined (the module docstring)
 PIPELINE_HOOKS = ("pipeline_stage", "pipeline_loss", "model_step")
 #: the checkpoint's record of the split: a resume with another stage count is refused
@@ -275,10 +274,12 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
                     f" --trainer.strategy.micro_batches={self.micro_batches} equal micro-batches. Fix: make"
                     " --data.batch_size / data_parallel_size a multiple of micro_batches."
                 )
-            stage = PipelineStage(
+            from torch.distributed import pipelining  # every run imports this module (the registry); few use it
+
+            stage = pipelining.PipelineStage(
                 self.stage_module, self.stage_index, self.stages, self.root_device, group=self.pipeline_group
             )
-            self._schedule = SCHEDULES[self.schedule_name](
+            self._schedule = getattr(pipelining, SCHEDULES[self.schedule_name])(
                 stage, self.micro_batches, loss_fn=self._micro_batch_loss, scale_grads=False
             )
         return self._schedule
