@@ -1,7 +1,9 @@
 """Checks that run before any process starts, so that a bad launch fails in a second, not in a hang.
 
 A wrong device count or a SLURM allocation that does not match ``--trainer.devices`` otherwise shows up as a
-process group waiting forever; the checkpoint to resume is read here once and checked against the model.
+process group waiting forever; the checkpoint to resume is read here once and checked against the model. The
+command line runs two of them (the last section): ``check_before_launch`` on the parsed options, before anything
+is built, and ``check_built`` on the model, data module and Trainer, before anything runs.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegi
 
 from src.callbacks.compile import compile_refusal
 from src.callbacks.run_plan import batch_norm_layers
+from src.checkpoints.resume import resolve_checkpoint
 from src.compat import trained_class_path
+from src.data.base import GlobalBatchDataModule
 from src.data.sampling import per_process_batch_size
 from src.errors import DEBUG_ENV, ConfigurationError, describe
+from src.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline, check_stages
 
 GPU_ACCELERATORS = ("gpu", "cuda")
 #: strategies that run one process per device (the world size is devices x num_nodes)
@@ -547,3 +552,56 @@ def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: b
             " --trainer.strategy=ddp with --trainer.sync_batchnorm=true for statistics over the whole batch, or drop"
             " --trainer.sync_batchnorm."
         )
+
+
+# -- the two checks of the command line ------------------------------------------------------------------------
+
+
+def configured_global_batch(config: Namespace) -> int | None:
+    """``--data.init_args.batch_size`` where the data module promises a global batch (``GlobalBatchDataModule``)."""
+    data = config.get("data")
+    if not isinstance(data, Namespace) or "class_path" not in data:
+        return None
+    data_class = import_class(data.class_path)
+    if data_class is None or not issubclass(data_class, GlobalBatchDataModule):
+        return None  # only our data modules promise a global batch size
+    return data.get("init_args", Namespace()).get("batch_size")
+
+
+def check_before_launch(
+    subcommand: str, config: Namespace, args: Sequence[Any] | None
+) -> tuple[Path, dict[str, Any]] | None:
+    """Every check of a subcommand's parsed options (``config``) before anything is built: the launch, the
+    pipeline's layout, ``--compile``, and the ``--ckpt_path`` checkpoint, read once here (before LightningCLI
+    rebuilds the model from its hyperparameters) and returned with its path; ``args``: the command's arguments."""
+    trainer = config.trainer.as_dict()
+    batch_size = configured_global_batch(config)
+    check_launch(trainer, batch_size=batch_size, args=args)
+    if config.get("compile"):  # before the strategy's own checks: what it refuses is the strategy itself
+        check_compile(trainer.get("strategy"))
+    if trainer.get("strategy") == PipelineStrategy.strategy_name:
+        model = import_class(str((config.get("model") or Namespace()).get("class_path")))
+        accumulate = int(trainer.get("accumulate_grad_batches") or 1)
+        options, processes = PipelineOptions(**config.pipeline.as_dict()), process_count(trainer)
+        check_pipeline(options, processes, model, batch_size, accumulate)
+    resumed = resolve_checkpoint(subcommand, config)
+    if resumed is not None:
+        model = config.get("model") or Namespace()
+        check_checkpoint_model(resumed[1], resumed[0], model.get("class_path"))
+        check_model_flags(args, model.get("init_args"), resumed[1], resumed[0])
+    return resumed
+
+
+def check_built(
+    subcommand: str, config: Namespace, model: Any, datamodule: Any, trainer: Any, resumed: tuple[Path, Any] | None
+) -> None:
+    """Every check of the built objects before the subcommand runs: the optimizer, the sequence length, sync
+    batchnorm (Lightning converts BatchNorm for fitting only) and the resumed checkpoint's weights."""
+    check_optimizer(model)
+    check_sequence_length(model, datamodule)
+    if isinstance(trainer.strategy, PipelineStrategy):  # the split, on the model every process builds
+        check_stages(model, trainer.strategy.stage_count)
+    if subcommand == "fit":
+        check_sync_batchnorm(model, trainer, bool(config.trainer.get("sync_batchnorm")))
+    if resumed is not None:
+        check_checkpoint_fits(model, resumed[1], resumed[0])

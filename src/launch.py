@@ -1,7 +1,8 @@
-"""What the template adds to Lightning's launch, decided from the options before the Trainer is built: the
-strategy (``auto`` named where Lightning would pick ddp, an import path as its class), the options a strategy given
-by name gets (``--collective_timeout``, ddp's ``find_unused_parameters``), and the plugins (atomic checkpoints,
-SLURM's environment without Lightning's requeue)."""
+"""Everything the template adds to Lightning's Trainer, decided from the options before it is built
+(``trainer_arguments``, which the command line builds the Trainer with, once): the callbacks in their order
+(``src/callbacks/__init__.py``), the strategy (``auto`` named where Lightning would pick ddp, an import path as its
+class), the options a strategy given by name gets (``--collective_timeout``, ddp's ``find_unused_parameters``,
+``--pipeline.*``), and the plugins (atomic checkpoints, SLURM's environment without Lightning's requeue)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 
+from src.callbacks import template_callbacks
 from src.callbacks.stacks import STACKS_DIR
 from src.checkpoints.files import with_atomic_io
 from src.checks import import_class, requested_devices, resolve_accelerator
 from src.compat import registered_strategy
+from src.strategies.pipeline import PipelineStrategy
 
 #: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough
 #: that a dead rank does not hold the others for Lightning's default of 30 minutes
@@ -32,6 +35,29 @@ FLIGHT_RECORDER_NAMES = {
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "TORCH_NCCL_DUMP_ON_TIMEOUT",
     "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
 }
+
+
+def trainer_arguments(built: Any, options: Any, model: L.LightningModule) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Trainer's arguments that the template adds, and the options of its strategy given by name (for
+    ``compat.registered_with``: a strategy by name is built from Lightning's registry, which keeps its precision
+    handling). ``built``: the objects the parser built (the ``--trainer`` options, the template's callbacks);
+    ``options``: the run's parsed options (``--callbacks_off``, ``--collective_timeout``, ``--pipeline.*``, ...).
+
+    ``strategy`` is among the arguments where the strategy gets options (``auto`` named as ``ddp``); ``callbacks``
+    holds your ``--trainer.callbacks`` and the template's, in the order ``src/callbacks/__init__.py`` lists, with the
+    switches that go with them (Lightning's own progress bar and summary off where the template's replace them).
+    """
+    trainer = built.get("trainer") or {}
+    strategy = strategy_name(trainer)
+    flight_recorder_defaults(trainer, trainer.get("default_root_dir"))  # several CUDA processes only
+    strategy_settings = strategy_options(strategy, options.get("collective_timeout"), model)
+    if strategy == PipelineStrategy.strategy_name:
+        strategy_settings.update(options.pipeline.as_dict())  # --pipeline.*
+    callbacks, switches = template_callbacks(trainer, options, built, strategy)
+    off = switches.pop("off")
+    plugins = checkpoint_plugins(trainer.get("plugins"), slurm_requeue="preemption" in off)
+    arguments = {"strategy": strategy} if strategy_settings else {}
+    return {**arguments, **switches, "callbacks": callbacks, "plugins": plugins}, strategy_settings
 
 
 def strategy_name(trainer: Namespace | dict[str, Any]) -> Any:

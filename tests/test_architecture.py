@@ -14,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 from tests.conftest import REPO, cli_env
 
 LAYERS = {
@@ -134,24 +132,34 @@ def test_the_imports_have_no_cycle():
     assert not cycles, f"import cycles: {cycles}"
 
 
-def test_a_run_of_a_users_model_imports_none_of_the_examples(tmp_path):
-    """With configs/default.yaml pointed at a model and data module of the user's (the examples kept), a run loads
-    none of the examples: they are imported when a config names them (tests/examples/test_gpt.py), not with the
-    package."""
-    default = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
-    default["model"] = {"class_path": "tests.fixtures.workload.TinyClassifier"}
-    default["data"] = {"class_path": "tests.fixtures.workload.TinyData"}
-    (tmp_path / "default.yaml").write_text(yaml.safe_dump(default))
-    probe = (
-        "import sys; from pathlib import Path; import src.cli as cli;"
-        f" cli.DEFAULT_CONFIG = Path({str(tmp_path / 'default.yaml')!r}); cli.main(sys.argv[1:]);"
-        " print('LOADED', sorted(m for m in sys.modules if m.startswith('src.')))"
-    )
-    run = ["fit", "--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--trainer.accelerator=cpu",
+PROBE = """
+import builtins, io, sys
+opened, real_open = [], builtins.open
+
+def counted_open(file, *args, **kwargs):
+    opened.extend([file] if str(file).endswith("default.yaml") else [])
+    return real_open(file, *args, **kwargs)
+
+builtins.open = io.open = counted_open  # jsonargparse's reads and pathlib's
+import src.cli
+src.cli.main(sys.argv[1:])
+print("LOADED", sorted(m for m in sys.modules if m.startswith("src.")), "OPENED", len(opened))
+"""
+
+
+def test_a_run_of_a_users_model_imports_none_of_the_examples_and_reads_the_default_config_once(tmp_path):
+    """With configs/default.yaml naming the examples, a fit of a model and data module of the user's loads none of
+    them (they are imported when a config names them, tests/examples/test_gpt.py, not with the package, nor to be
+    compared with the classes named), nor ``tune``'s Trainer; configs/default.yaml is read once (by the template,
+    which gives the parser its other sections)."""
+    run = ["fit", "--model=tests.fixtures.workload.TinyClassifier", "--data=tests.fixtures.workload.TinyData",
+           "--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--trainer.accelerator=cpu",
            "--progress_bar=none", f"--trainer.default_root_dir={tmp_path / 'run'}"]  # fmt: skip
     result = subprocess.run(
-        [sys.executable, "-c", probe, *run], cwd=REPO, env=cli_env(), capture_output=True, text=True, check=True
+        [sys.executable, "-c", PROBE, *run], cwd=REPO, env=cli_env(), capture_output=True, text=True, check=True
     )
-    loaded = result.stdout.split("LOADED", 1)[1]
+    loaded, opened = result.stdout.split("LOADED", 1)[1].split("OPENED")
     examples = ["src.models.gpt", "src.models.image_classifier", "src.data.images", "src.data.text", "src.data.corpus"]
-    assert not [name for name in examples if f"'{name}'" in loaded], loaded
+    assert not [name for name in [*examples, "src.tuning"] if f"'{name}" in loaded], loaded
+    assert "'src.models.base'" in loaded and "'src.cli'" in loaded  # the probe saw the run's modules
+    assert int(opened) == 1

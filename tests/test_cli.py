@@ -1,5 +1,7 @@
 """The command line: defaults, config round trips, env vars, any model/data class (bad input: test_errors.py)."""
 
+import builtins
+import io
 import sys
 import textwrap
 from datetime import timedelta
@@ -54,6 +56,13 @@ def test_environment_variables_set_any_option(capsys, monkeypatch):
     assert config["trainer"]["max_steps"] == 33
     assert config["data"]["class_path"] == "tests.fixtures.workload.TinyData"
     assert config["data"]["init_args"]["batch_size"] == 64
+    # the environment comes after configs/default.yaml also where the arguments change its classes
+    monkeypatch.delenv("PL_FIT__DATA")
+    monkeypatch.setenv("PL_FIT__TRAINER__MAX_EPOCHS", "5")  # configs/default.yaml: 2
+    config = print_config(capsys, *TINY_CLASSES)
+    assert config["trainer"]["max_epochs"] == 5 and config["trainer"]["max_steps"] == 33
+    assert config["seed_everything"] == 42  # the rest of configs/default.yaml
+    assert config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 0.001  # TinyClassifier's own
 
 
 TINY_CLASSES = ["--model=tests.fixtures.workload.TinyClassifier", "--data=tests.fixtures.workload.TinyData"]
@@ -89,6 +98,47 @@ def test_other_classes_start_from_their_own_defaults_in_one_parse(how, tmp_path,
     # TinyClassifier's own learning rate, not configs/default.yaml's AdamW section (lr 0.003), which it shares
     assert config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 0.001
     assert config["data"]["class_path"] == "tests.fixtures.workload.TinyData"
+
+
+class Parsed(Exception):
+    """Raised by ``ParseOnly`` once the arguments are parsed, before anything is built."""
+
+
+class ParseOnly(TemplateCLI):
+    """The command line up to its parse, keeping the parsers it built (in ``built``, of the class)."""
+
+    built: list = []
+
+    def add_arguments_to_parser(self, parser) -> None:
+        ParseOnly.built.append(parser)
+        super().add_arguments_to_parser(parser)
+
+    def before_instantiate_classes(self) -> None:
+        raise Parsed(self)
+
+
+def test_a_run_builds_its_subcommands_parser_alone_and_reads_the_default_config_once(capsys, monkeypatch):
+    default = yaml.safe_load(DEFAULT_CONFIG.read_text())  # what the run must find in it
+    opened, real_open = [], builtins.open
+
+    def counted_open(file, *args, **kwargs):
+        opened.extend([file] if Path(str(file)).name == DEFAULT_CONFIG.name else [])
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counted_open)  # jsonargparse's reads
+    monkeypatch.setattr(io, "open", counted_open)  # pathlib's
+    ParseOnly.built.clear()
+    with pytest.raises(Parsed) as parsed:
+        ParseOnly(["fit", "--trainer.max_steps=3"])
+    cli = parsed.value.args[0]
+    assert len(ParseOnly.built) == 1 and len(opened) == 1  # jsonargparse's one read of configs/default.yaml
+    assert cli.config.fit.trainer.max_steps == 3 and cli.config.fit.model.class_path == default["model"]["class_path"]
+    assert cli.config.fit.trainer.max_epochs == default["trainer"]["max_epochs"]  # read from configs/default.yaml
+    # the main parser's help lists every subcommand: each one's parser is built for it
+    ParseOnly.built.clear()
+    with pytest.raises(SystemExit):
+        ParseOnly(["--help"])
+    assert len(ParseOnly.built) == 5 and "{fit,validate,test,predict,tune}" in capsys.readouterr().out
 
 
 def test_help_lists_model_data_and_optimizer_options(capsys):

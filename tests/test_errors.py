@@ -22,7 +22,8 @@ import lightning as L
 import pytest
 import torch
 
-from src.cli import main
+import src.cli
+from src.cli import DEFAULT_CONFIG, main
 from src.errors import DEBUG_ENV, ConfigurationError
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier
@@ -132,6 +133,15 @@ def test_missing_config_file(tmp_path, capsys, untouched):
 def test_bad_value_in_an_environment_variable(capsys, monkeypatch, untouched):
     monkeypatch.setenv("PL_FIT__TRAINER__MAX_STEPS", "many")
     fails_cleanly(capsys, resume(untouched), "max_steps", "many")
+
+
+def test_an_unknown_key_in_the_default_config(tmp_path, capsys, monkeypatch, untouched):
+    default = tmp_path / "default.yaml"
+    default.write_text(DEFAULT_CONFIG.read_text().replace("  max_epochs: 2", "  max_epoch: 2"))
+    monkeypatch.setattr(src.cli, "DEFAULT_CONFIG", default)
+    # the tests' classes replace the default config's: the template gives the parser the file, less their sections
+    fails_cleanly(capsys, resume(untouched), str(default), "trainer.max_epoch")
+    fails_cleanly(capsys, ["fit", "--print_config"], "max_epoch")  # its own classes: the parser reads the file
 
 
 def test_run_directory_that_is_a_file(tmp_path, capsys):

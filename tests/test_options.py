@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from src.options import chosen_classes, rebased_arguments
+from src.options import changes_class, chosen_classes, rebased_defaults
 
 TINY_MODEL = "tests.fixtures.workload.TinyClassifier"
 DEFAULTS = {
@@ -29,13 +29,16 @@ def test_the_classes_are_read_as_the_parser_reads_them_the_last_one_winning(tmp_
     assert chosen_classes(["fit", "--config", "{model: [", "--data=pkg.D"], "fit") == {"model": None, "data": "pkg.D"}
 
 
-def test_a_changed_class_starts_from_its_own_defaults_and_the_rest_of_the_default_config_stays():
-    argv = ["fit", "--trainer.max_steps=3"]
+def test_a_changed_class_starts_from_its_own_defaults_and_the_rest_of_the_default_config_stays(tmp_path):
+    default_config = tmp_path / "default.yaml"
+    default_config.write_text(yaml.safe_dump(DEFAULTS))
     regressor = "tests.zoo.regression.Regressor"
-    rebased = rebased_arguments(argv, "fit", {"model": regressor, "data": None}, DEFAULTS)
-    assert rebased is not None and rebased[:2] == ["fit", "--config"]
-    assert yaml.safe_load(rebased[2]) == {"data": DEFAULTS["data"], "trainer": DEFAULTS["trainer"]}
-    assert rebased[3:] == [f"--model={regressor}", "--trainer.max_steps=3"]  # the user's arguments after it
+    rebased = rebased_defaults({"model": regressor, "data": None}, default_config)
+    # the changed section is the new class alone (its own defaults), every other section is the file's
+    assert rebased == {"model": {"class_path": regressor}, "data": DEFAULTS["data"], "trainer": DEFAULTS["trainer"]}
+    assert changes_class(regressor, TINY_MODEL)
     # the default's own class (by any of its import paths) changes nothing, nor does a name that is no class
     for same in (TINY_MODEL, "tests.fixtures.TinyClassifier", "no.such.Model"):
-        assert rebased_arguments(argv, "fit", {"model": same, "data": None}, DEFAULTS) is None, same
+        assert not changes_class(same, TINY_MODEL), same
+        assert rebased_defaults({"model": same, "data": None}, default_config) is None, same
+    assert rebased_defaults({"model": None, "data": None}, default_config) is None  # nothing named: not read

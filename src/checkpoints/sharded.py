@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 #: the file ``ModelParallelStrategy`` writes next to the shards (Lightning's ``_METADATA_FILENAME``)
 METADATA_FILE = "meta.pt"
@@ -137,6 +136,9 @@ def load_sharded_checkpoint(folder: str | Path) -> dict[str, Any]:
             " folder a run under --trainer.strategy=fsdp2 or tensor_parallel saved, e.g. runs/NAME/checkpoints/"
             "last.ckpt."
         )
+    # torch.distributed.checkpoint is imported where it is used: every run imports this module, few read shards
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
     with tempfile.TemporaryDirectory() as scratch:
         flat = Path(scratch) / "shards.pt"
         dcp_to_torch_save(folder, flat)  # torch's own converter: every shard read and joined

@@ -27,6 +27,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in EXAMPLES:
-        return getattr(importlib.import_module(EXAMPLES[name]), name)
+    if name in EXAMPLES:  # kept as the package's own name once imported: later lookups do not come here
+        found = globals()[name] = getattr(importlib.import_module(EXAMPLES[name]), name)
+        return found
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -51,12 +51,6 @@ from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
 from torch.distributed.tensor import DTensor
 
 from src.compat import drop_own_method, set_device_mesh, set_mesh_sizes, set_own_method
@@ -65,13 +59,10 @@ from src.strategies.model_parallel import LIGHTNING_TIMEOUT, _ModelParallelMixin
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+    from torch.distributed.pipelining import PipelineStage
 
-#: the schedules by name (``torch.distributed.pipelining``)
-SCHEDULES = {
-    "gpipe": ScheduleGPipe,
-    "1f1b": Schedule1F1B,
-    "interleaved_1f1b": ScheduleInterleaved1F1B,
-}
+#: the schedules by name: their classes in ``torch.distributed.pipelining``, imported by a pipeline run alone
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
 #: the schedules that run several stages per process (the others run one)
 MULTI_STAGE = ("interleaved_1f1b",)
 #: what a model defines to be pipelined (the module docstring)
@@ -440,12 +431,14 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
                     f" --trainer.strategy.micro_batches={self.micro_batches} equal micro-batches. Fix: make"
                     " --data.batch_size / data_parallel_size a multiple of micro_batches."
                 )
+            from torch.distributed import pipelining  # every run imports this module (the registry); few use it
+
             stages = [
-                PipelineStage(stage, index, self.stage_count, self.root_device, group=self.pipeline_group)
+                pipelining.PipelineStage(stage, index, self.stage_count, self.root_device, group=self.pipeline_group)
                 for index, stage in self.stage_modules.items()
             ]
             held = stages if self.schedule_name in MULTI_STAGE else stages[0]
-            self._schedule = SCHEDULES[self.schedule_name](
+            self._schedule = getattr(pipelining, SCHEDULES[self.schedule_name])(
                 held, self.micro_batches, loss_fn=self._micro_batch_loss, scale_grads=False
             )
             self.pipeline_stages = stages

@@ -39,7 +39,12 @@ class TuneResult:
 
 class Trainer(L.Trainer):
     """Lightning's ``Trainer`` with a ``tune`` method (the ``tune`` subcommand); named ``Trainer`` because messages
-    about ``--trainer`` options name the class."""
+    about ``--trainer`` options name the class.
+
+    LightningCLI takes a subcommand's options from the signature of the Trainer's method of that name and calls that
+    method on the Trainer it built, so the subcommand is a method here; the command line builds this class for
+    ``tune`` alone (``fit``, ``validate``, ``test`` and ``predict`` run on Lightning's own ``Trainer``).
+    """
 
     def tune(
         self,
