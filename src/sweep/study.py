@@ -166,8 +166,13 @@ def claim(sweep: Sweep) -> Claim | None:
         for trial in trials:
             if trial.state == TrialState.RUNNING:
                 fd = _try_lock(locks / f"{trial.number}.lock")
-                if fd is not None:
+                if fd is None:
+                    continue  # its worker runs it
+                # a worker records its trial's end before it lets go of the lock: read the state again now that
+                # the lock is ours, or a trial that ended between the read above and the lock would run twice
+                if sweep.trial(trial.number).state == TrialState.RUNNING:
                     return Claim(trial, resumed=True, lock_fd=fd)
+                os.close(fd)
         if len(trials) >= sweep.total():
             return None
         # every ask happens under this lock, so the next trial's number is the count so far

@@ -13,6 +13,7 @@ import yaml
 from optuna.trial import TrialState
 
 from src.sweep import spec as sweep_spec
+from src.sweep import study as study_module
 from src.sweep.__main__ import main as sweep_main
 from src.sweep.runner import with_trials
 from src.sweep.study import LOCKS, Sweep, bind, claim
@@ -63,6 +64,28 @@ def test_workers_share_one_journal_and_never_run_a_trial_twice(tmp_path: Path) -
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 12
     assert len({t.params[LR] for t in trials}) == 12  # the workers drew different values, though seeded alike
+
+
+def test_a_trial_that_ends_while_another_worker_claims_is_not_run_again(tmp_path: Path, monkeypatch) -> None:
+    """The owner records the end of its trial, then lets go of its lock; a worker that read the trial as running
+    just before takes the lock just after, and must see that the trial ended."""
+    path = write_sweep(tmp_path, trials=3)
+    sweep_dir = tmp_path / "sweep"
+    sweep = Sweep(bind(sweep_spec.load(path), sweep_dir), sweep_dir)
+    owner = claim(sweep)
+    assert owner is not None and owner.trial.number == 0
+    try_lock = study_module._try_lock
+
+    def owner_ends_first(lock: Path) -> int | None:
+        if lock.name == "0.lock" and owner.lock_fd >= 0:  # between the other worker's read and its lock
+            Sweep(sweep_spec.load(path), sweep_dir).study.tell(0, 0.5)
+            owner.release()
+            owner.lock_fd = -1
+        return try_lock(lock)
+
+    monkeypatch.setattr(study_module, "_try_lock", owner_ends_first)
+    other = claim(Sweep(sweep_spec.load(path), sweep_dir))
+    assert other is not None and not other.resumed and other.trial.number == 1  # a new trial, not trial 0 again
 
 
 def test_a_stopped_trial_is_resumed_and_a_held_one_is_not(tmp_path: Path) -> None:
