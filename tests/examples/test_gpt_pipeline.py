@@ -1,11 +1,15 @@
-"""``--trainer.strategy=pipeline`` on the GPT example: its layers in stages on two CPU processes train the model
-one device trains, in fp64 and through the public command: every training-loss row, every validation row and the
-final weights. With one stage per process (two blocks each) under ``1f1b`` with gradient clipping (the norm over
-both stages, the tied embedding counted once), stopped by SIGTERM and resumed from its sharded checkpoint under
-``gpipe``, so the same comparison proves both schedules and the exact resume; with two stages per process (four
-stages of one block) under ``interleaved_1f1b`` with clipping and gradient accumulation. That checkpoint
-consolidates into the file one device writes, predicts one device's tokens (written once per pipeline) and
-refuses a resume with another split. Bad settings are refused before any process starts."""
+"""``--trainer.strategy=pipeline`` on the GPT example, through the public command, on two CPU processes in fp64.
+
+- Same model: with two stages per process (four stages of one block) under ``interleaved_1f1b``, with gradient
+  clipping (the norm over every stage, the tied embedding counted once) and gradient accumulation, every
+  training-loss row, every validation row, the final weights and the optimizer state are one device's. (One stage
+  per process under ``1f1b`` is compared with one device across two SLURM nodes: test_gpt_pipeline_slurm.py.)
+- Exact resume, with randomness on: with dropout, one stage per process under ``1f1b``, stopped by SIGTERM and
+  resumed from its sharded checkpoint under ``gpipe``, every row and every weight is the uninterrupted ``1f1b``
+  run's, bit for bit (both schedules run each stage's forwards in micro-batch order: the same dropout masks).
+- The interleaved checkpoint consolidates into the file one device writes, predicts one device's tokens (written
+  once per pipeline) and refuses a resume with another split. Bad settings are refused before any process
+  starts."""
 
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ RUN = [
 CLIPPED = ["--trainer.gradient_clip_val=0.5"]
 ACCUMULATED = ["--trainer.accumulate_grad_batches=2"]
 INTERLEAVED = ["--pipeline.schedule=interleaved_1f1b", "--pipeline.stages_per_rank=2"]
+DROPOUT = ["--model.init_args.dropout=0.1"]
 PIPELINE = ["--trainer.strategy=pipeline", "--trainer.devices=2"]
 pytestmark = pytest.mark.xdist_group("test_gpt_pipeline")
 
@@ -54,24 +59,26 @@ def launch(*args: str, command: str = "fit") -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """One device (clipped; clipped and accumulated) in this process; two processes each: the pipeline's clipped
-    1f1b run stopped at step 4 and resumed under gpipe, and its clipped and accumulated interleaved run."""
-    dirs = {name: tmp_path_factory.mktemp(name) for name in ("single", "single_accumulated", "pipeline", "interleaved")}
-    fit_in_process(*CLIPPED, f"--trainer.default_root_dir={dirs['single']}")
+    """One device, clipped and accumulated, in this process; two processes each: the pipeline's clipped and
+    accumulated interleaved run, and with dropout its clipped 1f1b run uninterrupted, and stopped at step 4 and
+    resumed under gpipe."""
+    dirs = {
+        name: tmp_path_factory.mktemp(name) for name in ("single_accumulated", "interleaved", "straight", "pipeline")
+    }
     fit_in_process(*CLIPPED, *ACCUMULATED, f"--trainer.default_root_dir={dirs['single_accumulated']}")
-    stop = ["--trainer.callbacks+=tests.helpers.SignalAtStep", "--trainer.callbacks.step=4"]
-    cut = launch(
-        *CLIPPED, *stop, "--trainer.callbacks.signal_name=SIGTERM", f"--trainer.default_root_dir={dirs['pipeline']}"
-    )
-    assert cut.returncode == 143, cut.stderr[-4000:]
-    dirs["cut_output"] = cut.stdout + cut.stderr  # type: ignore[assignment]
-    resumed = launch(
-        *CLIPPED, "--pipeline.schedule=gpipe", f"--trainer.default_root_dir={dirs['pipeline']}", "--ckpt_path=last"
-    )
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
     interleaved = launch(*CLIPPED, *ACCUMULATED, *INTERLEAVED, f"--trainer.default_root_dir={dirs['interleaved']}")
     assert interleaved.returncode == 0, interleaved.stderr[-4000:]
     dirs["plan"] = interleaved.stdout + interleaved.stderr  # type: ignore[assignment]
+    straight = launch(*CLIPPED, *DROPOUT, f"--trainer.default_root_dir={dirs['straight']}")
+    assert straight.returncode == 0, straight.stderr[-4000:]
+    stop = ["--trainer.callbacks+=tests.helpers.SignalAtStep", "--trainer.callbacks.step=4"]
+    cut = launch(*CLIPPED, *DROPOUT, *stop, "--trainer.callbacks.signal_name=SIGTERM",
+                 f"--trainer.default_root_dir={dirs['pipeline']}")  # fmt: skip
+    assert cut.returncode == 143, cut.stderr[-4000:]
+    dirs["cut_output"] = cut.stdout + cut.stderr  # type: ignore[assignment]
+    resumed = launch(*CLIPPED, *DROPOUT, "--pipeline.schedule=gpipe", f"--trainer.default_root_dir={dirs['pipeline']}",
+                     "--ckpt_path=last")  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
     return dirs
 
 
@@ -93,26 +100,31 @@ def assert_same_rows(run: Path, single: Path) -> None:
             assert value == pytest.approx(expected[step], rel=1e-9, abs=0), (key, step)
 
 
+def exact_rows(run_dir: Path, key: str) -> dict[str, str]:
+    """``step -> value`` of one metric as metrics.csv wrote it, over every logger version of a run."""
+    found: dict[str, str] = {}
+    for version in sorted((run_dir / "logs").glob("version_*")):
+        found.update({r["step"]: r[key] for r in read_metrics(run_dir, int(version.name[8:])) if r.get(key)})
+    return found
+
+
 @pytest.mark.slow
-def test_1f1b_stopped_and_resumed_under_gpipe_with_clipping_trains_the_model_one_device_trains(runs):
+def test_1f1b_with_dropout_stopped_and_resumed_under_gpipe_is_the_uninterrupted_run_bit_for_bit(runs):
     output = runs["cut_output"]
     assert "preempted: SIGTERM: saved" in output
     assert "pipeline_stages                 2" in output and "micro_batches                   4" in output
     assert "layers_per_stage                2, 2" in output
     assert f"bubble_fraction                 {bubble_fraction(2, 4):.3f}" in output  # 1 / 5
-    assert_same_rows(runs["pipeline"], runs["single"])  # steps 0-3 under 1f1b, 4-7 under gpipe
-    assert set(rows(runs["pipeline"], "val/loss")) == set(rows(runs["single"], "val/loss")) == {"2", "5"}
-    # the folder of shards, read whole: one device's weights (the tied output layer equal to the embedding)
-    whole = load_sharded_checkpoint(runs["pipeline"] / "checkpoints" / "last.ckpt")
-    single = torch.load(runs["single"] / "checkpoints" / "last.ckpt", weights_only=False)
-    assert whole["global_step"] == single["global_step"] == 8
-    assert relative_difference(single["state_dict"], whole["state_dict"]) < 1e-9
+    straight, resumed = runs["straight"], runs["pipeline"]
+    for key in ("train/loss", "val/loss"):  # steps 0-3 under 1f1b, 4-7 under gpipe: every row, none lost
+        assert exact_rows(resumed, key) == exact_rows(straight, key), key
+    assert set(exact_rows(straight, "train/loss")) == {str(step) for step in range(8)}
+    assert set(exact_rows(straight, "val/loss")) == {"2", "5"}
+    whole, expected = (load_sharded_checkpoint(d / "checkpoints" / "last.ckpt") for d in (resumed, straight))
+    assert whole["global_step"] == expected["global_step"] == 8
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(whole["state_dict"][name], tensor), name
     assert torch.equal(whole["state_dict"]["net.lm_head.weight"], whole["state_dict"]["net.tok_emb.weight"])
-    one, other = single["optimizer_states"][0], whole["optimizer_states"][0]
-    assert [g["params"] for g in other["param_groups"]] == [g["params"] for g in one["param_groups"]]
-    for moment in ("exp_avg", "exp_avg_sq"):  # the optimizer state in one device's order
-        mine = {str(p): s[moment] for p, s in other["state"].items()}
-        assert relative_difference({str(p): s[moment] for p, s in one["state"].items()}, mine) < 1e-9
 
 
 @pytest.mark.slow
@@ -131,6 +143,11 @@ def test_two_stages_per_process_interleaved_with_clipping_and_accumulation_train
     assert whole["global_step"] == single["global_step"] == 8 and whole["pipeline"]["stages_per_rank"] == 2
     assert relative_difference(single["state_dict"], whole["state_dict"]) < 1e-9
     assert torch.equal(whole["state_dict"]["net.lm_head.weight"], whole["state_dict"]["net.tok_emb.weight"])
+    one, other = single["optimizer_states"][0], whole["optimizer_states"][0]
+    assert [g["params"] for g in other["param_groups"]] == [g["params"] for g in one["param_groups"]]
+    for moment in ("exp_avg", "exp_avg_sq"):  # the optimizer state in one device's order
+        mine = {str(p): s[moment] for p, s in other["state"].items()}
+        assert relative_difference({str(p): s[moment] for p, s in one["state"].items()}, mine) < 1e-9
 
 
 @pytest.mark.slow
