@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import subprocess
 import sys
@@ -73,26 +74,43 @@ def _copy_without_examples(target: Path) -> Path:
     return target
 
 
+#: ``benchmarks.__main__.entry`` called with each argument list in one process (one start-up instead of one per
+#: command): prints each call's exit status and stderr as JSON
+ENTRIES = """
+import contextlib, io, json, sys
+from benchmarks.__main__ import entry
+
+results = []
+for args in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            code = entry(args)
+        except SystemExit as stop:  # --help
+            code = stop.code
+    results.append({"code": code, "stderr": err.getvalue(), "stdout": out.getvalue()})
+print(json.dumps(results))
+"""
+
+
 def test_without_the_examples_bench_says_they_were_removed_and_how_to_name_a_model(tmp_path):
     copy = _copy_without_examples(tmp_path / "project")
     env = cli_env(PYTHONPATH=str(copy))  # the copy alone: nothing from this repository is importable
-
-    def bench(*args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "benchmarks", *args, f"--out={tmp_path / 'out'}"]
-        return subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=120)
-
-    helped = bench("--help")
-    assert helped.returncode == 0, helped.stderr[-3000:]
-    for args in ((), ("--quick",)):
-        result = bench(*args)
-        assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-        message = result.stderr.strip()
+    calls = [["--help"], [], ["--quick"], ["--workload=gpt"]]
+    out = f"--out={tmp_path / 'out'}"
+    command = [sys.executable, "-c", ENTRIES, json.dumps([[*args, out] for args in calls])]
+    ran = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    helped, *refused, named_removed = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert helped["code"] == 0 and "--model PKG.Class" in helped["stdout"], helped
+    for result in refused:
+        assert result["code"] == 2, result
+        message = result["stderr"].strip()
         assert "\n" not in message  # one paragraph
         assert "built-in workloads" in message and "were removed" in message and "src/models/gpt.py" in message
         assert "Fix:" in message and "--model=PKG.Class --data=PKG.Class" in message and "--config FILE" in message
-    named_removed = bench("--workload=gpt")
-    assert named_removed.returncode == 2 and "--workload gpt" in named_removed.stderr
-    assert "configs/experiment/gpt.yaml" in named_removed.stderr and "Fix:" in named_removed.stderr
+    assert named_removed["code"] == 2 and "--workload gpt" in named_removed["stderr"]
+    assert "configs/experiment/gpt.yaml" in named_removed["stderr"] and "Fix:" in named_removed["stderr"]
     assert not (tmp_path / "out").exists()  # nothing was run
 
 
@@ -131,21 +149,14 @@ def _read_rows(out: Path) -> dict[str, dict[str, str]]:
         return {row["strategy"]: row for row in csv.DictReader(handle)}
 
 
-#: the user's model given as classes, with every multi-process row on 2 processes; and as a --config, with the
-#: one-device rows only (the rows themselves are the same code whichever way the model was named)
-USER_RUNS = {
-    "model-data": (["--model", TINY_MODEL, "--data", TINY_DATA], 2, "single,dp,ddp,tensor_parallel"),
-    "config": (["--config", str(TINY_CONFIG)], 1, "single"),
-}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("user_run", USER_RUNS)
-def test_quick_benchmark_of_a_user_model(tmp_path, user_run):
-    """single, dp, ddp and bare Lightning measured on the user's model, with the model state each rank holds;
-    plain PyTorch says n/a, and so does tensor_parallel (the model has no configure_model plan)."""
-    workload, devices, strategies = USER_RUNS[user_run]
-    command = [sys.executable, "-m", "benchmarks", "--quick", *workload, f"--strategies={strategies}"]
+def test_quick_benchmark_of_a_user_model(tmp_path):
+    """single, dp, ddp and bare Lightning measured on the user's model given as classes, every multi-process row
+    on 2 processes, with the model state each rank holds; plain PyTorch says n/a, and so does tensor_parallel (the
+    model has no configure_model plan). (A model named by ``--config`` builds the same workload:
+    test_a_user_config_builds_its_own_model_and_data_not_the_default_configs.)"""
+    workload, devices = ["--model", TINY_MODEL, "--data", TINY_DATA], 2
+    command = [sys.executable, "-m", "benchmarks", "--quick", *workload, "--strategies=single,dp,ddp,tensor_parallel"]
     command += [f"--devices={devices}", "--steps=3", "--warmup=1", "--startup-repeats=0", "--no-plots"]
     result = subprocess.run(
         [*command, f"--out={tmp_path}"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600
@@ -153,18 +164,13 @@ def test_quick_benchmark_of_a_user_model(tmp_path, user_run):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
 
     rows = _read_rows(tmp_path)
-    several = devices > 1
-    measured = (
-        {"single", "dp", "ddp", "bare-lightning", "bare-lightning-ddp"} if several else {"single", "bare-lightning"}
-    )
-    plain = {"plain-loop", "plain-ddp"} if several else {"plain-loop"}
-    assert set(rows) == measured | plain | ({"tensor_parallel"} if several else set())
-    if several:
-        assert rows["tensor_parallel"]["status"].startswith("n/a: TinyClassifier has no configure_model hook")
-        assert rows["tensor_parallel"]["samples_per_s"] == ""  # refused, not run
+    measured = {"single", "dp", "ddp", "bare-lightning", "bare-lightning-ddp"}
+    plain = {"plain-loop", "plain-ddp"}
+    assert set(rows) == measured | plain | {"tensor_parallel"}
+    assert rows["tensor_parallel"]["status"].startswith("n/a: TinyClassifier has no configure_model hook")
+    assert rows["tensor_parallel"]["samples_per_s"] == ""  # refused, not run
     # every rank of these rows holds the whole model, its gradients and AdamW's two moments
-    model, data, configs = (TINY_MODEL, TINY_DATA, None) if "--model" in workload else (None, None, [str(TINY_CONFIG)])
-    net = build_cli(user_workload(model, data, configs), quick=True).model
+    net = build_cli(user_workload(TINY_MODEL, TINY_DATA, None), quick=True).model
     parameters_mb = sum(p.numel() * p.element_size() for p in net.parameters()) / 1e6
     for strategy in measured:
         assert float(rows[strategy]["parameters_mb_per_rank"]) == pytest.approx(parameters_mb, rel=1e-6)
@@ -173,9 +179,8 @@ def test_quick_benchmark_of_a_user_model(tmp_path, user_run):
         row = rows[strategy]
         assert row["workload"] == "TinyClassifier" and row["status"] == "ok", row
         assert float(row["samples_per_s"]) > 0 and row["tokens_per_s"] == ""  # samples/s only for a user's model
-    if several:
-        assert int(rows["ddp"]["processes"]) == devices and int(rows["ddp"]["per_process_batch"]) == 32 // devices
-        assert rows["ddp"]["same_loss_as_bare"] == "True"
+    assert int(rows["ddp"]["processes"]) == devices and int(rows["ddp"]["per_process_batch"]) == 32 // devices
+    assert rows["ddp"]["same_loss_as_bare"] == "True"
     for strategy in plain:
         assert rows[strategy]["status"] == NO_PLAIN_BASELINE and rows[strategy]["samples_per_s"] == ""
     # bare Lightning trains the user's own module and data: the same losses as the template's rows
