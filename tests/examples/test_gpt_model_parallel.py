@@ -135,22 +135,26 @@ def test_tensor_parallel_gpt_with_dropout_stopped_and_resumed_is_the_uninterrupt
 
 
 @pytest.mark.slow
-def test_lightnings_model_parallel_class_clips_across_meshes_and_trains_the_model_tensor_parallel_trains(tmp_path):
+def test_lightnings_model_parallel_class_clips_across_meshes_and_trains_the_model_tensor_parallel_trains(
+    runs, tmp_path
+):
     """Lightning's own ``ModelParallelStrategy`` given as a class, at its default sizes (tensor parallel over both
-    processes, as ``tensor_parallel``), with gradient clipping across the two device meshes. In 32-true: Lightning
-    refuses 64-true for a strategy object (docs/strategies.md)."""
-    args = [*RUN, "--trainer.precision=32-true", "--trainer.max_steps=4", "--trainer.val_check_interval=2"]
-    rows, states = {}, {}
-    for name in ("lightning.pytorch.strategies.ModelParallelStrategy", "tensor_parallel"):
-        run_dir = tmp_path / name
-        command = [sys.executable, "-m", "src.cli", "fit", *args, f"--trainer.strategy={name}"]
-        command.append(f"--trainer.default_root_dir={run_dir}")
-        result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr[-4000:]
-        rows[name] = validation_rows(run_dir)
-        states[name] = load_sharded_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
-    lightning, template = rows.values()
+    processes, as ``tensor_parallel``), with gradient clipping across the two device meshes, against the fp64
+    ``tensor_parallel`` run at fp32 resolution: Lightning refuses 64-true for a strategy object
+    (docs/strategies.md). Before the template's clipping applied to this class, the run ended in torch's
+    ``All operands in aten.stack.default must have the same mesh``."""
+    run_dir = tmp_path / "lightning"
+    command = [sys.executable, "-m", "src.cli", "fit", *RUN, "--trainer.precision=32-true"]
+    command += ["--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy"]
+    result = subprocess.run([*command, f"--trainer.default_root_dir={run_dir}"], cwd=REPO, env=cli_env(),
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    lightning, template = validation_rows(run_dir), validation_rows(runs["tensor_parallel"])
     assert len(lightning) == len(template) == 2
     for row, expected in zip(lightning, template, strict=True):
-        assert row == pytest.approx(expected, rel=1e-9)
-    assert relative_difference(*states.values()) < 1e-9
+        assert row == pytest.approx(expected, rel=1e-5)
+    states = (
+        load_sharded_checkpoint(d / "checkpoints" / "last.ckpt")["state_dict"]
+        for d in (run_dir, runs["tensor_parallel"])
+    )
+    assert relative_difference(*states) < 1e-5
