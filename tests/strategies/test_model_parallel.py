@@ -97,11 +97,12 @@ def _fit(run_dir: Path, *args: str, exit_code: int = 0) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """fp64 runs of the tests' workload: one device; fsdp2; with dropout, fsdp2 uninterrupted and fsdp2 stopped by
-    SIGTERM at step 10 (mid-epoch, between validations: the stop saves the sharded ``last.ckpt``) and resumed with
-    ``--ckpt_path=last``."""
+    """fp64 runs of the tests' workload: one device (in this process); fsdp2; with dropout, fsdp2 uninterrupted
+    and fsdp2 stopped by SIGTERM at step 10 (mid-epoch, between validations: the stop saves the sharded
+    ``last.ckpt``) and resumed with ``--ckpt_path=last``."""
     dirs = {name: tmp_path_factory.mktemp(name) for name in ("single", "fsdp2", "dropout", "resumed")}
-    _fit(dirs["single"], "--trainer.devices=1", f"--trainer.max_steps={STEPS}")
+    main(["fit", *TINY, f"--trainer.default_root_dir={dirs['single']}", *FP64, "--trainer.devices=1",
+          f"--trainer.max_steps={STEPS}"])  # fmt: skip  # one process: this one
     _fit(dirs["fsdp2"], *FSDP2, f"--trainer.max_steps={STEPS}")
     _fit(dirs["dropout"], *FSDP2, *DROPOUT, f"--trainer.max_steps={STEPS}")
     stop = ["--trainer.callbacks+=tests.helpers.SignalAtStep", "--trainer.callbacks.step=10"]
