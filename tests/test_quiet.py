@@ -166,6 +166,7 @@ NOISE = {
     "weights_only unset at a save": "`weights_only` was not set",
     "non-empty checkpoint folder on a resume": "exists and is not empty",
     "Lightning skipping its own summary": "Trainer already configured with model summary callbacks",
+    "a sync_dist hint for metrics already reduced": "sync_dist=True)` when logging on epoch level",
 }
 #: the template's warning for a --checkpoint.monitor the model does not log: noise before the first validation
 MISSING_MONITOR = "is not logged by this model"
