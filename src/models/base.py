@@ -90,6 +90,12 @@ class TemplateModule(L.LightningModule):
             },
         }
 
+    def log_computed(self, metrics: dict[str, Tensor], **kwargs: Any) -> None:
+        """Log values every rank already holds alike, a torchmetrics ``compute()``'s: with ``sync_dist=True``, which
+        tells Lightning so (without it, Lightning recommends it at every distributed validation; its mean of equal
+        values over a power-of-two number of ranks is the value itself)."""
+        self.log_dict(metrics, sync_dist=True, **kwargs)
+
     def should_log_step(self) -> bool:
         """True on the optimizer steps whose per-step metrics the logger will write: ``self.log`` costs about
         0.25 ms per value even when nothing is written (``docs/benchmarks.md``)."""
@@ -149,7 +155,7 @@ class Classifier(TemplateModule):
     def on_train_epoch_end(self) -> None:
         # compute() reduces the metric states of all processes
         loss, accuracy = self.train_means.compute()
-        self.log_dict({"train/loss_epoch": loss, "train/acc": accuracy}, sync_dist=True)  # see below
+        self.log_computed({"train/loss_epoch": loss, "train/acc": accuracy})
         self.train_means.reset()
 
     def _accumulate(self, batch: tuple[Tensor, Tensor], loss_mean: WeightedMean, accuracy: Metric) -> None:
@@ -167,9 +173,7 @@ class Classifier(TemplateModule):
         if not self.trainer.sanity_checking:  # a few batches only: keep them out of the best so far
             self.val_acc_best.update(acc)
             metrics["val/acc_best"] = self.val_acc_best.compute()
-        # compute() gave every rank the same values; sync_dist=True says so to Lightning, which otherwise warns at
-        # every distributed validation (its mean of equal values over a power-of-two number of ranks is the value)
-        self.log_dict(metrics, prog_bar=True, sync_dist=True)
+        self.log_computed(metrics, prog_bar=True)
         self.val_loss.reset()
         self.val_acc.reset()
 
@@ -177,7 +181,7 @@ class Classifier(TemplateModule):
         self._accumulate(batch, self.test_loss, self.test_acc)
 
     def on_test_epoch_end(self) -> None:
-        self.log_dict({"test/loss": self.test_loss.compute(), "test/acc": self.test_acc.compute()}, sync_dist=True)
+        self.log_computed({"test/loss": self.test_loss.compute(), "test/acc": self.test_acc.compute()})
         self.test_loss.reset()
         self.test_acc.reset()
 

@@ -258,7 +258,7 @@ class CausalLanguageModel(TemplateModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        self.log("train/loss_epoch", self.train_loss.compute(), sync_dist=True)  # see on_validation_epoch_end
+        self.log_computed({"train/loss_epoch": self.train_loss.compute()})  # reduced over all processes
         self.train_loss.reset()
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
@@ -268,9 +268,7 @@ class CausalLanguageModel(TemplateModule):
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()  # reduced over all processes
-        # compute() gave every rank the same values; sync_dist=True says so to Lightning, which otherwise warns at
-        # every distributed validation (its mean of equal values over a power-of-two number of ranks is the value)
-        self.log_dict({"val/loss": loss, "val/perplexity": loss.exp()}, prog_bar=True, sync_dist=True)
+        self.log_computed({"val/loss": loss, "val/perplexity": loss.exp()}, prog_bar=True)
         self.val_loss.reset()
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
@@ -280,7 +278,7 @@ class CausalLanguageModel(TemplateModule):
 
     def on_test_epoch_end(self) -> None:
         loss = self.test_loss.compute()
-        self.log_dict({"test/loss": loss, "test/perplexity": loss.exp()}, sync_dist=True)
+        self.log_computed({"test/loss": loss, "test/perplexity": loss.exp()})
         self.test_loss.reset()
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
