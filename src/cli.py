@@ -16,11 +16,19 @@ road, top to bottom in ``TemplateCLI``:
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
+
+# Importing torch, Lightning and torchmetrics creates about 360,000 objects that live as long as the process; the
+# garbage collector walked them 864 times while they were created, 0.8 of the 3.9 CPU-seconds of
+# `import lightning.pytorch` on 2 cores. Every process of a run (each rank, each spawned process) imports this
+# module first, so collection waits here until the imports below are done.
+_COLLECTING = gc.isenabled()
+gc.disable()
 
 import lightning as L
 from jsonargparse import Namespace
@@ -48,6 +56,10 @@ from src.options import (
 from src.quiet import silence_known_noise
 from src.run_dir import place_loggers, shared_random_seed
 from src.strategies import register_dp_strategy, register_model_parallel_strategies, register_pipeline_strategy
+
+gc.freeze()  # what the imports created stays: no later collection walks it again
+if _COLLECTING:
+    gc.enable()
 
 __all__ = ["DEFAULT_CONFIG", "TemplateCLI", "main", "shared_random_seed"]
 

@@ -2,6 +2,7 @@
 
 import builtins
 import io
+import subprocess
 import sys
 import textwrap
 from datetime import timedelta
@@ -16,7 +17,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 from src.cli import DEFAULT_CONFIG, TemplateCLI, main
 from src.compat import collective_timeout
 from src.strategies.model_parallel import ClipAcrossMeshes
-from tests.conftest import TINY, last_value, read_metrics
+from tests.conftest import REPO, TINY, cli_env, last_value, read_metrics
 
 
 def print_config(capsys, *args: str) -> dict:
@@ -24,6 +25,23 @@ def print_config(capsys, *args: str) -> dict:
         main(["fit", *args, "--print_config"])
     assert exit_info.value.code in (0, None)
     return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_the_imports_run_without_garbage_collection_which_resumes_as_it_was():
+    """Every process of a run imports ``src.cli`` first: the collector is off while torch and Lightning are
+    imported, their objects are frozen out of later collections, and collection resumes only if it was on."""
+    probe = (
+        "import gc, runpy\n"
+        "import src.cli\n"
+        "print(gc.isenabled(), gc.get_freeze_count())\n"
+        "gc.disable()\n"
+        "runpy.run_path(src.cli.__file__, run_name='again')\n"
+        "print(gc.isenabled())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=cli_env(), capture_output=True, text=True)
+    enabled, frozen, enabled_when_off_before = done.stdout.split()
+    assert (enabled, enabled_when_off_before) == ("True", "False"), done.stderr[-2000:]
+    assert int(frozen) > 100_000  # torch's, Lightning's and the template's objects
 
 
 # -- configuration ------------------------------------------------------------------------------------------
