@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import prewarmed
+
 REPO = Path(__file__).resolve().parents[1]
 
 # One compute thread per process, in the pytest-xdist workers and every process a test starts: with one worker
@@ -63,13 +65,20 @@ def _plain_argv(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
-    """Run ``python -m src.cli ARGS`` in a subprocess (needed for ddp, which re-launches the script)."""
+    """Run ``python -m src.cli ARGS`` in a subprocess (needed for ddp, which re-launches the script), forked from
+    the prewarmed server (tests/prewarmed.py) unless ``fresh``."""
 
     def run(
-        *args: str, check: bool = True, env: dict[str, str] | None = None, timeout: int = 600, cwd: Path | None = None
+        *args: str,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        timeout: int = 600,
+        cwd: Path | None = None,
+        fresh: bool = False,
     ):
-        result = subprocess.run(
+        result = prewarmed.run(
             [sys.executable, "-m", "src.cli", *args],
+            fresh=fresh,
             cwd=cwd or REPO,
             env=env or cli_env(),
             capture_output=True,

@@ -10,10 +10,10 @@ The tests mirror the code (README "Tests"): every module of ``src/`` with a func
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
 
+from tests import prewarmed
 from tests.conftest import REPO, cli_env
 
 LAYERS = {
@@ -155,7 +155,7 @@ def test_a_run_of_a_users_model_imports_none_of_the_examples_and_reads_the_defau
     run = ["fit", "--model=tests.fixtures.workload.TinyClassifier", "--data=tests.fixtures.workload.TinyData",
            "--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--trainer.accelerator=cpu",
            "--progress_bar=none", f"--trainer.default_root_dir={tmp_path / 'run'}"]  # fmt: skip
-    result = subprocess.run(
+    result = prewarmed.run(
         [sys.executable, "-c", PROBE, *run], cwd=REPO, env=cli_env(), capture_output=True, text=True, check=True
     )
     loaded, opened = result.stdout.split("LOADED", 1)[1].split("OPENED")

@@ -25,6 +25,7 @@ import torch
 import src.cli
 from src.cli import DEFAULT_CONFIG, main
 from src.errors import DEBUG_ENV, ConfigurationError
+from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier
 
@@ -368,7 +369,7 @@ DDP_CPU = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.dev
 def run_cli(*args: str, timeout: int = 90, **env: str) -> tuple[subprocess.CompletedProcess, float]:
     """Run the CLI in its own process group; on a hang, kill every rank (not only the first) and fail."""
     start = time.monotonic()
-    process = subprocess.Popen(
+    process = prewarmed.popen(
         [sys.executable, "-m", "src.cli", *args],
         cwd=REPO,
         env=cli_env(**env),

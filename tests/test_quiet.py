@@ -25,6 +25,7 @@ import torch
 from src.checkpoints import files
 from src.cli import main
 from src.errors import DEBUG_ENV, user_error_of
+from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier, TinyData
 
@@ -147,7 +148,7 @@ def test_the_debug_switch_shows_the_network_errors_traceback(tmp_path, monkeypat
 @pytest.mark.slow
 def test_ddp_reports_a_failed_download_once_with_exit_status_1(tmp_path):
     args = data_args(tmp_path, "network", "--trainer.strategy=ddp", "--trainer.devices=2")
-    result = subprocess.run(
+    result = prewarmed.run(
         [sys.executable, "-m", "src.cli", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 1, result.stderr

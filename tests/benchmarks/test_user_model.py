@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from benchmarks.runner import NO_PLAIN_BASELINE
 from benchmarks.workloads import build_cli, named, user_workload
+from tests import prewarmed
 from tests.conftest import REPO, TINY_CONFIG, cli_env
 from tests.fixtures.workload import gaussian_clusters
 
@@ -56,7 +56,7 @@ class PerProcessData(L.LightningDataModule):
 def test_bench_imports_and_prints_its_help_without_the_example_modules():
     """The benchmark's modules and `--help` import none of the examples (a user's copy may have deleted them)."""
     script = BLOCKED_RUN.format(blocked=set(EXAMPLE_MODULES))
-    result = subprocess.run(
+    result = prewarmed.run(
         [sys.executable, "-c", script, "--help"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -99,7 +99,7 @@ def test_without_the_examples_bench_says_they_were_removed_and_how_to_name_a_mod
     calls = [["--help"], [], ["--quick"], ["--workload=gpt"]]
     out = f"--out={tmp_path / 'out'}"
     command = [sys.executable, "-c", ENTRIES, json.dumps([[*args, out] for args in calls])]
-    ran = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=120)
+    ran = prewarmed.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr[-3000:]
     helped, *refused, named_removed = json.loads(ran.stdout.strip().splitlines()[-1])
     assert helped["code"] == 0 and "--model PKG.Class" in helped["stdout"], helped
@@ -158,7 +158,7 @@ def test_quick_benchmark_of_a_user_model(tmp_path):
     workload, devices = ["--model", TINY_MODEL, "--data", TINY_DATA], 2
     command = [sys.executable, "-m", "benchmarks", "--quick", *workload, "--strategies=single,dp,ddp,tensor_parallel"]
     command += [f"--devices={devices}", "--steps=3", "--warmup=1", "--startup-repeats=0", "--no-plots"]
-    result = subprocess.run(
+    result = prewarmed.run(
         [*command, f"--out={tmp_path}"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

@@ -23,6 +23,7 @@ import torch
 
 from src.checkpoints.files import is_intact
 from src.cli import main
+from tests import prewarmed
 from tests.callbacks.test_continuation import assert_same_run as assert_same_continuation
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics
 from tests.test_quiet import assert_no_noise, newcomer_env_in
@@ -207,7 +208,7 @@ def start(
     progress = run_dir.parent / f"{run_dir.name}.progress"
     pace = ["--trainer.callbacks+=tests.helpers.Pace", f"--trainer.callbacks.progress_file={progress}"]
     command = fit_command(run_dir, *pace, *args)
-    process = subprocess.Popen(
+    process = prewarmed.popen(
         command, cwd=REPO, env=environment or cli_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     return process, progress
@@ -242,7 +243,7 @@ def straight_multi_process(tmp_path_factory) -> dict[str, Path]:
         key = strategy[0]
         if key not in runs:
             run_dir = tmp_path_factory.mktemp("straight") / "run"
-            subprocess.run(fit_command(run_dir, *strategy), cwd=REPO, env=cli_env(), check=True, capture_output=True)
+            prewarmed.run(fit_command(run_dir, *strategy), cwd=REPO, env=cli_env(), check=True, capture_output=True)
             runs[key] = run_dir
         return runs[key]
 
@@ -281,7 +282,7 @@ def test_signal_from_outside_saves_stops_with_its_exit_code_and_resumes_exactly(
 
     def launch(*args: str) -> str:  # Lightning's launchers re-run the command: a process of its own
         command = [sys.executable, "-m", "src.cli", "fit", *COMMON, *strategy, *extra, *args, *resume]
-        result = subprocess.run(command, cwd=REPO, env=environment or cli_env(), capture_output=True, text=True)
+        result = prewarmed.run(command, cwd=REPO, env=environment or cli_env(), capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-6000:]
         return result.stdout + result.stderr
 

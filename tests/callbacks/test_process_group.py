@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
+from tests import prewarmed
 from tests.conftest import REPO, cli_env
 
 SCRIPT = textwrap.dedent(
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_the_process_group_is_destroyed_once_at_exit_after_the_run(tmp_path):
-    result = subprocess.run(
+    result = prewarmed.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "store")],
         cwd=REPO,
         env=cli_env(),

@@ -40,6 +40,7 @@ from src.callbacks.stacks import (
 )
 from src.checkpoints.files import is_intact
 from src.stacks import stacks_of
+from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env
 from tests.zoo import stuck
 
@@ -172,7 +173,7 @@ FAIL_LINE = next(i for i, text in enumerate(Path(stuck.__file__).read_text().spl
 
 def start(*args: str) -> subprocess.Popen:
     """The CLI in a session of its own, so that a test can signal (or kill) every rank and none outlives it."""
-    return subprocess.Popen(
+    return prewarmed.popen(
         [sys.executable, "-m", "src.cli", "fit", *TINY, *DDP_CPU, *args],
         cwd=REPO,
         env=cli_env(),
@@ -193,7 +194,7 @@ def finish(process: subprocess.Popen, timeout: float) -> str:
 
 def stacks_command(run_dir: Path, *args: str) -> str:
     command = [sys.executable, "-m", "src.stacks", str(run_dir), *args]
-    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60)
+    result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -3,13 +3,13 @@ ranks of equal speed are not (the run of ``test_stacks.py``'s SIGUSR2 test, pace
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 from src.callbacks.straggler import StragglerReport, describe_straggler, find_straggler, straggler_ratio
 from src.cli import TemplateCLI
+from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env, read_metrics
 
 
@@ -51,7 +51,7 @@ def test_a_rank_that_sleeps_in_its_training_step_is_named_by_rank_0(tmp_path):
         "--trainer.limit_val_batches=0", "--model=tests.zoo.stuck.SleepyClassifier",
         "--model.init_args.slow_seconds=0.15", "--collective_timeout=20", f"--trainer.default_root_dir={run_dir}",
     ]  # fmt: skip
-    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("straggler: ")]
     assert len(lines) == 1, result.stderr[-3000:]  # named once, not at every interval

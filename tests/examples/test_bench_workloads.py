@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import yaml
 import src.cli
 from benchmarks.workloads import WORKLOADS, build_cli, optimizer_and_scheduler, tokens_per_sample
 from src.cli import TemplateCLI
+from tests import prewarmed
 from tests.conftest import REPO, cli_env
 from tests.examples.conftest import EXPERIMENTS, TINY_GPT, TINY_IMAGE
 
@@ -49,7 +49,7 @@ def test_quick_benchmark_runs_all_three_implementations(tmp_path):
     """A real, small run: the template, bare Lightning and plain PyTorch train the same thing, and start-up."""
     command = [sys.executable, "-m", "benchmarks", "--quick", "--strategies=single", "--steps=3", "--warmup=1"]
     command += ["--startup-repeats=1", "--no-plots", f"--out={tmp_path}"]
-    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
 
     results = json.loads((tmp_path / "results.json").read_text())

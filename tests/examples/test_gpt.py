@@ -4,7 +4,6 @@ tests/examples/test_gpt_model_parallel.py, with fsdp2 and tensor_parallel)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from src.data import TextDataModule
 from src.data.text import TokenWindows, decode, encode
 from src.errors import ConfigurationError
 from src.models import CausalLanguageModel
+from tests import prewarmed
 from tests.callbacks.test_throughput import logged
 from tests.conftest import REPO, cli_env, read_metrics
 from tests.examples.conftest import TINY_GPT
@@ -181,7 +181,7 @@ def test_language_model_validation_loss_falls_well_below_its_start(tmp_path):
 def test_naming_an_example_imports_its_module_and_only_that_one():
     """``src.models`` and ``src.data`` import an example when it is named (``--model=src.models.GPT``)."""
     probe = "import sys, src.models, src.data; src.models.GPT; src.data.TextDataModule; print(sorted(sys.modules))"
-    named = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=cli_env(), capture_output=True, text=True)
+    named = prewarmed.run([sys.executable, "-c", probe], cwd=REPO, env=cli_env(), capture_output=True, text=True)
     assert named.returncode == 0, named.stderr[-2000:]
     assert "'src.models.gpt'" in named.stdout and "'src.data.text'" in named.stdout
     assert "'src.models.image_classifier'" not in named.stdout and "'src.data.images'" not in named.stdout

@@ -4,7 +4,6 @@ both device meshes). (The compiled forward under ddp is proven on the image exam
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from src.checkpoints.sharded import load_sharded_checkpoint
 from src.cli import main
+from tests import prewarmed
 from tests.conftest import REPO, cli_env, last_value, load_state, read_metrics, relative_difference
 from tests.examples.conftest import TINY_GPT
 
@@ -36,7 +36,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     for strategy in STRATEGIES:
         run_dir = tmp_path_factory.mktemp(strategy)
         args = [*RUN, f"--trainer.strategy={strategy}", f"--trainer.default_root_dir={run_dir}"]
-        result = subprocess.run(
+        result = prewarmed.run(
             [sys.executable, "-m", "src.cli", "fit", *args],
             cwd=REPO,
             env=cli_env(),
@@ -98,7 +98,7 @@ def test_ddp_trains_the_model_one_device_trains(runs):
 def test_heads_that_do_not_split_over_the_tensor_parallel_ranks_are_refused(tmp_path):
     args = [*TINY_GPT, "--model.init_args.n_head=1", "--trainer.devices=2", "--trainer.strategy=tensor_parallel"]
     args += ["--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}"]
-    result = subprocess.run(
+    result = prewarmed.run(
         [sys.executable, "-m", "src.cli", "fit", *args],
         cwd=REPO,
         env=cli_env(),
@@ -120,7 +120,7 @@ def test_tensor_parallel_gpt_with_dropout_stopped_and_resumed_is_the_uninterrupt
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     for run_dir, extra, exit_code in ((straight, [], 0), (stopped, stop, 143), (stopped, ["--ckpt_path=last"], 0)):
         command = [sys.executable, "-m", "src.cli", "fit", *args, f"--trainer.default_root_dir={run_dir}", *extra]
-        result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
+        result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
         assert result.returncode == exit_code, result.stderr[-4000:]
     rows = [row for version in (0, 1) for row in read_metrics(stopped, version) if row.get("val/loss")]
     assert [(r["step"], r["val/loss"]) for r in rows] == [
@@ -146,7 +146,7 @@ def test_lightnings_model_parallel_class_clips_across_meshes_and_trains_the_mode
     run_dir = tmp_path / "lightning"
     command = [sys.executable, "-m", "src.cli", "fit", *RUN, "--trainer.precision=32-true"]
     command += ["--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy"]
-    result = subprocess.run([*command, f"--trainer.default_root_dir={run_dir}"], cwd=REPO, env=cli_env(),
+    result = prewarmed.run([*command, f"--trainer.default_root_dir={run_dir}"], cwd=REPO, env=cli_env(),
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     lightning, template = validation_rows(run_dir), validation_rows(runs["tensor_parallel"])

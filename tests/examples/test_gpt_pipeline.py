@@ -23,6 +23,7 @@ import torch
 from src.checkpoints.sharded import load_sharded_checkpoint
 from src.cli import main
 from src.strategies.pipeline import bubble_fraction
+from tests import prewarmed
 from tests.conftest import REPO, cli_env, read_metrics, relative_difference
 from tests.examples.conftest import TINY_GPT
 
@@ -54,7 +55,7 @@ def fit_in_process(*args: str) -> None:
 
 def launch(*args: str, command: str = "fit") -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "src.cli", command, *RUN, *PIPELINE, *args]
-    return subprocess.run(argv, cwd=REPO, env=cli_env(), capture_output=True, text=True)
+    return prewarmed.run(argv, cwd=REPO, env=cli_env(), capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,7 @@ def test_two_stages_per_process_interleaved_with_clipping_and_accumulation_train
 def test_an_interleaved_checkpoint_validates_on_one_device_and_consolidates(runs, tmp_path):
     folder = runs["interleaved"] / "checkpoints" / "last.ckpt"
     out = tmp_path / "model.ckpt"
-    done = subprocess.run([sys.executable, "-m", "src.consolidate", str(folder), str(out)], cwd=REPO, env=cli_env())
+    done = prewarmed.run([sys.executable, "-m", "src.consolidate", str(folder), str(out)], cwd=REPO, env=cli_env())
     assert done.returncode == 0 and out.is_file()
     losses = {}
     single = runs["single_accumulated"] / "checkpoints" / "last.ckpt"

@@ -125,7 +125,7 @@ def default_model() -> str | None:
 )
 def test_bare_fit_trains_the_embedded_default_and_writes_checkpoint_and_metrics(tmp_path, run_cli):
     """`python -m src.cli fit` with nothing else: the README's first command."""
-    result = run_cli("fit", cwd=tmp_path, env=cli_env(), timeout=900)
+    result = run_cli("fit", cwd=tmp_path, env=cli_env(), timeout=900, fresh=True)  # the README's command, as typed
     run_dir = tmp_path / "runs" / "default"
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert list((run_dir / "checkpoints").glob("best-*.ckpt"))

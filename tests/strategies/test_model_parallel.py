@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from src.cli import main
 from src.errors import ConfigurationError
 from src.strategies import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
 from src.strategies.model_parallel import clip_grad_norm, memory_per_rank
+from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics, relative_difference
 from tests.fixtures.workload import TinyClassifier
 
@@ -91,7 +91,7 @@ def test_memory_per_rank_counts_parameters_gradients_and_optimizer_state():
 
 def _fit(run_dir: Path, *args: str, exit_code: int = 0) -> None:
     command = [sys.executable, "-m", "src.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64, *args]
-    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
+    result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
     assert result.returncode == exit_code, result.stderr[-4000:]
 
 
@@ -165,7 +165,7 @@ def test_one_device_and_ddp_validate_a_sharded_checkpoint(runs, tmp_path):
         losses[name] = float(read_metrics(run_dir)[-1]["val/loss"])
     ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", f"--trainer.default_root_dir={tmp_path / 'ddp'}"]
     command = [sys.executable, "-m", "src.cli", "validate", *TINY, *FP64, *ddp, f"--ckpt_path={sharded}"]
-    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
+    result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     losses["ddp"] = float(read_metrics(tmp_path / "ddp")[-1]["val/loss"])
     assert losses["single"] == pytest.approx(losses["reference"], rel=1e-9)
@@ -175,7 +175,7 @@ def test_one_device_and_ddp_validate_a_sharded_checkpoint(runs, tmp_path):
 @pytest.mark.slow
 def test_consolidate_writes_the_single_file_a_one_device_run_writes(runs, tmp_path):
     output = tmp_path / "whole.ckpt"
-    result = subprocess.run(
+    result = prewarmed.run(
         [sys.executable, "-m", "src.consolidate", str(last_checkpoint(runs["fsdp2"])), str(output)],
         cwd=REPO,
         env=cli_env(),

@@ -9,7 +9,6 @@ global batch and so the training.
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 
 from src.cli import main
 from src.strategies import register_dp_strategy
+from tests import prewarmed
 from tests.conftest import (
     REPO,
     TINY,
@@ -105,7 +105,7 @@ def test_dp_is_registered_by_each_cli_run_not_by_importing_the_cli(tmp_path):
         " print('after import:', 'dp' in StrategyRegistry); src.cli.main(sys.argv[1:])"
     )
     args = [*TINY, "--trainer.strategy=dp", "--trainer.max_steps=1", "--trainer.limit_val_batches=0"]
-    result = subprocess.run(
+    result = prewarmed.run(
         [sys.executable, "-c", code, "fit", *args, "--progress_bar=none", f"--trainer.default_root_dir={tmp_path}"],
         cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip

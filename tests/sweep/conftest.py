@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import yaml
 
+from tests import prewarmed
 from tests.conftest import REPO, TINY_CONFIG, cli_env, read_metrics
 
 LR = "model.init_args.optimizer.init_args.lr"
@@ -43,7 +44,7 @@ def write_sweep(folder: Path, **overrides: Any) -> Path:
 
 
 def sweep_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    result = subprocess.run(
+    result = prewarmed.run(
         [sys.executable, "-m", "src.sweep", *args],
         cwd=REPO,
         env=cli_env(),

@@ -18,6 +18,7 @@ from src.cli import main as cli_main
 from src.sweep import spec as sweep_spec
 from src.sweep.study import ERROR_ATTR, STEPS_ATTR, Sweep, run_dir
 from src.sweep.worker import logger_flags
+from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env, read_metrics
 from tests.sweep.conftest import (
     BATCH,
@@ -46,7 +47,7 @@ def test_stopped_worker_resumes_its_trial_and_the_sweep_completes_once(tmp_path:
     path = write_sweep(tmp_path, trials=2)
     sweep_dir, progress = tmp_path / "sweep", tmp_path / "progress"
     pace = ["--trainer.callbacks+=tests.helpers.Pace", "--trainer.callbacks.seconds=0.2"]
-    first = subprocess.Popen(
+    first = prewarmed.popen(
         [sys.executable, "-m", "src.sweep", "run", str(path), "--dir", str(sweep_dir), "--", *pace,
          f"--trainer.callbacks.progress_file={progress}"],
         cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

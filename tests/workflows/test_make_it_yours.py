@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from tests import prewarmed
 from tests.conftest import REPO
 
 USER_PACKAGE = textwrap.dedent(
@@ -115,7 +116,7 @@ def run(copy: Path, *command: str, timeout: int = 600) -> subprocess.CompletedPr
     """A command in the copy, which alone is on the path (the installed template points at this checkout)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PL_", "WANDB_"))}
     env.update(PYTHONPATH=str(copy), WANDB_MODE="offline", PYTHONWARNINGS="ignore::DeprecationWarning")
-    return subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    return prewarmed.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def tree(folder: Path) -> dict[str, bytes]:

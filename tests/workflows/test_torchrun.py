@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from src.cli import main
+from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env, load_state, relative_difference
 
 #: the one-process reference is shared by both tests: one worker trains it once
@@ -57,7 +58,7 @@ def finish(process: subprocess.Popen, timeout: int = 300) -> str:
 def start(command: list[str]) -> subprocess.Popen:
     # cli_env drops SLURM_* variables: inside a SLURM job torchrun still wins (Lightning checks it first),
     # but the tests should not depend on where they run
-    return subprocess.Popen(
+    return prewarmed.popen(
         command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
