@@ -42,6 +42,9 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+prewarmed.server_environment = cli_env  # the server of tests/prewarmed.py imports as most commands would
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one pytest-xdist worker per core, and one more. Much of a multi-process test is waiting (for a
     SLURM job, a collective timeout, a rank's start-up): measured on 2 cores, the suite kept the cores 96% busy

@@ -30,7 +30,7 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,11 @@ from typing import Any
 PRELOAD = ("torch", "lightning.pytorch", "torchmetrics", "jsonargparse")
 #: environment variables read while those libraries are imported (or at interpreter start): a command whose
 #: environment differs from the server's in one of them is started fresh
-READ_AT_IMPORT = ("TORCH", "PYTORCH", "TORCHINDUCTOR", "TORCHDYNAMO", "OMP_", "MKL_", "CUDA", "LD_", "MALLOC", "PL_")
+READ_AT_IMPORT = (
+    "TORCH", "PYTORCH", "TORCHINDUCTOR", "TORCHDYNAMO", "OMP_", "MKL_", "CUDA", "LD_", "MALLOC", "PL_", "SLURM_",
+)  # fmt: skip
+#: the rank Lightning's and torchmetrics' ``rank_zero_only`` take when they are imported
+READ_AT_IMPORT_NAMES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "WORLD_SIZE", "JSM_NAMESPACE_RANK")
 READ_AT_START = (
     "PYTHONWARNINGS", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONOPTIMIZE", "PYTHONUTF8", "PYTHONUNBUFFERED",
     "PYTHONIOENCODING", "PYTHONFAULTHANDLER", "PYTHONDEVMODE", "PYTHONTRACEMALLOC",
@@ -187,6 +191,8 @@ class _Server:
 
 
 _server: _Server | None = None
+#: the environment the server starts with (tests/conftest.py: the one most commands get), or the first command's
+server_environment: Callable[[], dict[str, str]] | None = None
 
 
 def _server_for(env: dict[str, str]) -> _Server | None:
@@ -194,11 +200,11 @@ def _server_for(env: dict[str, str]) -> _Server | None:
     if os.environ.get("TEMPLATE_TESTS_FRESH") == "1":
         return None
     if _server is None or _server.process.poll() is not None:
-        _server = _Server(env)
+        _server = _Server(server_environment() if server_environment else env)
     differs = {key for key in env.keys() ^ _server.env.keys()} | {
         key for key in env.keys() & _server.env.keys() if env[key] != _server.env[key]
     }
-    if any(key.startswith(READ_AT_IMPORT) or key in READ_AT_START for key in differs):
+    if any(key.startswith(READ_AT_IMPORT) or key in READ_AT_IMPORT_NAMES or key in READ_AT_START for key in differs):
         return None
     return _server
 

@@ -106,6 +106,8 @@ def test_the_prewarmed_server_reports_signals_timeouts_and_falls_back_to_a_fresh
         prewarmed.run(sleeper, env=cli_env(), timeout=1, stdout=subprocess.DEVNULL)
     crashed = prewarmed.run([sys.executable, "-c", "raise ValueError('boom')"], env=cli_env(), capture_output=True)
     assert crashed.returncode == 1 and b"ValueError: boom" in crashed.stderr
-    # a variable that torch reads while it is imported: the server's import would not have seen it
-    logged = prewarmed.popen([sys.executable, "-c", "pass"], env=cli_env(TORCH_LOGS="graph_breaks"))
-    assert not isinstance(logged, prewarmed.Prewarmed) and logged.wait(timeout=60) == 0
+    # variables read while torch and Lightning are imported (rank_zero_only takes LOCAL_RANK then): the server's
+    # imports would not have seen them
+    for variable in ({"TORCH_LOGS": "graph_breaks"}, {"LOCAL_RANK": "1"}):
+        started = prewarmed.popen([sys.executable, "-c", "pass"], env=cli_env(**variable))
+        assert not isinstance(started, prewarmed.Prewarmed) and started.wait(timeout=60) == 0, variable
