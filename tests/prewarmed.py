@@ -1,7 +1,7 @@
 """Start ``python -m MODULE ARGS`` in the tests without paying for torch's and Lightning's imports every time.
 
-A command the tests start in a subprocess spends about 4 CPU-seconds of its 4.7 on 2 cores importing torch, Lightning
-(which imports ``torch._dynamo``) and torchmetrics before it trains a step: most of the suite's time. Here one
+A short command the tests start in a subprocess spends most of its CPU time importing torch, Lightning (which
+imports ``torch._dynamo``) and torchmetrics before it trains a step, and the suite starts hundreds. Here one
 server process per pytest worker imports those libraries once, computes nothing, and forks a child for each
 command. The child is a real process (its own pid, session, signals, file descriptors and exit status) that runs
 the command as ``python -m`` does (``runpy``, ``__main__``, ``sys.argv``, ``sys.path``); what it skips are the
@@ -228,8 +228,8 @@ class Prewarmed(subprocess.Popen):
         self._new_session = bool(kwargs.get("start_new_session"))
         super().__init__(args, **kwargs)
 
-    # The three methods below are Popen's own seams for starting and reaping a child (unchanged in CPython
-    # 3.9-3.13): overriding them keeps Popen's pipes, communicate(), timeouts and clean-up as they are.
+    # The three methods below override Popen's private seams for starting and reaping a child (with
+    # ``_close_pipe_fds``, the same in CPython 3.9 to 3.13): Popen's pipes, communicate(), timeouts and clean-up stay.
     def _execute_child(self, args: Any, executable: Any, preexec_fn: Any, close_fds: bool, pass_fds: Any, cwd: Any,
                        env: Any, startupinfo: Any, creationflags: Any, shell: bool, p2cread: int, p2cwrite: int,
                        c2pread: int, c2pwrite: int, errread: int, errwrite: int, *rest: Any) -> None:  # fmt: skip
