@@ -135,7 +135,7 @@ class ParseOnly(TemplateCLI):
         raise Parsed(self)
 
 
-def test_a_run_builds_its_subcommands_parser_alone_and_reads_the_default_config_once(capsys, monkeypatch):
+def test_a_run_builds_its_subcommands_parser_alone_and_reads_the_default_config_once(capsys, monkeypatch, tmp_path):
     default = yaml.safe_load(DEFAULT_CONFIG.read_text())  # what the run must find in it
     opened, real_open = [], builtins.open
 
@@ -147,7 +147,8 @@ def test_a_run_builds_its_subcommands_parser_alone_and_reads_the_default_config_
     monkeypatch.setattr(io, "open", counted_open)  # pathlib's
     ParseOnly.built.clear()
     with pytest.raises(Parsed) as parsed:
-        ParseOnly(["fit", "--trainer.max_steps=3"])
+        # a run directory of its own: the project's runs/default may hold the README's first run
+        ParseOnly(["fit", "--trainer.max_steps=3", f"--trainer.default_root_dir={tmp_path / 'run'}"])
     cli = parsed.value.args[0]
     assert len(ParseOnly.built) == 1 and len(opened) == 1  # jsonargparse's one read of configs/default.yaml
     assert cli.config.fit.trainer.max_steps == 3 and cli.config.fit.model.class_path == default["model"]["class_path"]
