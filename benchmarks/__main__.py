@@ -65,7 +65,7 @@ from benchmarks.workloads import (
     user_workload,
     with_model,
 )
-from src.callbacks.throughput import compute_kind, dense_peak_flops
+from multigpu.callbacks.throughput import compute_kind, dense_peak_flops
 
 PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 
@@ -262,7 +262,7 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]
     name, peak = torch.cuda.get_device_name(device), dense_peak_flops(device, precision)
     if not peak:
         return None, f"{name}: unknown"
-    return peak, f"{name}: dense {compute_kind(precision)} peak (src/callbacks/throughput.py)"
+    return peak, f"{name}: dense {compute_kind(precision)} peak (multigpu/callbacks/throughput.py)"
 
 
 def chosen_accelerator(requested: str) -> str:
@@ -285,7 +285,7 @@ def built_workloads(args: argparse.Namespace) -> tuple[dict[str, Workload], dict
             fail(
                 f"the data module {type(cli.datamodule).__qualname__} has no batch_size argument; the benchmark"
                 " sets every row's batch through it (--batch-sizes, the same global batch on any device count)."
-                " Fix: give it a batch_size argument, or subclass src.data.base.GlobalBatchDataModule (whose"
+                " Fix: give it a batch_size argument, or subclass multigpu.data.base.GlobalBatchDataModule (whose"
                 " batch_size is the global batch)."
             )
         workload = with_model(named(workload, cli), cli)

@@ -6,7 +6,7 @@ callbacks), wherever in the loop it happens. The main thread's CPU time per step
 machine shared with other jobs it shows the work a step costs, where the wall time also holds the waiting. On a
 GPU the step ends are CUDA events read after training, so no host synchronisation is added inside the timed
 window. Peak memory is the template's own probe, the one every training run logs (``peak_memory`` of
-``src/callbacks/throughput.py``). Each process writes its own file (``rank_path``); the launcher reads them all.
+``multigpu/callbacks/throughput.py``). Each process writes its own file (``rank_path``); the launcher reads them all.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class StepClock:
     def result(self, **extra: Any) -> dict[str, Any]:
         # the template's own probe, as every training run logs it (imported here: it imports Lightning, which the
         # launcher of plain DDP does not need)
-        from src.callbacks.throughput import peak_memory
+        from multigpu.callbacks.throughput import peak_memory
 
         return {
             "step_times_s": self.step_times(),
@@ -115,7 +115,7 @@ class StageClock:
     The window opens when the step's first batch starts and closes before the optimizer step: it holds the
     schedule's forwards and backwards of every micro-batch and the sums over the stages that follow them (the
     loss, tied weights), where a stage that finished early waits for the others. The work is each call of the
-    stage's forward or backward of one micro-batch (``src.compat.time_stage_work``); the rest of the window the
+    stage's forward or backward of one micro-batch (``multigpu.compat.time_stage_work``); the rest of the window the
     stage waited for its neighbours: the bubble (``benchmarks.stats.bubble_figures``). On a GPU every mark is a
     CUDA event on the stage's stream, read after training, so the kernels' time counts and no sync is added.
     """

@@ -90,7 +90,7 @@ def join(rank: int, world_size: int, args: argparse.Namespace, port: int) -> tor
 
 def loader(datamodule: Any, global_batch: int, world_size: int, rank: int, seed: int, pin: bool) -> DataLoader:
     """The data module's training set, in the template's global batch order (``GlobalBatchSampler``)."""
-    from src.data.sampling import GlobalBatchSampler
+    from multigpu.data.sampling import GlobalBatchSampler
 
     datamodule.setup("fit")
     sampler = GlobalBatchSampler(datamodule.train_set, global_batch, num_replicas=world_size, rank=rank, seed=seed)
@@ -148,7 +148,9 @@ def train(rank: int, world_size: int, args: argparse.Namespace, port: int) -> No
         if step == args.steps:
             break
     strategy = "plain DDP" if distributed else "plain loop"
-    from src.strategies.model_parallel import memory_per_rank  # Lightning: as build_cli, not in the launcher
+    from multigpu.strategies.model_parallel import (
+        memory_per_rank,  # Lightning: as build_cli, not in the launcher
+    )
 
     clock.write(
         args.out,

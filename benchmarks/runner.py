@@ -26,7 +26,7 @@ from benchmarks.clock import T0_ENV, rank_path
 from benchmarks.environment import load_average
 from benchmarks.stats import summarise_run
 from benchmarks.workloads import WORKLOADS, Workload, cli_flags
-from src.strategies.pipeline import PipelineOptions, bubble_fraction
+from multigpu.strategies.pipeline import PipelineOptions, bubble_fraction
 
 #: what each strategy of a row means; "bare-*" and "plain-*" are the baselines
 STRATEGY_LABELS = {
@@ -111,7 +111,9 @@ def not_applicable(row: Row, workload: Workload) -> str | None:
             " (fsdp2 shards any model)"
         )
     if row.strategy == "pipeline" and not workload.pipeline_stages:
-        return f"n/a: {workload.model_name or workload.name} has no pipeline_stage hook (src/strategies/pipeline.py)"
+        return (
+            f"n/a: {workload.model_name or workload.name} has no pipeline_stage hook (multigpu/strategies/pipeline.py)"
+        )
     return None
 
 

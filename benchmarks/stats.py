@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-#: the per-device figure of the template's memory probe (``src.callbacks.throughput.peak_memory``), in the order
+#: the per-device figure of the template's memory probe (``multigpu.callbacks.throughput.peak_memory``), in the order
 #: looked for: PyTorch's allocator peak on a GPU, the process's peak resident set on a CPU
 MEMORY_FIGURES = ("perf/memory_allocated_gb", "perf/memory_rss_gb")
 
@@ -22,7 +22,7 @@ STATE_FIELDS = ("state_mb_per_rank", "parameters_mb_per_rank", "gradients_mb_per
 
 def state_per_rank(ranks: list[dict[str, Any]]) -> dict[str, float | None]:
     """MB (10^6 bytes) of parameters + gradients + optimizer state that the fullest rank holds after the last step,
-    and its parts; None where the run did not count them (``src.strategies.model_parallel.memory_per_rank``)."""
+    and its parts; None where the run did not count them (``multigpu.strategies.model_parallel.memory_per_rank``)."""
     counted = [r["state_bytes"] for r in ranks if r.get("state_bytes")]
     if not counted:
         return dict.fromkeys(STATE_FIELDS)

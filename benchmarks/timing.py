@@ -15,8 +15,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from benchmarks.clock import StageClock, StepClock
-from src.compat import time_stage_work
-from src.strategies.model_parallel import memory_per_rank
+from multigpu.compat import time_stage_work
+from multigpu.strategies.model_parallel import memory_per_rank
 
 
 class StepTimer(Callback):
@@ -38,7 +38,7 @@ class StepTimer(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock = StepClock(pl_module.device)
-        if hasattr(trainer.strategy, "pipeline_stages"):  # src/strategies/pipeline.py
+        if hasattr(trainer.strategy, "pipeline_stages"):  # multigpu/strategies/pipeline.py
             self.stage_clock = StageClock(pl_module.device)
         self._last_step = trainer.global_step
 

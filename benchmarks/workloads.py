@@ -158,7 +158,7 @@ def with_model(workload: Workload, cli: Any) -> Workload:
     pipeline stages."""
     from lightning.pytorch.utilities.model_helpers import is_overridden  # as the tensor_parallel strategy checks
 
-    from src.strategies.pipeline import missing_hooks
+    from multigpu.strategies.pipeline import missing_hooks
 
     model = cli.model
     return replace(
@@ -171,7 +171,7 @@ def with_model(workload: Workload, cli: Any) -> Workload:
 
 def batch_is_global(cli: Any) -> bool:
     """Whether the data module's ``batch_size`` is the global batch (the template's ``GlobalBatchDataModule``)."""
-    from src.data.base import GlobalBatchDataModule
+    from multigpu.data.base import GlobalBatchDataModule
 
     return isinstance(cli.datamodule, GlobalBatchDataModule)
 
@@ -221,12 +221,12 @@ def training_flops(cli: Any, workload: Workload) -> dict[str, float]:
     """``{"flops_per_sample": x}`` or ``{"flops_per_batch": y}`` (one micro-batch of one process), or ``{}``.
 
     The built-in language model counts per sequence of the configured length; a user's module is read as the
-    throughput monitor reads it (``src/callbacks/throughput.py``).
+    throughput monitor reads it (``multigpu/callbacks/throughput.py``).
     """
     if workload.builtin:
         flops = flops_per_sample(cli)
         return {"flops_per_sample": flops} if flops else {}
-    from src.callbacks.throughput import module_flops
+    from multigpu.callbacks.throughput import module_flops
 
     found = module_flops(cli.model)
     return {found[0]: found[1]} if found else {}

@@ -26,7 +26,8 @@ from benchmarks.runner import Row, Settings, baseline_command, run_env, template
 from benchmarks.stats import summarise_run  # noqa: E402
 
 NO_VOTE = (
-    "from src.callbacks import preemption\npreemption.PreemptionCheckpoint.on_train_batch_end = lambda *a, **k: None\n"
+    "from multigpu.callbacks import preemption\n"
+    "preemption.PreemptionCheckpoint.on_train_batch_end = lambda *a, **k: None\n"
 )
 PATCHES = {"no preemption vote": NO_VOTE}
 #: the baselines, by the benchmark's strategy name

@@ -1,1 +1,2 @@
-"""A Lightning template for training on one CPU, one GPU, several GPUs (dp, ddp, ddp_spawn) and SLURM clusters."""
+"""This repository's own project on the engine (``multigpu``): its command line, the example models and
+data modules, run as ``python -m src.cli``."""

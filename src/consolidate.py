@@ -1,6 +1,6 @@
-"""``python -m src.consolidate DIR OUT.ckpt``: the command of ``src/checkpoints/consolidate.py``, kept short."""
+"""``python -m src.consolidate DIR OUT.ckpt``: the engine's ``python -m multigpu.consolidate``, under this project."""
 
-from src.checkpoints.consolidate import consolidate, main
+from multigpu.consolidate import consolidate, main
 
 __all__ = ["consolidate", "main"]
 

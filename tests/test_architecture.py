@@ -1,10 +1,13 @@
-"""The architecture drawn from the imports of ``src/``: no cycles, and no module imports a layer above its own.
+"""The architecture drawn from the imports: the engine (``multigpu/``) has no cycles, no module imports a layer above
+its own, and none imports the project (``src/``); the project uses only the engine's public interface.
 
-Layers, bottom to top: the libraries' private names, errors and quiet (0); the user's rooms and what they build on,
-data, models, strategies and checkpoints (1); the callbacks (2); the checks before launch and ``tune`` (3);
-the command line (4); the commands built on it (5). A new module of ``src/`` must be given its layer here.
+Layers of the engine, bottom to top: the libraries' private names, errors, quiet and the hooks a model may implement
+(0); what a project's classes build on, data, models, strategies and checkpoints (1); the callbacks (2); the checks
+before launch and ``tune`` (3); the command line (4); the commands built on it (5); the public interface and the test
+helpers (6). A new module of the engine must be given its layer here.
 
-The tests mirror the code (README "Tests"): every module of ``src/`` with a function or class has its test file.
+The engine's tests mirror its code (README "Tests"): every module of ``multigpu/`` with a function or class has its
+test file. The rule is the engine's: a project's own modules (``src/``) may have their tests anywhere.
 """
 
 from __future__ import annotations
@@ -16,71 +19,74 @@ from pathlib import Path
 from tests import prewarmed
 from tests.conftest import REPO, cli_env
 
+ENGINE = REPO / "multigpu"
+
 LAYERS = {
-    "src.compat": 0,
-    "src.errors": 0,
-    "src.quiet": 0,
-    "src.data": 1,
-    "src.models": 1,
-    "src.strategies": 1,
-    "src.topology": 1,
-    "src.checkpoints": 1,
-    "src.callbacks": 2,
-    "src.checks": 3,
-    "src.launch": 3,
-    "src.run_dir": 3,
-    "src.options": 3,
-    "src.tuning": 3,
-    "src.cli": 4,
-    "src.sweep": 5,
-    "src.consolidate": 5,
-    "src.stacks": 5,
+    "multigpu.compat": 0,
+    "multigpu.errors": 0,
+    "multigpu.quiet": 0,
+    "multigpu.hooks": 0,
+    "multigpu.data": 1,
+    "multigpu.models": 1,
+    "multigpu.strategies": 1,
+    "multigpu.topology": 1,
+    "multigpu.checkpoints": 1,
+    "multigpu.callbacks": 2,
+    "multigpu.checks": 3,
+    "multigpu.launch": 3,
+    "multigpu.run_dir": 3,
+    "multigpu.options": 3,
+    "multigpu.tuning": 3,
+    "multigpu.cli": 4,
+    "multigpu.sweep": 5,
+    "multigpu.consolidate": 5,
+    "multigpu.stacks": 5,
+    "multigpu.testing": 6,
 }
 
-
-#: the modules tested elsewhere, with where (README "Tests"): the examples, whose tests scripts/make_it_yours.py
-#: removes with them, and the two packages whose only function imports the examples when first named
-TESTED_ELSEWHERE = {
-    "src/models/gpt.py": "tests/examples/",
-    "src/models/image_classifier.py": "tests/examples/",
-    "src/data/images.py": "tests/examples/",
-    "src/data/text.py": "tests/examples/",
-    "src/data/corpus.py": "tests/examples/",
-    "src/models/__init__.py": "tests/examples/ (src.models.CausalLanguageModel, src.models.ImageClassifier)",
-    "src/data/__init__.py": "tests/examples/ (src.data.TextDataModule, src.data.CIFAR10DataModule)",
-}
+#: what a project may import from the engine: the public interface (``multigpu/__init__.py``), the hooks, the test
+#: helpers, and the commands it may run from its own modules
+PUBLIC = {"multigpu", "multigpu.hooks", "multigpu.testing", "multigpu.consolidate", "multigpu.stacks", "multigpu.sweep"}
 
 
-def module_name(path) -> str:
+def module_name(path: Path) -> str:
     parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def layer(module: str) -> int:
+    if module == "multigpu":
+        return 6  # the public interface: it names every layer's public classes
     for prefix, number in LAYERS.items():
         if module == prefix or module.startswith(prefix + "."):
             return number
     raise AssertionError(f"{module} has no layer: add its package to LAYERS in {__file__}")
 
 
-def imports_of_src() -> dict[str, set[str]]:
+def imports_of(folder: Path, package: str) -> dict[str, set[str]]:
+    """Every module under ``folder`` with the modules of ``package`` it imports."""
     graph: dict[str, set[str]] = {}
-    for path in sorted((REPO / "src").rglob("*.py")):
+    for path in sorted(folder.rglob("*.py")):
         imported = set()
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-            if names == ["src"]:  # `from src import checks` imports the module src.checks
-                names = [f"src.{alias.name}" for alias in node.names]
+            if names == [package]:  # `from multigpu import checks` imports the module multigpu.checks where it is one
+                modules = [alias.name for alias in node.names if (folder.parent / package / alias.name).exists()
+                           or (folder.parent / package / f"{alias.name}.py").exists()]  # fmt: skip
+                names = [f"{package}.{name}" for name in modules] or names
             names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-            imported |= {name for name in names if name == "src" or name.startswith("src.")}
+            imported |= {name for name in names if name == package or name.startswith(package + ".")}
         graph[module_name(path)] = imported
     return graph
 
 
 def mirror_test(path: Path) -> Path:
-    """``tests/<package>/test_<module>.py`` for ``src/<package>/<module>.py``; for a package's ``__init__.py`` (its
-    table of contents) and ``__main__.py`` (its command), ``tests/<package>/test_<package>.py``."""
-    relative = path.relative_to(REPO / "src")
+    """``tests/<package>/test_<module>.py`` for ``multigpu/<package>/<module>.py``; for a package's ``__init__.py``
+    (its table of contents) and ``__main__.py`` (its command), ``tests/<package>/test_<package>.py``; for the
+    engine's own ``__init__.py`` (the public interface), ``tests/test_interface.py``."""
+    relative = path.relative_to(ENGINE)
+    if relative == Path("__init__.py"):
+        return REPO / "tests" / "test_interface.py"
     name = relative.parent.name if relative.stem in ("__init__", "__main__") else relative.stem
     return REPO / "tests" / relative.parent / f"test_{name}.py"
 
@@ -91,26 +97,40 @@ def has_logic(path: Path) -> bool:
     return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for node in nodes)
 
 
-def test_every_module_with_logic_has_its_mirror_test_file():
-    modules = [path for path in sorted((REPO / "src").rglob("*.py")) if has_logic(path)]
+def test_every_engine_module_with_logic_has_its_mirror_test_file():
+    modules = [path for path in sorted(ENGINE.rglob("*.py")) if has_logic(path)]
     assert len(modules) > 20  # the walk found the package
     missing = [
         f"{path.relative_to(REPO)} (expected {mirror_test(path).relative_to(REPO)})"
         for path in modules
-        if str(path.relative_to(REPO)) not in TESTED_ELSEWHERE and not mirror_test(path).is_file()
+        if not mirror_test(path).is_file()
     ]
-    assert not missing, f"modules without their test file: {missing}; add it, or list the module in TESTED_ELSEWHERE"
+    assert not missing, f"engine modules without their test file: {missing}"
 
 
-def test_no_module_imports_a_layer_above_its_own():
-    graph = imports_of_src()
+def test_no_engine_module_imports_a_layer_above_its_own():
+    graph = imports_of(ENGINE, "multigpu")
     assert len(graph) > 20  # the walk found the package
-    upward = [f"{a} -> {b}" for a, targets in graph.items() if a != "src" for b in targets if layer(b) > layer(a)]
+    upward = [f"{a} -> {b}" for a, targets in graph.items() for b in targets if layer(b) > layer(a)]
     assert not upward, f"imports pointing up the layers: {upward}"
 
 
-def test_the_imports_have_no_cycle():
-    graph = imports_of_src()
+def test_the_engine_never_imports_the_project():
+    graph = imports_of(ENGINE, "src")
+    assert len(graph) > 20
+    found = [f"{a} -> {b}" for a, targets in graph.items() for b in sorted(targets)]
+    assert not found, f"the engine imports the project: {found}"
+
+
+def test_the_project_uses_only_the_engines_public_interface():
+    graph = imports_of(REPO / "src", "multigpu")
+    assert graph.get("src.cli")  # the walk found the project's command line
+    private = [f"{a} -> {b}" for a, targets in graph.items() for b in sorted(targets) if b not in PUBLIC]
+    assert not private, f"the project imports the engine's own modules: {private}; use `from multigpu import ...`"
+
+
+def test_the_engines_imports_have_no_cycle():
+    graph = imports_of(ENGINE, "multigpu")
     # a package's __init__ importing its own modules is the package's table of contents, not a cycle
     edges = {a: {b for b in targets if not a.startswith(b + ".") and b in graph} for a, targets in graph.items()}
     visiting, done, cycles = set(), set(), []
@@ -143,7 +163,7 @@ def counted_open(file, *args, **kwargs):
 builtins.open = io.open = counted_open  # jsonargparse's reads and pathlib's
 import src.cli
 src.cli.main(sys.argv[1:])
-print("LOADED", sorted(m for m in sys.modules if m.startswith("src.")), "OPENED", len(opened))
+print("LOADED", sorted(m for m in sys.modules if m.startswith(("src.", "multigpu."))), "OPENED", len(opened))
 """
 
 
@@ -160,6 +180,6 @@ def test_a_run_of_a_users_model_imports_none_of_the_examples_and_reads_the_defau
     )
     loaded, opened = result.stdout.split("LOADED", 1)[1].split("OPENED")
     examples = ["src.models.gpt", "src.models.image_classifier", "src.data.images", "src.data.text", "src.data.corpus"]
-    assert not [name for name in [*examples, "src.tuning"] if f"'{name}" in loaded], loaded
-    assert "'src.models.base'" in loaded and "'src.cli'" in loaded  # the probe saw the run's modules
+    assert not [name for name in [*examples, "multigpu.tuning"] if f"'{name}" in loaded], loaded
+    assert "'multigpu.models.base'" in loaded and "'src.cli'" in loaded  # the probe saw the run's modules
     assert int(opened) == 1

@@ -1,4 +1,5 @@
-"""Unit tests of src/checks.py, and of how src/errors.py tells a user error from an error in the code, by its type."""
+"""Unit tests of multigpu/checks.py, and of how multigpu/errors.py tells a user error from an error in the code, by its
+type."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import instantiate_class
 
-from src.checkpoints.resume import load_checkpoint
-from src.checks import (
+from multigpu.checkpoints.resume import load_checkpoint
+from multigpu.checks import (
     check_checkpoint_fits,
     check_checkpoint_model,
     check_model_flags,
@@ -22,7 +23,7 @@ from src.checks import (
     import_class,
     yaml_problem,
 )
-from src.errors import ConfigurationError, EnvironmentFailure, user_error_of
+from multigpu.errors import ConfigurationError, EnvironmentFailure, user_error_of
 from tests.fixtures.workload import TinyClassifier
 
 

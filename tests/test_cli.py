@@ -14,9 +14,9 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
 
-from src.cli import DEFAULT_CONFIG, TemplateCLI, main
-from src.compat import collective_timeout
-from src.strategies.model_parallel import ClipAcrossMeshes
+from multigpu.compat import collective_timeout
+from multigpu.strategies.model_parallel import ClipAcrossMeshes
+from src.cli import CLI, DEFAULT_CONFIG, main
 from tests.conftest import REPO, TINY, cli_env, last_value, read_metrics
 
 
@@ -32,10 +32,10 @@ def test_the_imports_run_without_garbage_collection_which_resumes_as_it_was():
     imported, their objects are frozen out of later collections, and collection resumes only if it was on."""
     probe = (
         "import gc, runpy\n"
-        "import src.cli\n"
+        "import multigpu.cli\n"
         "print(gc.isenabled(), gc.get_freeze_count())\n"
         "gc.disable()\n"
-        "runpy.run_path(src.cli.__file__, run_name='again')\n"
+        "runpy.run_path(multigpu.cli.__file__, run_name='again')\n"
         "print(gc.isenabled())\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=cli_env(), capture_output=True, text=True)
@@ -122,7 +122,7 @@ class Parsed(Exception):
     """Raised by ``ParseOnly`` once the arguments are parsed, before anything is built."""
 
 
-class ParseOnly(TemplateCLI):
+class ParseOnly(CLI):
     """The command line up to its parse, keeping the parsers it built (in ``built``, of the class)."""
 
     built: list = []
@@ -257,10 +257,10 @@ def test_resumed_run_reuses_its_directory_and_keeps_earlier_logs(tmp_path):
 
 
 def test_cli_builds_the_objects_without_running_for_notebooks_and_scripts():
-    from src.cli import TemplateCLI
+    from src.cli import CLI
     from tests.fixtures.workload import TinyClassifier, TinyData
 
-    cli = TemplateCLI(args=[*TINY, "--trainer.max_steps=3", "--data.init_args.batch_size=64"], run=False)
+    cli = CLI(args=[*TINY, "--trainer.max_steps=3", "--data.init_args.batch_size=64"], run=False)
     assert isinstance(cli.model, TinyClassifier) and isinstance(cli.datamodule, TinyData)
     assert cli.trainer.max_steps == 3 and cli.datamodule.batch_size == 64
 
@@ -270,8 +270,8 @@ def test_cli_builds_the_objects_without_running_for_notebooks_and_scripts():
 STRATEGY_CLASSES = [
     "lightning.pytorch.strategies.DDPStrategy",
     "lightning.pytorch.strategies.ModelParallelStrategy",
-    "src.strategies.FSDP2Strategy",  # fsdp2's class
-    "src.strategies.TensorParallelStrategy",  # tensor_parallel's class
+    "multigpu.strategies.FSDP2Strategy",  # fsdp2's class
+    "multigpu.strategies.TensorParallelStrategy",  # tensor_parallel's class
 ]
 
 
@@ -281,7 +281,7 @@ def test_a_strategy_given_as_a_class_in_yaml_keeps_its_own_timeout(tmp_path, cla
     config.write_text(f"trainer:\n  strategy:\n    class_path: {class_path}\n    init_args:\n      timeout: 0:01:00\n")
     # two CPU processes: the strategy is built, the processes start only at fit
     args = [*TINY, "--trainer.devices=2", "--config", str(config), "--collective_timeout=42"]
-    cli = TemplateCLI(args=args, run=False)
+    cli = CLI(args=args, run=False)
     assert type(cli.trainer.strategy).__name__ == class_path.rpartition(".")[2] and cli.trainer.world_size == 2
     assert collective_timeout(cli.trainer.strategy) == timedelta(seconds=60)
 
@@ -289,25 +289,25 @@ def test_a_strategy_given_as_a_class_in_yaml_keeps_its_own_timeout(tmp_path, cla
 def test_a_strategy_class_on_the_command_line_keeps_its_settings_and_gets_the_clipping_across_meshes():
     model_parallel = "lightning.pytorch.strategies.ModelParallelStrategy"
     args = [f"--trainer.strategy.class_path={model_parallel}", "--trainer.strategy.init_args.timeout=0:01:00"]
-    cli = TemplateCLI(args=[*TINY, "--trainer.devices=2", *args], run=False)
+    cli = CLI(args=[*TINY, "--trainer.devices=2", *args], run=False)
     assert collective_timeout(cli.trainer.strategy) == timedelta(seconds=60)
     assert sum(isinstance(c, ClipAcrossMeshes) for c in cli.trainer.callbacks) == 1
     # its import path alone is the class with its own defaults (jsonargparse keeps it as a string, a name)
-    cli = TemplateCLI(args=[*TINY, "--trainer.devices=2", f"--trainer.strategy={model_parallel}"], run=False)
+    cli = CLI(args=[*TINY, "--trainer.devices=2", f"--trainer.strategy={model_parallel}"], run=False)
     assert type(cli.trainer.strategy).__name__ == "ModelParallelStrategy"
     assert collective_timeout(cli.trainer.strategy) == default_pg_timeout
     assert any(isinstance(c, ClipAcrossMeshes) for c in cli.trainer.callbacks)
     # the template's classes clip across meshes themselves
-    cli = TemplateCLI(args=[*TINY, "--trainer.devices=2", "--trainer.strategy=tensor_parallel"], run=False)
+    cli = CLI(args=[*TINY, "--trainer.devices=2", "--trainer.strategy=tensor_parallel"], run=False)
     assert not any(isinstance(c, ClipAcrossMeshes) for c in cli.trainer.callbacks)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_collective_timeout_null_leaves_lightnings_default_to_a_strategy_by_name(strategy):
     args = [*TINY, "--trainer.devices=2", f"--trainer.strategy={strategy}"]
-    cli = TemplateCLI(args=[*args, "--collective_timeout=null"], run=False)
+    cli = CLI(args=[*args, "--collective_timeout=null"], run=False)
     assert collective_timeout(cli.trainer.strategy) == default_pg_timeout  # 30 minutes
-    cli = TemplateCLI(args=[*args, "--collective_timeout=60"], run=False)
+    cli = CLI(args=[*args, "--collective_timeout=60"], run=False)
     assert collective_timeout(cli.trainer.strategy) == timedelta(seconds=60)
     # the options reach the one strategy the Trainer builds: the registry keeps Lightning's own
     assert StrategyRegistry[strategy]["init_params"] == ({"start_method": "popen"} if strategy == "ddp" else {})

@@ -1,7 +1,7 @@
-"""``src/compat.py``, proven on real objects: a fast test for each function and for each protected hook a subclass
+"""``multigpu/compat.py``, proven on real objects: a fast test for each function and for each protected hook a subclass
 overrides (``OVERRIDDEN_HOOKS``), run on a real Trainer and its loops, a real strategy, a real ``ModelCheckpoint`` or
 a real parser. Each fails when a library release changes the behaviour the template relies on, whatever the
-library's source looks like. The last section scans ``src/``: a private name used outside ``src/compat.py`` fails.
+library's source looks like. The last section scans ``src/``: a private name used outside ``multigpu/compat.py`` fails.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import CatMetric, MeanMetric
 
-from src import compat
-from src.strategies import DataParallelStrategy
-from src.strategies.dp import ParallelForward
+from multigpu import compat
+from multigpu.strategies import DataParallelStrategy
+from multigpu.strategies.dp import ParallelForward
 from tests.conftest import REPO
 from tests.fixtures.workload import TinyClassifier, TinyData
 
@@ -180,7 +180,7 @@ RESUME_WARNING = "You're resuming from a checkpoint that ended before the epoch 
 
 def test_the_mid_epoch_resume_warning_comes_from_the_module_compat_names(mid_epoch_checkpoint):
     _, messages = resumed_positions(mid_epoch_checkpoint)
-    assert any(RESUME_WARNING in message for message in messages)  # src/quiet.py's filter still has a job
+    assert any(RESUME_WARNING in message for message in messages)  # multigpu/quiet.py's filter still has a job
 
     def ignore() -> None:
         warnings.filterwarnings("ignore", message=RESUME_WARNING, module=compat.mid_epoch_resume_warning_module())
@@ -191,7 +191,7 @@ def test_the_mid_epoch_resume_warning_comes_from_the_module_compat_names(mid_epo
 
 def test_the_pytree_warning_comes_from_the_module_compat_names():
     """If the first half fails, Lightning no longer calls torch's deprecated check: delete the filter in
-    ``src/quiet.py`` and ``compat.pytree_warning_module``."""
+    ``multigpu/quiet.py`` and ``compat.pytree_warning_module``."""
 
     def warned(*filters: str) -> bool:
         with warnings.catch_warnings(record=True) as caught:
@@ -413,7 +413,7 @@ def test_trained_class_path_is_the_class_lightning_cli_built_the_model_as():
 
 
 def test_registered_strategy_rebuilds_what_the_trainer_builds_from_the_name():
-    from src.strategies import register_dp_strategy, register_model_parallel_strategies
+    from multigpu.strategies import register_dp_strategy, register_model_parallel_strategies
 
     register_dp_strategy()
     register_model_parallel_strategies()
@@ -755,14 +755,14 @@ PUBLIC_UNDERSCORE_NAMES = {"_make", "_fields", "_asdict", "_replace"}
 CLASSES_WITH_REPLACEABLE_METHODS = (nn.Module, L.LightningModule, Callback, Strategy, Precision, L.Trainer)
 #: the Trainer's loops: their classes are private, and so is everything the template reads or changes in them
 LOOPS = {"fit_loop", "epoch_loop", "validate_loop", "test_loop", "predict_loop"}
-#: the loops' progress counters, which only ``src/compat.py`` changes
+#: the loops' progress counters, which only ``multigpu/compat.py`` changes
 COUNTERS = {"ready", "started", "processed", "completed"}
 #: a private module of the libraries, spelled in a string (a ``warnings`` filter's pattern, an import path)
 PRIVATE_MODULE = re.compile(r"(lightning|torch|torchmetrics|jsonargparse)(\\?\.\w+)*\\?\._[a-z]")
 #: functions that reach into an object's own namespace
 REACHING_FUNCTIONS = {"vars"}
 #: the libraries' undocumented names that have no underscore, and the modules that only hold such names: only
-#: src/compat.py spells them
+#: multigpu/compat.py spells them
 UNDOCUMENTED_NAMES = {
     "scatter_kwargs",
     "get_available_flops",
@@ -898,7 +898,7 @@ def test_nothing_outside_compat_uses_a_private_name_of_a_library():
         for path, source in sources.items()
         for line, what in reaches(source, own)
     ]
-    assert not found, "private names outside src/compat.py (give each a function there):\n" + "\n".join(found)
+    assert not found, "private names outside multigpu/compat.py (give each a function there):\n" + "\n".join(found)
 
 
 def test_the_protected_hooks_overridden_in_src_are_the_ones_compat_lists():

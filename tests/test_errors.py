@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import src.cli
+from multigpu.errors import DEBUG_ENV, ConfigurationError
 from src.cli import DEFAULT_CONFIG, main
-from src.errors import DEBUG_ENV, ConfigurationError
 from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier
@@ -139,7 +139,7 @@ def test_bad_value_in_an_environment_variable(capsys, monkeypatch, untouched):
 def test_an_unknown_key_in_the_default_config(tmp_path, capsys, monkeypatch, untouched):
     default = tmp_path / "default.yaml"
     default.write_text(DEFAULT_CONFIG.read_text().replace("  max_epochs: 2", "  max_epoch: 2"))
-    monkeypatch.setattr(src.cli, "DEFAULT_CONFIG", default)
+    monkeypatch.setattr(src.cli.CLI, "default_config", default)
     # the tests' classes replace the default config's: the template gives the parser the file, less their sections
     fails_cleanly(capsys, resume(untouched), str(default), "trainer.max_epoch")
     fails_cleanly(capsys, ["fit", "--print_config"], "max_epoch")  # its own classes: the parser reads the file
@@ -490,9 +490,9 @@ def test_no_environment_secret_reaches_any_file_a_run_writes(tmp_path):
 
 
 def test_collective_timeout_reaches_the_ddp_strategy():
+    from multigpu.compat import collective_timeout
+    from multigpu.launch import COLLECTIVE_TIMEOUT_S
     from src.cli import TemplateCLI
-    from src.compat import collective_timeout
-    from src.launch import COLLECTIVE_TIMEOUT_S
 
     args = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn", "--trainer.devices=2"]
     cli = TemplateCLI(args=[*TINY, *args, "--collective_timeout=42"], run=False)
@@ -504,8 +504,8 @@ def test_collective_timeout_reaches_the_ddp_strategy():
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "tensor_parallel", "auto"])
 def test_collective_timeout_reaches_the_model_parallel_strategies_and_auto(strategy):
+    from multigpu.compat import collective_timeout
     from src.cli import TemplateCLI
-    from src.compat import collective_timeout
 
     args = ["--trainer.accelerator=cpu", f"--trainer.strategy={strategy}", "--trainer.devices=2"]
     cli = TemplateCLI(args=[*TINY, *args, "--trainer.precision=64-true", "--collective_timeout=42"], run=False)
@@ -519,7 +519,7 @@ GLOO_CLOSED = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection c
 
 
 def test_a_failed_collective_is_told_by_its_text_and_reported_as_one_paragraph_with_exit_status_70(capsys):
-    from src.errors import COLLECTIVE_FAILURE_EXIT_CODE, collective_failure, report
+    from multigpu.errors import COLLECTIVE_FAILURE_EXIT_CODE, collective_failure, report
 
     assert collective_failure(RuntimeError(GLOO_TIMEOUT)) and collective_failure(RuntimeError(GLOO_CLOSED))
     assert collective_failure(torch.distributed.DistBackendError("Watchdog caught collective operation timeout"))
@@ -530,7 +530,9 @@ def test_a_failed_collective_is_told_by_its_text_and_reported_as_one_paragraph_w
     error = RuntimeError(GLOO_TIMEOUT)
     assert report(error) == COLLECTIVE_FAILURE_EXIT_CODE == 70
     printed = capsys.readouterr().err
-    assert printed.count("\n") == 1 and "another rank did not arrive in time" in printed and "src.stacks" in printed
-    error.collective_report = "rank 1 did not arrive"  # what src/callbacks/stacks.py attaches
+    assert (
+        printed.count("\n") == 1 and "another rank did not arrive in time" in printed and "multigpu.stacks" in printed
+    )
+    error.collective_report = "rank 1 did not arrive"  # what multigpu/callbacks/stacks.py attaches
     report(error)
     assert capsys.readouterr().err == "error: rank 1 did not arrive\n"

@@ -1,4 +1,4 @@
-"""What the template adds to Lightning's launch (src/launch.py), decided from the options before the Trainer is
+"""What the template adds to Lightning's launch (multigpu/launch.py), decided from the options before the Trainer is
 built: the strategy's name, the options a strategy given by name gets, NCCL's flight recorder, and the plugins
 (atomic checkpoints; under SLURM, Lightning's requeue off while ``PreemptionCheckpoint`` handles the signals)."""
 
@@ -11,9 +11,9 @@ import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from src.checkpoints.files import AtomicCheckpointIO
+from multigpu.checkpoints.files import AtomicCheckpointIO
+from multigpu.launch import checkpoint_plugins, strategy_name, strategy_options
 from src.cli import TemplateCLI
-from src.launch import checkpoint_plugins, strategy_name, strategy_options
 from tests.conftest import TINY
 
 
@@ -38,7 +38,7 @@ def test_a_model_that_optimizes_by_hand_gets_find_unused_parameters_under_a_ddp_
 
 
 def test_nccls_flight_recorder_is_on_for_several_cuda_processes_only_and_a_users_setting_wins(tmp_path, monkeypatch):
-    from src.launch import FLIGHT_RECORDER_NAMES, flight_recorder_defaults
+    from multigpu.launch import FLIGHT_RECORDER_NAMES, flight_recorder_defaults
 
     for name in {*FLIGHT_RECORDER_NAMES, *FLIGHT_RECORDER_NAMES.values()}:
         monkeypatch.delenv(name, raising=False)

@@ -1,4 +1,4 @@
-"""The command line's options on top of LightningCLI's (src/options.py): the model and data classes the arguments
+"""The command line's options on top of LightningCLI's (multigpu/options.py): the model and data classes the arguments
 name, read before parsing, and the arguments rebased so that a changed class starts from its own defaults. The
 options themselves are tested through the command line (tests/test_cli.py, tests/test_errors.py)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from src.options import changes_class, chosen_classes, rebased_defaults
+from multigpu.options import changes_class, chosen_classes, rebased_defaults
 
 TINY_MODEL = "tests.fixtures.workload.TinyClassifier"
 DEFAULTS = {

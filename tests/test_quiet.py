@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.checkpoints import files
+from multigpu.checkpoints import files
+from multigpu.errors import DEBUG_ENV, user_error_of
 from src.cli import main
-from src.errors import DEBUG_ENV, user_error_of
 from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier, TinyData
@@ -210,7 +210,7 @@ def run_quietly(env: dict[str, str], *args: str, code: int = 0) -> str:
 
 def test_the_noise_sources_still_print_without_the_filters(newcomer_env):
     """The filters' other half: these libraries still print each line, so each filter still has a job (when one
-    of them fails, Lightning or PyTorch dropped that line: delete its filter in src/quiet.py)."""
+    of them fails, Lightning or PyTorch dropped that line: delete its filter in multigpu/quiet.py)."""
     script = (
         "import logging, warnings; warnings.simplefilter('default')\n"
         "from lightning.fabric.plugins.environments import SLURMEnvironment\n"

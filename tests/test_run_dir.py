@@ -1,4 +1,5 @@
-"""The run directory (src/run_dir.py): loggers write into it, one wandb run per directory, and the seed every process
+"""The run directory (multigpu/run_dir.py): loggers write into it, one wandb run per directory, and the seed every
+process
 of one job shares."""
 
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from src.run_dir import WANDB_ID_FILE, place_loggers, shared_random_seed, stable_wandb_id
+from multigpu.run_dir import WANDB_ID_FILE, place_loggers, shared_random_seed, stable_wandb_id
 
 WANDB = "lightning.pytorch.loggers.WandbLogger"
 

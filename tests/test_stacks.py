@@ -1,4 +1,5 @@
-"""``python -m src.stacks RUN_DIR`` (src/stacks.py): every rank's latest stack, ranks with the same stack together,
+"""``python -m multigpu.stacks RUN_DIR`` (multigpu/stacks.py): every rank's latest stack, ranks with the same stack
+together,
 and why a rank has none. On real faulthandler dumps; the command on a live two-process run (signalling the ranks)
 is in tests/callbacks/test_stacks.py, whose run also proves the dumps."""
 
@@ -11,8 +12,8 @@ import os
 import socket
 from pathlib import Path
 
-from src.callbacks.stacks import process_start
-from src.stacks import main, stacks_of
+from multigpu.callbacks.stacks import process_start
+from multigpu.stacks import main, stacks_of
 
 HERE = str(Path(__file__).resolve())
 

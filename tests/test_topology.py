@@ -1,10 +1,10 @@
-"""``src/topology.py``: the data-parallel replica a process feeds, for the data side."""
+"""``multigpu/topology.py``: the data-parallel replica a process feeds, for the data side."""
 
 import sys
 
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
-from src.topology import data_parallel_world
+from multigpu.topology import data_parallel_world
 from tests import prewarmed
 from tests.conftest import REPO
 
@@ -22,7 +22,7 @@ def test_data_parallel_world_is_only_for_model_parallel_strategies():
 
 def test_a_data_module_imports_no_strategy():
     """The data side learns the replica it feeds without loading FSDP2, DTensor or the sharded checkpoints."""
-    probe = "import sys, src.data.base; print(sorted(m for m in sys.modules if m.startswith('src.')))"
+    probe = "import sys, multigpu.data.base; print(sorted(m for m in sys.modules if m.startswith('src.')))"
     loaded = prewarmed.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
-    assert "src.topology" in loaded.stdout
-    assert "src.strategies" not in loaded.stdout and "src.checkpoints" not in loaded.stdout
+    assert "multigpu.topology" in loaded.stdout
+    assert "multigpu.strategies" not in loaded.stdout and "multigpu.checkpoints" not in loaded.stdout

@@ -1,12 +1,10 @@
-"""Data modules. Put yours here: subclass ``GlobalBatchDataModule`` to keep the global batch semantics."""
+"""This project's data modules. Put yours here: subclass the engine's ``GlobalBatchDataModule``
+(``from multigpu import GlobalBatchDataModule``) to keep the global batch semantics."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
-
-from src.data.base import GlobalBatchDataModule, ResumableDataLoader
-from src.data.sampling import EvaluationBatches, GlobalBatchSampler, per_process_batch_size
 
 #: the examples, imported when first named (``--data=src.data.TextDataModule``): a run of your own data module
 #: does not load them
@@ -15,15 +13,7 @@ EXAMPLES = {
     "TextDataModule": "src.data.text",
 }
 
-__all__ = [
-    "CIFAR10DataModule",
-    "EvaluationBatches",
-    "GlobalBatchDataModule",
-    "GlobalBatchSampler",
-    "ResumableDataLoader",
-    "TextDataModule",
-    "per_process_batch_size",
-]
+__all__ = ["CIFAR10DataModule", "TextDataModule"]
 
 
 def __getattr__(name: str) -> Any:

@@ -21,15 +21,16 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from src.data.base import GlobalBatchDataModule, seeded_generator
-from src.data.sampling import global_seed
-from src.errors import (
+from multigpu import (
     FILE_SYSTEM_ERRNOS,
     ConfigurationError,
     EnvironmentFailure,
+    GlobalBatchDataModule,
     file_system_failure,
+    global_seed,
     is_network_error,
     network_failure,
+    seeded_generator,
 )
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"

@@ -9,9 +9,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from src.data.base import GlobalBatchDataModule
+from multigpu import FILE_SYSTEM_ERRNOS, ConfigurationError, GlobalBatchDataModule, file_system_failure
 from src.data.corpus import embedded_corpus
-from src.errors import FILE_SYSTEM_ERRNOS, ConfigurationError, file_system_failure
 
 VOCAB_SIZE = 256  # byte-level: every UTF-8 text is covered, and there is no tokenizer file to ship
 

@@ -1,11 +1,10 @@
-"""Models. Put yours here: any ``LightningModule`` works; subclass ``TemplateModule`` for CLI-chosen optimizers."""
+"""This project's models. Put yours here: any ``LightningModule`` works; subclass the engine's ``TemplateModule``
+(``from multigpu import TemplateModule``) for optimizers chosen on the command line."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
-
-from src.models.base import Classifier, TemplateModule
 
 #: the examples, imported when first named (``--model=src.models.CausalLanguageModel``): a run of your own model
 #: does not load them
@@ -16,7 +15,7 @@ EXAMPLES = {
     "ImageClassifier": "src.models.image_classifier",
 }
 
-__all__ = ["GPT", "CausalLanguageModel", "Classifier", "CompactResNet", "ImageClassifier", "TemplateModule"]
+__all__ = ["GPT", "CausalLanguageModel", "CompactResNet", "ImageClassifier"]
 
 
 def __getattr__(name: str) -> Any:

@@ -16,8 +16,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from src.errors import ConfigurationError
-from src.models.base import TemplateModule, WeightedMean, at_least_fp32
+from multigpu import ConfigurationError, TemplateModule, WeightedMean, at_least_fp32
 
 
 class CausalSelfAttention(nn.Module):
@@ -205,7 +204,7 @@ class CausalLanguageModel(TemplateModule):
             fully_shard(self.net, mesh=data_parallel)  # embeddings, final norm and (tied) output layer
 
     def pipeline_stage(self, index: int, count: int) -> nn.Module:
-        """Under ``pipeline``: the layers of stage ``index`` of ``count`` (``src/strategies/pipeline.py``), this
+        """Under ``pipeline``: the layers of stage ``index`` of ``count`` (``multigpu/strategies/pipeline.py``), this
         model's own modules. The embeddings go to the first stage, the final norm and the output layer to the last;
         the blocks are cut at ``pipeline_split`` or balanced by parameter count."""
         n_layer = self.hparams.n_layer

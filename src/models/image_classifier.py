@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from lightning.fabric.utilities import measure_flops
 from torch import Tensor, nn
 
-from src.models.base import Classifier
+from multigpu import Classifier
 
 
 def _norm(channels: int) -> nn.GroupNorm:

@@ -18,7 +18,7 @@ from benchmarks.clock import StageClock
 from benchmarks.report import build_table, markdown, write_all
 from benchmarks.runner import Row
 from benchmarks.stats import bubble_figures
-from src.strategies.pipeline import PipelineOptions, bubble_fraction
+from multigpu.strategies.pipeline import PipelineOptions, bubble_fraction
 from tests.benchmarks.test_bench import _run, environment
 
 WORK_S = 0.02  # one stage's forward (or backward) of one micro-batch

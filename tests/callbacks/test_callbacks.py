@@ -1,4 +1,5 @@
-"""The template's callbacks (``src/callbacks/__init__.py``): every one is listed there, the Trainer holds them in the
+"""The template's callbacks (``multigpu/callbacks/__init__.py``): every one is listed there, the Trainer holds them in
+the
 listed order, and ``--callbacks_off`` leaves optional ones out of a run. Each callback's own test is beside this one."""
 
 from __future__ import annotations
@@ -7,15 +8,15 @@ import csv
 
 import pytest
 
-import src.callbacks
-from src.callbacks import OPTIONAL_CALLBACKS, PreemptionCheckpoint, RunPlan, SpeedMonitor
-from src.callbacks.continuation import ExactContinuation
+import multigpu.callbacks
+from multigpu.callbacks import OPTIONAL_CALLBACKS, PreemptionCheckpoint, RunPlan, SpeedMonitor
+from multigpu.callbacks.continuation import ExactContinuation
 from src.cli import TemplateCLI, main
 from tests.conftest import TINY
 
 
 def test_the_trainer_holds_the_callbacks_in_the_listed_order_and_every_switch_is_listed():
-    listing = src.callbacks.__doc__
+    listing = multigpu.callbacks.__doc__
     for name in OPTIONAL_CALLBACKS:
         assert f"- ``{name}``: " in listing, name
     args = [*TINY, "--trainer.enable_model_summary=true", "--progress_bar=plain", "--trainer.max_time=00:00:01:00"]

@@ -1,4 +1,4 @@
-"""``--compile`` (src/callbacks/compile.py): torch.compile on the model's forward, for any LightningModule."""
+"""``--compile`` (multigpu/callbacks/compile.py): torch.compile on the model's forward, for any LightningModule."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDevice
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
-from src.callbacks.compile import compile_refusal
-from src.checks import check_compile
+from multigpu.callbacks.compile import compile_refusal
+from multigpu.checks import check_compile
+from multigpu.data.base import GlobalBatchDataModule
+from multigpu.strategies import DataParallelStrategy
 from src.cli import TemplateCLI, main
-from src.data.base import GlobalBatchDataModule
-from src.strategies import DataParallelStrategy
 from tests.conftest import TINY, load_state, relative_difference
 
 
@@ -143,7 +143,7 @@ def test_compiled_ddp_spawn_trains_like_one_eager_device(tmp_path, run_cli):
     # with inductor: tests/examples/test_image.py)
     result = run_cli(
         "fit", *TINY_USER, "--trainer.strategy=ddp_spawn", "--trainer.devices=2",
-        "--trainer.callbacks+=src.callbacks.compile.CompileModel", "--trainer.callbacks.backend=aot_eager",
+        "--trainer.callbacks+=multigpu.callbacks.compile.CompileModel", "--trainer.callbacks.backend=aot_eager",
         f"--trainer.default_root_dir={tmp_path / 'ddp_spawn'}",
     )  # fmt: skip
     assert "compiling TinyRegression.forward with torch.compile (backend aot_eager)" in result.stdout + result.stderr

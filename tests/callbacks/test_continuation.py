@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Timer
 from torch.utils.data import DataLoader, TensorDataset
 
-from src.callbacks.continuation import (
+from multigpu.callbacks.continuation import (
     ExactContinuation,
     RunTimer,
     epoch_interrupted,
@@ -29,9 +29,9 @@ from src.callbacks.continuation import (
     save_as_mid_epoch,
     save_as_next_epoch_start,
 )
+from multigpu.compat import logging_step, set_logging_step
+from multigpu.data.base import ResumableDataLoader
 from src.cli import TemplateCLI, main
-from src.compat import logging_step, set_logging_step
-from src.data.base import ResumableDataLoader
 from tests.conftest import TINY, read_metrics
 
 #: the uninterrupted 40-step run is shared by several tests: one worker trains it once

@@ -10,7 +10,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from src.callbacks.nan_guard import NonFiniteLoss
+from multigpu.callbacks.nan_guard import NonFiniteLoss
 from src.cli import main
 from tests.conftest import TINY, load_state
 

@@ -1,10 +1,11 @@
-"""Precision details Lightning leaves open (src/callbacks/precision.py): metric states in float64 under ``64-true``."""
+"""Precision details Lightning leaves open (multigpu/callbacks/precision.py): metric states in float64 under
+``64-true``."""
 
 from __future__ import annotations
 
 import torch
 
-from src.callbacks.precision import metrics_in_float64
+from multigpu.callbacks.precision import metrics_in_float64
 from tests.callbacks.test_spawn import TwoMetrics
 
 

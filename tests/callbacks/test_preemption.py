@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.checkpoints.files import is_intact
+from multigpu.checkpoints.files import is_intact
 from src.cli import main
 from tests import prewarmed
 from tests.callbacks.test_continuation import assert_same_run as assert_same_continuation

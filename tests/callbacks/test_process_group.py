@@ -1,4 +1,4 @@
-"""src/callbacks/process_group.py: every rank destroys its process group at exit, once, after the run."""
+"""multigpu/callbacks/process_group.py: every rank destroys its process group at exit, once, after the run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ SCRIPT = textwrap.dedent(
     """
     import sys
     import torch.distributed as dist
-    from src.callbacks.process_group import DestroyProcessGroupAtExit
+    from multigpu.callbacks.process_group import DestroyProcessGroupAtExit
 
     dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
     destroy = dist.destroy_process_group

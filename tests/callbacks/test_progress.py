@@ -1,4 +1,4 @@
-"""Progress output (src/callbacks/progress.py): plain lines off a terminal, one each ``every_n_steps`` steps, after
+"""Progress output (multigpu/callbacks/progress.py): plain lines off a terminal, one each ``every_n_steps`` steps, after
 each validation and at the end; Rich on a terminal; both with the throughput figures."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import re
 import lightning as L
 import pytest
 
-from src.callbacks.progress import PlainProgressBar, TemplateRichProgressBar, progress_bar
-from src.callbacks.throughput import SpeedMonitor
+from multigpu.callbacks.progress import PlainProgressBar, TemplateRichProgressBar, progress_bar
+from multigpu.callbacks.throughput import SpeedMonitor
 from tests.fixtures.workload import TinyClassifier, TinyData
 
 

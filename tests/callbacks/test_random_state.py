@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from src.callbacks.random_state import collect, derived_seed, restore
+from multigpu.callbacks.random_state import collect, derived_seed, restore
 from src.cli import main
 from tests.callbacks.test_preemption import validation_rows
 from tests.conftest import TINY

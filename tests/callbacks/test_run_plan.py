@@ -1,4 +1,4 @@
-"""The run plan printed and saved at the start of every fit (src/callbacks/run_plan.py)."""
+"""The run plan printed and saved at the start of every fit (multigpu/callbacks/run_plan.py)."""
 
 from __future__ import annotations
 

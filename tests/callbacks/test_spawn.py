@@ -1,4 +1,5 @@
-"""Each ``ddp_spawn`` worker gets its own copy of the module's metric states (src/callbacks/spawn.py). A ``validate``
+"""Each ``ddp_spawn`` worker gets its own copy of the module's metric states (multigpu/callbacks/spawn.py). A
+``validate``
 under ``ddp_spawn`` that counts each sample once is in tests/data/test_evaluation_order.py, on that module's shared
 checkpoint."""
 
@@ -8,7 +9,7 @@ import torch
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from src.callbacks.spawn import unshare_module_tensors
+from multigpu.callbacks.spawn import unshare_module_tensors
 
 
 class TwoMetrics(torch.nn.Module):

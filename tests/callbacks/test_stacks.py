@@ -1,6 +1,6 @@
 """Every rank's stacks on SIGUSR2, and the report of a collective that failed: the stuck rank, its line, the
 collective the others wait in. The parsing is tested on real faulthandler output; two ddp runs on two CPU
-processes test the whole: one rank stuck in its ``training_step``, and ``python -m src.stacks`` on a live run."""
+processes test the whole: one rank stuck in its ``training_step``, and ``python -m multigpu.stacks`` on a live run."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 import torch.autograd.graph
 import torch.distributed.distributed_c10d
 
-from src.callbacks.stacks import (
+from multigpu.callbacks.stacks import (
     MARK,
     Frame,
     RankView,
@@ -38,8 +38,8 @@ from src.callbacks.stacks import (
     rank_list,
     user_frame,
 )
-from src.checkpoints.files import is_intact
-from src.stacks import stacks_of
+from multigpu.checkpoints.files import is_intact
+from multigpu.stacks import stacks_of
 from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env
 from tests.zoo import stuck
@@ -134,7 +134,7 @@ def test_the_report_names_the_rank_that_did_not_arrive_its_line_and_the_collecti
     assert "Rank 1 did not arrive: it is at step 3, in training_step, at /home/me/project/model.py:41" in text
     assert "Ranks 0, 2 wait in DDP's gradient all-reduce in backward at step 3" in text
     assert "Rank 3 sent no stack (its process is gone" in text
-    assert text.endswith("(`python -m src.stacks /runs/a`).")
+    assert text.endswith("(`python -m multigpu.stacks /runs/a`).")
     # every rank in a collective, different ones: a desync, and the switch that pins it down
     mismatched = [RankView(0, {}, [Frame(C10D, 1, "barrier")]), RankView(1, {}, [Frame(C10D, 2, "all_reduce")])]
     assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in hang_report(1, "x", mismatched, "/s")
@@ -193,7 +193,7 @@ def finish(process: subprocess.Popen, timeout: float) -> str:
 
 
 def stacks_command(run_dir: Path, *args: str) -> str:
-    command = [sys.executable, "-m", "src.stacks", str(run_dir), *args]
+    command = [sys.executable, "-m", "multigpu.stacks", str(run_dir), *args]
     result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -316,7 +316,7 @@ def test_sigusr2_to_a_live_run_dumps_every_rank_and_training_goes_on(tmp_path):
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGUSR2)  # every rank, as `scancel --signal=USR2` or `pkill -USR2 -f src.cli`
     time.sleep(0.5)
-    # what `python -m src.stacks RUN_DIR [--no-signal]` prints (the command itself: the stuck test above), called
+    # what `python -m multigpu.stacks RUN_DIR [--no-signal]` prints (the command itself: the stuck test above), called
     # here so that the run is still training when it signals (a command's start-up on a loaded machine takes
     # seconds)
     read = stacks_of(run_dir / "stacks", send=False)

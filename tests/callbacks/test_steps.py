@@ -1,8 +1,8 @@
-"""When per-step work is due (src/callbacks/steps.py): once each time the step count crosses a multiple."""
+"""When per-step work is due (multigpu/callbacks/steps.py): once each time the step count crosses a multiple."""
 
 from __future__ import annotations
 
-from src.callbacks.steps import EveryNSteps
+from multigpu.callbacks.steps import EveryNSteps
 
 
 def test_every_n_steps_is_due_when_a_multiple_is_crossed():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from src.callbacks.straggler import StragglerReport, describe_straggler, find_straggler, straggler_ratio
+from multigpu.callbacks.straggler import StragglerReport, describe_straggler, find_straggler, straggler_ratio
 from src.cli import TemplateCLI
 from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env, read_metrics

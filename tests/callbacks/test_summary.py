@@ -1,4 +1,4 @@
-"""The model summary at the start of fit (src/callbacks/summary.py): FLOPs counted on an example input are shown;
+"""The model summary at the start of fit (multigpu/callbacks/summary.py): FLOPs counted on an example input are shown;
 without one, the FLOPs the model declares take the place of Lightning's column of zeros."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import lightning as L
 import pytest
 import torch
 
-from src.callbacks.summary import ModelSummary
+from multigpu.callbacks.summary import ModelSummary
 from tests.fixtures.workload import TinyClassifier, TinyData
 
 

@@ -1,4 +1,4 @@
-"""Throughput, TFLOP/s, MFU, memory and data wait in every run (src/callbacks/throughput.py)."""
+"""Throughput, TFLOP/s, MFU, memory and data wait in every run (multigpu/callbacks/throughput.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from src.callbacks.throughput import dense_peak_flops, first_tensor
+from multigpu.callbacks.throughput import dense_peak_flops, first_tensor
 from src.cli import main
 from tests.conftest import TINY, read_metrics
 
@@ -102,7 +102,7 @@ def test_tokens_on_request_and_the_figures_at_the_step_of_the_loss(tmp_path):
     samples, tokens = logged(rows, "perf/samples_per_s"), logged(rows, "perf/tokens_per_s")
     assert len(samples) == 2 and tokens == pytest.approx([16 * s for s in samples], rel=1e-5)  # 16 features each
     # written straight to the logger, at the step Lightning gives the loss logged on the same optimizer step (if a
-    # Lightning release counts its logging steps differently, src.compat.logging_step must follow)
+    # Lightning release counts its logging steps differently, multigpu.compat.logging_step must follow)
     assert [row["step"] for row in rows if row.get("perf/samples_per_s")] == ["2", "5"]
     assert [row["step"] for row in rows if row.get("train/loss")] == ["2", "5"]
     flops_per_sample = 6 * (16 * 32 + 32 * 4)  # TinyClassifier.flops_per_sample: 6 per weight
@@ -146,7 +146,7 @@ def test_fp16_loss_scale_is_logged_and_bf16_has_none(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
     from lightning.pytorch.plugins import MixedPrecision
 
-    from src.callbacks.throughput import SpeedMonitor
+    from multigpu.callbacks.throughput import SpeedMonitor
 
     scales = {}
     for precision, plugin in [

@@ -1,10 +1,11 @@
-"""``python -m src.consolidate DIR OUT.ckpt`` (src/checkpoints/consolidate.py): a folder that is no sharded checkpoint
+"""``python -m src.consolidate DIR OUT.ckpt`` (multigpu/checkpoints/consolidate.py): a folder that is no sharded
+checkpoint
 is refused. The consolidation of a trained fsdp2 run is tested in tests/strategies/test_model_parallel.py, on that
 module's shared runs."""
 
 from __future__ import annotations
 
-from src.checkpoints.consolidate import main as consolidate_main
+from multigpu.checkpoints.consolidate import main as consolidate_main
 
 
 def test_consolidate_refuses_a_folder_that_is_no_checkpoint(tmp_path, capsys):

@@ -1,10 +1,10 @@
-"""``src/checkpoints/files.py``: atomic single-file checkpoints and the one definition of intact (the kill during a
+"""``multigpu/checkpoints/files.py``: atomic single-file checkpoints and the one definition of intact (the kill during a
 real run's write is tested in tests/callbacks/test_preemption.py)."""
 
 import pytest
 import torch
 
-from src.checkpoints.files import (
+from multigpu.checkpoints.files import (
     AtomicCheckpointIO,
     atomic_torch_save,
     is_intact,

@@ -1,12 +1,12 @@
-"""``src/checkpoints/resume.py``: which checkpoint ``--ckpt_path`` names, read once; refusals leave everything."""
+"""``multigpu/checkpoints/resume.py``: which checkpoint ``--ckpt_path`` names, read once; refusals leave everything."""
 
 import pytest
 import torch
 from jsonargparse import Namespace
 
-from src.checkpoints.files import atomic_torch_save
-from src.checkpoints.resume import checkpoint_dir, resolve_checkpoint
-from src.errors import ConfigurationError
+from multigpu.checkpoints.files import atomic_torch_save
+from multigpu.checkpoints.resume import checkpoint_dir, resolve_checkpoint
+from multigpu.errors import ConfigurationError
 
 
 def config(run_dir, ckpt_path=None) -> Namespace:

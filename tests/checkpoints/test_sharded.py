@@ -1,7 +1,12 @@
-"""``src/checkpoints/sharded.py``: a folder of shards replaced atomically (trained runs, a kill between the two
+"""``multigpu/checkpoints/sharded.py``: a folder of shards replaced atomically (trained runs, a kill between the two
 renames and the reading of a whole folder are tested in tests/strategies/test_model_parallel.py)."""
 
-from src.checkpoints.sharded import is_sharded_checkpoint, move_into_place, restore_interrupted, staging_path
+from multigpu.checkpoints.sharded import (
+    is_sharded_checkpoint,
+    move_into_place,
+    restore_interrupted,
+    staging_path,
+)
 
 
 def shards(folder, step: int):

@@ -1,4 +1,4 @@
-"""GlobalBatchDataModule (src/data/base.py) outside a Trainer (the examples' data modules are tested in
+"""GlobalBatchDataModule (multigpu/data/base.py) outside a Trainer (the examples' data modules are tested in
 tests/examples/)."""
 
 from tests.fixtures.workload import TinyData

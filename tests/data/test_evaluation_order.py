@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from multigpu.data.sampling import EvaluationBatches, global_evaluation_batches
 from src.cli import main
-from src.data.sampling import EvaluationBatches, global_evaluation_batches
 from tests.conftest import TINY, read_metrics
 from tests.fixtures.workload import TinyClassifier, TinyData
 

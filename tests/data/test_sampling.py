@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from src.data.sampling import BatchedDataset, GlobalBatchSampler, per_process_batch_size
+from multigpu.data.sampling import BatchedDataset, GlobalBatchSampler, per_process_batch_size
 
 
 def steps(dataset_size: int, batch: int, world: int, accumulate: int = 1, epoch: int = 0) -> list[set[int]]:

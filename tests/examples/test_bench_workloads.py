@@ -15,7 +15,7 @@ import yaml
 
 import src.cli
 from benchmarks.workloads import WORKLOADS, build_cli, optimizer_and_scheduler, tokens_per_sample
-from src.cli import TemplateCLI
+from src.cli import CLI
 from tests import prewarmed
 from tests.conftest import REPO, cli_env
 from tests.examples.conftest import EXPERIMENTS, TINY_GPT, TINY_IMAGE
@@ -106,9 +106,9 @@ CIFAR10_RECIPE = ["--config", str(EXPERIMENTS / "image.yaml"), "--trainer.accele
 EXAMPLES = {
     "image workload": lambda: build_cli(WORKLOADS["image"], quick=False),
     "gpt workload": lambda: build_cli(WORKLOADS["gpt"], quick=False),
-    "cifar-10 recipe": lambda: TemplateCLI(args=[*CIFAR10_RECIPE, "--trainer.logger=false"], run=False),
-    "image tests": lambda: TemplateCLI(args=[*TINY_IMAGE, "--trainer.logger=false"], run=False),
-    "gpt tests": lambda: TemplateCLI(args=[*TINY_GPT, "--trainer.logger=false"], run=False),
+    "cifar-10 recipe": lambda: CLI(args=[*CIFAR10_RECIPE, "--trainer.logger=false"], run=False),
+    "image tests": lambda: CLI(args=[*TINY_IMAGE, "--trainer.logger=false"], run=False),
+    "gpt tests": lambda: CLI(args=[*TINY_GPT, "--trainer.logger=false"], run=False),
 }
 
 
@@ -150,7 +150,7 @@ def test_a_users_default_config_changes_nothing_the_examples_train(
     for section in ("trainer", "checkpoint"):
         default[section] = {**default.get(section, {}), **USER_SETTINGS[section]}
     (tmp_path / "default.yaml").write_text(yaml.safe_dump(default))
-    monkeypatch.setattr(src.cli, "DEFAULT_CONFIG", tmp_path / "default.yaml")  # where every CLI run reads it
+    monkeypatch.setattr(src.cli.CLI, "default_config", tmp_path / "default.yaml")  # where every CLI run reads it
 
     built = {}
     for name, build in EXAMPLES.items():

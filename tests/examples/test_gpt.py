@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from multigpu.errors import ConfigurationError
 from src.cli import main
 from src.data import TextDataModule
 from src.data.text import TokenWindows, decode, encode
-from src.errors import ConfigurationError
 from src.models import CausalLanguageModel
 from tests import prewarmed
 from tests.callbacks.test_throughput import logged
@@ -144,7 +144,7 @@ def test_language_model_logs_tokens_and_its_own_flop_count(tmp_path):
     samples, tokens = logged(rows, "perf/samples_per_s"), logged(rows, "perf/tokens_per_s")
     assert len(samples) == 2 and tokens == pytest.approx([32 * s for s in samples], rel=1e-5)  # block_size 32
     # written straight to the logger, at the step Lightning gives the loss logged on the same optimizer step (if a
-    # Lightning release counts its logging steps differently, src.compat.logging_step must follow)
+    # Lightning release counts its logging steps differently, multigpu.compat.logging_step must follow)
     assert [row["step"] for row in rows if row.get("perf/samples_per_s")] == ["2", "5"]
     assert [row["step"] for row in rows if row.get("train/loss")] == ["2", "5"]
     model = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["hyper_parameters"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from src.checkpoints.sharded import load_sharded_checkpoint
+from multigpu.checkpoints.sharded import load_sharded_checkpoint
 from src.cli import main
 from tests import prewarmed
 from tests.conftest import REPO, cli_env, last_value, load_state, read_metrics, relative_difference

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.checkpoints.sharded import load_sharded_checkpoint
+from multigpu.checkpoints.sharded import load_sharded_checkpoint
+from multigpu.strategies.pipeline import bubble_fraction
 from src.cli import main
-from src.strategies.pipeline import bubble_fraction
 from tests import prewarmed
 from tests.conftest import REPO, cli_env, read_metrics, relative_difference
 from tests.examples.conftest import TINY_GPT

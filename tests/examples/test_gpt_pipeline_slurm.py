@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from src.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint
+from multigpu.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from tests.conftest import load_state, relative_difference
 from tests.examples.test_gpt_pipeline import CLIPPED, RUN, assert_same_rows, fit_in_process, rows
 from tests.workflows.test_slurm import Jobs, completed, slurm  # noqa: F401  (fixture)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.checkpoints.consolidate import consolidate
-from src.checkpoints.sharded import is_sharded_checkpoint
+from multigpu.checkpoints.consolidate import consolidate
+from multigpu.checkpoints.sharded import is_sharded_checkpoint
 from tests.conftest import read_metrics
 from tests.examples.conftest import TINY_GPT
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from multigpu.errors import ConfigurationError
 from src.cli import DEFAULT_CONFIG, main
 from src.data import CIFAR10DataModule
 from src.data.images import (
@@ -21,7 +22,6 @@ from src.data.images import (
     random_crop_flip,
     synthetic_images,
 )
-from src.errors import ConfigurationError
 from src.models import ImageClassifier
 from tests.conftest import cli_env, last_value, load_state, read_metrics, relative_difference
 from tests.examples.conftest import TINY_IMAGE, write_cifar10

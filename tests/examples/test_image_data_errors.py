@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from multigpu.errors import ConfigurationError, EnvironmentFailure
 from src.cli import main
 from src.data.images import (
     CIFAR10_ARCHIVE,
@@ -22,7 +23,6 @@ from src.data.images import (
     download_cifar10,
     find_cifar10_folder,
 )
-from src.errors import ConfigurationError, EnvironmentFailure
 from tests.conftest import REPO
 from tests.examples.conftest import write_cifar10
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from src.sweep import spec as sweep_spec
-from src.sweep.runner import dry_run
+from multigpu.sweep import spec as sweep_spec
+from multigpu.sweep.runner import dry_run
 from tests.conftest import REPO
 
 SWEEP_FILES = sorted((REPO / "configs" / "sweep").glob("*.yaml"))

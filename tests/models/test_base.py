@@ -1,4 +1,4 @@
-"""The template's model base (src/models/base.py): hyperparameters in checkpoints, metrics, schedulers."""
+"""The template's model base (multigpu/models/base.py): hyperparameters in checkpoints, metrics, schedulers."""
 
 import lightning as L
 import pytest
@@ -28,7 +28,7 @@ def test_checkpoint_reloads_with_its_hyperparameters(tmp_path):
 
 
 def test_weighted_mean_weights_its_updates_and_keeps_several_means():
-    from src.models.base import WeightedMean
+    from multigpu.models.base import WeightedMean
 
     mean, pair = WeightedMean(), WeightedMean(shape=(2,))
     for value, count in ((2.0, 3), (4.0, 1)):

@@ -28,8 +28,8 @@ from torch._utils import ExceptionWrapper
 from torch.autograd import Function
 from torchmetrics import MeanMetric
 
-import src.strategies.dp as dp
-from src.strategies import DataParallelStrategy
+import multigpu.strategies.dp as dp
+from multigpu.strategies import DataParallelStrategy
 from tests.fixtures.workload import TinyClassifier, TinyData
 
 CPU = torch.device("cpu")

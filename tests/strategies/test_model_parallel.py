@@ -1,11 +1,11 @@
 """``fsdp2`` and ``tensor_parallel``: registration, the default sharding policy, clipping across device meshes,
 sharded checkpoints (atomic, resumable bit for bit, readable on one device and under ddp, consolidated).
 
-The slow tests train the tests' workload (``TinyClassifier``, which has no ``configure_model``) in fp64 under
-fsdp2 on two processes: the default policy must give the model one device trains. They read one module-scoped set
-of runs, so the slow tests of ``src/strategies/sharding.py``, ``src/checkpoints/consolidate.py`` (and its command,
-``python -m src.consolidate``) and ``src/checkpoints/sharded.py`` on a trained run are here, not in their mirror
-files (tests/strategies/test_sharding.py, tests/checkpoints/test_consolidate.py, tests/checkpoints/test_sharded.py).
+The slow tests train the tests' workload (``TinyClassifier``, which has no ``configure_model``) in fp64 under fsdp2 on
+two processes: the default policy must give the model one device trains. They read one module-scoped set of runs, so the
+slow tests of ``multigpu/strategies/sharding.py``, ``multigpu/checkpoints/consolidate.py`` (and its command, ``python -m
+src.consolidate``) and ``multigpu/checkpoints/sharded.py`` on a trained run are here, not in their mirror files
+(tests/strategies/test_sharding.py, tests/checkpoints/test_consolidate.py, tests/checkpoints/test_sharded.py).
 """
 
 from __future__ import annotations
@@ -22,13 +22,18 @@ import torch
 from lightning.pytorch.plugins.precision import DoublePrecision
 from lightning.pytorch.strategies import StrategyRegistry
 
-from src.checkpoints import sharded as sharded_checkpoint
-from src.checkpoints.files import is_intact
-from src.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint, move_into_place, restore_interrupted
+from multigpu.checkpoints import sharded as sharded_checkpoint
+from multigpu.checkpoints.files import is_intact
+from multigpu.checkpoints.sharded import (
+    is_sharded_checkpoint,
+    load_sharded_checkpoint,
+    move_into_place,
+    restore_interrupted,
+)
+from multigpu.errors import ConfigurationError
+from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
+from multigpu.strategies.model_parallel import clip_grad_norm, memory_per_rank
 from src.cli import main
-from src.errors import ConfigurationError
-from src.strategies import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
-from src.strategies.model_parallel import clip_grad_norm, memory_per_rank
 from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics, relative_difference
 from tests.fixtures.workload import TinyClassifier

@@ -1,4 +1,4 @@
-"""``src/strategies/pipeline.py`` without a pipelined model (the GPT example's runs are in
+"""``multigpu/strategies/pipeline.py`` without a pipelined model (the GPT example's runs are in
 tests/examples/test_gpt_pipeline.py): a model without the hooks is refused before launch, the checks of the
 sizes and schedules, the checks of a model's stages, the removal of other stages' layers, the bubble, tied
 weights."""
@@ -14,9 +14,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from src.cli import main
-from src.errors import ConfigurationError
-from src.strategies.pipeline import (
+from multigpu.errors import ConfigurationError
+from multigpu.strategies.pipeline import (
     HeldElsewhere,
     PipelineOptions,
     bubble_fraction,
@@ -26,6 +25,7 @@ from src.strategies.pipeline import (
     shard_stages,
     tied_parameter_names,
 )
+from src.cli import main
 from tests.conftest import TINY
 
 

@@ -1,4 +1,4 @@
-"""How ``fsdp2`` shards a model without a ``configure_model`` hook (src/strategies/sharding.py): each child holding
+"""How ``fsdp2`` shards a model without a ``configure_model`` hook (multigpu/strategies/sharding.py): each child holding
 parameters one unit, the module itself one for parameters of its own, bound to the instance for one run only. That
 such a run trains the model one device trains is tested in tests/strategies/test_model_parallel.py, on that
 module's shared runs."""
@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from src.strategies.sharding import DefaultShardingPolicy
+from multigpu.strategies.sharding import DefaultShardingPolicy
 from tests.fixtures.workload import TinyClassifier
 
 

@@ -1,5 +1,5 @@
-"""What the tests of src/sweep/ share (and tests/workflows/test_slurm_sweep.py): a sweep file of the tests'
-workload, ``python -m src.sweep`` in a subprocess, and what a trial's run directory says it trained."""
+"""What the tests of multigpu/sweep/ share (and tests/workflows/test_slurm_sweep.py): a sweep file of the tests'
+workload, ``python -m multigpu.sweep`` in a subprocess, and what a trial's run directory says it trained."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def write_sweep(folder: Path, **overrides: Any) -> Path:
 
 def sweep_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     result = prewarmed.run(
-        [sys.executable, "-m", "src.sweep", *args],
+        [sys.executable, "-m", "multigpu.sweep", *args],
         cwd=REPO,
         env=cli_env(),
         capture_output=True,

@@ -1,4 +1,4 @@
-"""The callback inside every trial's fit run (src/sweep/pruning.py): the objective must be logged, a non-finite one
+"""The callback inside every trial's fit run (multigpu/sweep/pruning.py): the objective must be logged, a non-finite one
 prunes without reaching the sampler; slow, ddp trials on 2 CPU processes prune on both ranks at the same step."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
-from src.sweep import spec as sweep_spec
-from src.sweep.pruning import SweepPruning
-from src.sweep.study import PRUNED_ATTR, Sweep, run_dir
+from multigpu.sweep import spec as sweep_spec
+from multigpu.sweep.pruning import SweepPruning
+from multigpu.sweep.study import PRUNED_ATTR, Sweep, run_dir
 from tests.sweep.conftest import BATCH, FIT, LR, MAX_STEPS, sweep_cli, write_sweep
 
 
@@ -30,7 +30,7 @@ def _trainer(metrics: dict[str, Any], step: int = 4) -> SimpleNamespace:
 
 
 def test_objective_not_logged_fails_naming_the_logged_metrics() -> None:
-    from src.errors import ConfigurationError
+    from multigpu.errors import ConfigurationError
 
     callback = SweepPruning(monitor="val/los")
     with pytest.raises(ConfigurationError) as error:

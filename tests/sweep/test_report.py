@@ -1,4 +1,4 @@
-"""The leaderboard (src/sweep/report.py): trials best first, their files, and the best trial's config."""
+"""The leaderboard (multigpu/sweep/report.py): trials best first, their files, and the best trial's config."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from src.sweep import spec as sweep_spec
-from src.sweep.report import report
-from src.sweep.study import ERROR_ATTR, PRUNED_ATTR, STEPS_ATTR, Sweep, bind, run_dir
+from multigpu.sweep import spec as sweep_spec
+from multigpu.sweep.report import report
+from multigpu.sweep.study import ERROR_ATTR, PRUNED_ATTR, STEPS_ATTR, Sweep, bind, run_dir
 from tests.sweep.conftest import BATCH, LR, write_sweep
 
 

@@ -1,4 +1,5 @@
-"""``python -m src.sweep run``'s checks before anything starts (src/sweep/runner.py): the CLI's own check of the
+"""``python -m multigpu.sweep run``'s checks before anything starts (multigpu/sweep/runner.py): the CLI's own check of
+the
 sweep's fit arguments (a dry run), and workers that would share devices."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from src.sweep import spec as sweep_spec
-from src.sweep.runner import check_devices
+from multigpu.sweep import spec as sweep_spec
+from multigpu.sweep.runner import check_devices
 from tests.sweep.conftest import sweep_cli, write_sweep
 
 

@@ -1,4 +1,4 @@
-"""The sweep file (src/sweep/spec.py): its checks, each one paragraph naming the key and the fix, and its values as
+"""The sweep file (multigpu/sweep/spec.py): its checks, each one paragraph naming the key and the fix, and its values as
 fit flags."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from src.sweep import spec as sweep_spec
-from src.sweep.__main__ import main as sweep_main
+from multigpu.sweep import spec as sweep_spec
+from multigpu.sweep.__main__ import main as sweep_main
 from tests.sweep.conftest import BATCH, LR, write_sweep
 
 

@@ -1,4 +1,5 @@
-"""The sweep directory's study (src/sweep/study.py): a directory keeps its sweep, workers share one journal and never
+"""The sweep directory's study (multigpu/sweep/study.py): a directory keeps its sweep, workers share one journal and
+never
 run a trial twice, a stopped trial is resumed, more trials extend a sweep, a grid ends with its points."""
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from src.sweep import spec as sweep_spec
-from src.sweep import study as study_module
-from src.sweep.__main__ import main as sweep_main
-from src.sweep.runner import with_trials
-from src.sweep.study import LOCKS, Sweep, bind, claim
+from multigpu.sweep import spec as sweep_spec
+from multigpu.sweep import study as study_module
+from multigpu.sweep.__main__ import main as sweep_main
+from multigpu.sweep.runner import with_trials
+from multigpu.sweep.study import LOCKS, Sweep, bind, claim
 from tests.sweep.conftest import BATCH, LR, write_sweep
 
 

@@ -1,5 +1,6 @@
-"""``python -m src.sweep`` (src/sweep/__main__.py): arguments after ``--`` kept for fit, and a mistake reported as one
-paragraph with its exit status. Each module of src/sweep/ has its own test beside this one (``test_spec.py``,
+"""``python -m multigpu.sweep`` (multigpu/sweep/__main__.py): arguments after ``--`` kept for fit, and a mistake
+reported as one
+paragraph with its exit status. Each module of multigpu/sweep/ has its own test beside this one (``test_spec.py``,
 ``test_study.py``, ``test_runner.py``, ``test_worker.py``, ``test_pruning.py``, ``test_report.py``)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from src.sweep.__main__ import main as sweep_main
+from multigpu.sweep.__main__ import main as sweep_main
 from tests.sweep.conftest import write_sweep
 
 

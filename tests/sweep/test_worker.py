@@ -1,4 +1,5 @@
-"""One sweep worker (src/sweep/worker.py): a trial's loggers, and, slow, whole sweeps of the tests' workload: a worker
+"""One sweep worker (multigpu/sweep/worker.py): a trial's loggers, and, slow, whole sweeps of the tests' workload: a
+worker
 stopped by a signal and run again resumes its trial, failed trials are recorded with their message."""
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from multigpu.sweep import spec as sweep_spec
+from multigpu.sweep.study import ERROR_ATTR, STEPS_ATTR, Sweep, run_dir
+from multigpu.sweep.worker import logger_flags
 from src.cli import main as cli_main
-from src.sweep import spec as sweep_spec
-from src.sweep.study import ERROR_ATTR, STEPS_ATTR, Sweep, run_dir
-from src.sweep.worker import logger_flags
 from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env, read_metrics
 from tests.sweep.conftest import (
@@ -48,7 +49,7 @@ def test_stopped_worker_resumes_its_trial_and_the_sweep_completes_once(tmp_path:
     sweep_dir, progress = tmp_path / "sweep", tmp_path / "progress"
     pace = ["--trainer.callbacks+=tests.helpers.Pace", "--trainer.callbacks.seconds=0.2"]
     first = prewarmed.popen(
-        [sys.executable, "-m", "src.sweep", "run", str(path), "--dir", str(sweep_dir), "--", *pace,
+        [sys.executable, "-m", "multigpu.sweep", "run", str(path), "--dir", str(sweep_dir), "--", *pace,
          f"--trainer.callbacks.progress_file={progress}"],
         cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

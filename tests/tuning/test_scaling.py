@@ -1,4 +1,4 @@
-"""The global batch one device's micro-batch gives, and the learning rate carried to it (src/tuning/scaling.py)."""
+"""The global batch one device's micro-batch gives, and the learning rate carried to it (multigpu/tuning/scaling.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from src.data.sampling import per_process_batch_size
-from src.tuning import global_batch_size, scaled_lr
+from multigpu.data.sampling import per_process_batch_size
+from multigpu.tuning import global_batch_size, scaled_lr
 
 
 def test_the_global_batch_divides_and_the_learning_rate_scales_by_the_chosen_rule():

@@ -1,4 +1,5 @@
-"""``python -m src.cli tune`` (src/tuning/trainer.py): the largest micro-batch under a memory limit, a learning rate,
+"""``python -m src.cli tune`` (multigpu/tuning/trainer.py): the largest micro-batch under a memory limit, a learning
+rate,
 a config (the batch and learning-rate arithmetic: tests/tuning/test_scaling.py)."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import lightning as L
 import yaml
 from torch import Tensor
 
-from src.cli import TemplateCLI, main
-from src.tuning import Trainer as TuningTrainer
+from multigpu.tuning import Trainer as TuningTrainer
+from src.cli import CLI, main
 from tests.conftest import TINY, read_metrics
 from tests.fixtures.workload import TinyClassifier
 
@@ -88,8 +89,8 @@ def test_binsearch_bisects_to_the_limit_and_keeps_lightnings_margin_without_a_le
 
 
 def test_only_tune_builds_the_trainer_with_a_tune_method(tmp_path):
-    fit = TemplateCLI(["fit", *TINY, "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path / 'fit'}"])
+    fit = CLI(["fit", *TINY, "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path / 'fit'}"])
     assert type(fit.trainer) is L.Trainer and fit.trainer.global_step == 1
-    tune = TemplateCLI(["tune", *LIMITED, "--steps_per_trial=1", "--lr_find_steps=0", "--max_batch_size=8",
+    tune = CLI(["tune", *LIMITED, "--steps_per_trial=1", "--lr_find_steps=0", "--max_batch_size=8",
                         f"--trainer.default_root_dir={tmp_path / 'tune'}"])  # fmt: skip
     assert type(tune.trainer) is TuningTrainer and (tmp_path / "tune" / "tuned.yaml").is_file()

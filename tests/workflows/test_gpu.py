@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from src.strategies import DataParallelStrategy, register_dp_strategy
+from multigpu.strategies import DataParallelStrategy, register_dp_strategy
 from tests.conftest import TINY, relative_difference
 from tests.fixtures.workload import TinyClassifier, TinyData
 from tests.strategies import test_dp

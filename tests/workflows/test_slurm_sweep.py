@@ -8,8 +8,8 @@ import re
 import pytest
 from optuna.trial import TrialState
 
-from src.sweep import spec as sweep_spec
-from src.sweep.study import Sweep, run_dir
+from multigpu.sweep import spec as sweep_spec
+from multigpu.sweep.study import Sweep, run_dir
 from tests.sweep.conftest import MAX_STEPS, assert_resumed_once, trained_steps, write_sweep
 from tests.workflows.test_slurm import Jobs, completed, final_step, jobs, slurm  # noqa: F401  (fixtures)
 

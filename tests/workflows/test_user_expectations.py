@@ -13,12 +13,12 @@ import torch
 import yaml
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
-from src.callbacks.compile import CompileModel
-from src.callbacks.run_plan import batch_norm_note
-from src.checks import check_sync_batchnorm
+from multigpu.callbacks.compile import CompileModel
+from multigpu.callbacks.run_plan import batch_norm_note
+from multigpu.checks import check_sync_batchnorm
+from multigpu.errors import ConfigurationError
+from multigpu.strategies import DataParallelStrategy
 from src.cli import main
-from src.errors import ConfigurationError
-from src.strategies import DataParallelStrategy
 from tests.conftest import REPO, TINY, load_state, relative_difference
 from tests.fixtures.batchnorm import BatchNormClassifier
 from tests.fixtures.workload import TinyClassifier

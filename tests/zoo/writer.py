@@ -8,7 +8,7 @@ import os
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from src.strategies import prediction_replica
+from multigpu.strategies import prediction_replica
 
 
 class SavePredictions(BasePredictionWriter):

@@ -1,0 +1,172 @@
+"""Every rank's random-number generators in every checkpoint, so that a resumed run draws the dropout masks (and
+any other random numbers of the training step) the uninterrupted run draws.
+
+Lightning saves the model, optimizer, loops and data position, not the generators: without them a resumed run
+continues from the state ``seed_everything`` left at start-up. ``RandomState`` saves torch's CPU generator, the
+CUDA generator of each device the rank uses, numpy's and Python's ``random`` of every rank (gathered into the one
+checkpoint entry, so single-file and sharded checkpoints carry all of them), and puts each rank's own back at
+``on_train_start``: after Lightning has created the training loader's iterator (which draws a worker seed) and
+before the first batch is fetched, the point where the uninterrupted run stood when it saved. The template's own
+loaders draw nothing from these generators (``multigpu/data/base.py`` gives each loader a generator of its own, seeded
+from the run's seed, the epoch and the rank), so there is no data-path state to carry.
+
+Written by hand: Lightning has no callback for it (Fabric's ``_collect_rng_states`` is private and saves one
+process's states only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import CombinedLoader
+from torch.utils.data import DataLoader
+
+from multigpu.compat import batch_progress, draw_loader_base_seed
+from multigpu.errors import notice
+
+try:
+    import numpy as np
+except ImportError:  # numpy is optional for torch; without it there is no numpy generator to keep
+    np = None  # type: ignore[assignment]
+
+#: how the states are kept in a checkpoint: only tensors, numbers, strings and containers, so that a checkpoint
+#: still loads with ``torch.load(weights_only=True)``
+FORMAT = 1
+
+
+def cuda_devices(trainer: L.Trainer) -> list[int]:
+    """The CUDA devices this rank computes on: all of ``dp``'s, else the strategy's root device."""
+    if not torch.cuda.is_available():
+        return []
+    devices = getattr(trainer.strategy, "parallel_devices", None) or [trainer.strategy.root_device]
+    return sorted({d.index if d.index is not None else 0 for d in devices if d.type == "cuda"})
+
+
+def collect(devices: list[int]) -> dict[str, Any]:
+    """This process's generator states."""
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "cuda": {index: torch.cuda.get_rng_state(index) for index in devices},
+        "python": random.getstate(),
+    }
+    if np is not None:
+        numpy_state = np.random.get_state(legacy=False)
+        state["numpy"] = {
+            "bit_generator": numpy_state["bit_generator"],
+            "key": torch.from_numpy(numpy_state["state"]["key"].astype("int64")),
+            "pos": int(numpy_state["state"]["pos"]),
+            "has_gauss": int(numpy_state["has_gauss"]),
+            "gauss": float(numpy_state["gauss"]),
+        }
+    return state
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Set this process's generators to ``state`` (from ``collect``)."""
+    torch.set_rng_state(state["torch"])
+    for index, cuda_state in state.get("cuda", {}).items():
+        if torch.cuda.is_available() and int(index) < torch.cuda.device_count():
+            torch.cuda.set_rng_state(cuda_state, int(index))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy_state = state.get("numpy")
+    if np is not None and numpy_state is not None:
+        np.random.set_state(
+            {
+                "bit_generator": numpy_state["bit_generator"],
+                "state": {"key": numpy_state["key"].numpy().astype("uint32"), "pos": numpy_state["pos"]},
+                "has_gauss": numpy_state["has_gauss"],
+                "gauss": numpy_state["gauss"],
+            }
+        )
+
+
+def derived_seed(saved: list[dict[str, Any]], seed: int, rank: int) -> int:
+    """A seed for ``rank`` of a run resumed at another world size: a function of every saved state, the run's seed
+    and the rank, so that ranks differ from each other and a second resume of the same checkpoint draws the same."""
+    digest = hashlib.sha256(f"{seed}:{rank}".encode())
+    for state in saved:
+        digest.update(state["torch"].numpy().tobytes())
+    return int.from_bytes(digest.digest()[:8], "little") % 2**63
+
+
+def seed_all(seed: int) -> None:
+    """Seed every generator ``collect`` saves (not ``seed_everything``: it would also change PL_GLOBAL_SEED, which
+    fixes the data order)."""
+    torch.manual_seed(seed)  # the CUDA generators too
+    random.seed(seed)
+    if np is not None:
+        np.random.seed(seed % 2**32)
+
+
+def gather(state: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
+    """Every rank's ``state``, in rank order (a collective: ``state_dict`` runs on every rank at a save)."""
+    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [state]
+    states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(states, state)
+    return states
+
+
+def redraw_worker_seeds(trainer: L.Trainer) -> None:
+    """Draw what starting the epoch's loader iterators draws from the global generator, where a resumed fit starts
+    a new epoch: Lightning made those iterators before ``on_train_start`` (so before the restore) and makes no new
+    one at that epoch's start, where the uninterrupted run made them. Loaders with a generator of their own (the
+    template's) draw nothing from the global one."""
+    if trainer.current_epoch == 0 or batch_progress(trainer).current.ready != 0:
+        return  # in the middle of an epoch: the uninterrupted run made no iterator after its save either
+    for loader in CombinedLoader(trainer.train_dataloader).flattened:
+        if isinstance(loader, DataLoader) and loader.generator is None:
+            draw_loader_base_seed()
+
+
+class RandomState(Callback):
+    """Save every rank's generators with each checkpoint; put each rank's own back when a fit resumes."""
+
+    def __init__(self) -> None:
+        self._saved: dict[str, Any] | None = None  # what the checkpoint being resumed holds
+        self._resuming = False
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self._trainer
+        states = gather(collect(cuda_devices(trainer)), trainer.world_size)
+        return {"format": FORMAT, "world_size": trainer.world_size, "ranks": states}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._saved = state_dict
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._resuming = True  # load_state_dict follows only if the checkpoint has our entry
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        saved, self._saved = self._saved, None
+        resuming, self._resuming = self._resuming, False
+        if saved is None:
+            if resuming and trainer.is_global_zero:
+                notice(
+                    "the checkpoint holds no random-number state (it was written before the template saved it):"
+                    " the run resumes, but dropout and other random draws differ from an uninterrupted run."
+                )
+            return
+        if saved["world_size"] == trainer.world_size:
+            restore(saved["ranks"][trainer.global_rank])
+            redraw_worker_seeds(trainer)
+            return
+        seed = int(torch.initial_seed())  # what seed_everything (or torch) set at this launch's start
+        seed_all(derived_seed(saved["ranks"], seed, trainer.global_rank))
+        if trainer.is_global_zero:
+            notice(
+                f"the checkpoint was written by {saved['world_size']} process(es) and this run has"
+                f" {trainer.world_size}: each rank's random-number state is derived from the saved ones, the seed and"
+                " the rank, so random draws (dropout) differ from an uninterrupted run; everything else resumes"
+                " exactly."
+            )

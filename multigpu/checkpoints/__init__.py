@@ -1,0 +1,10 @@
+"""Checkpoints, in one package: what a run writes, what it resumes from, and how to read one anywhere.
+
+- ``files.py``: single-file checkpoints written atomically (``AtomicCheckpointIO``), and what "intact" means.
+- ``sharded.py``: the folders of shards ``fsdp2`` / ``tensor_parallel`` write, replaced atomically, read whole.
+- ``resume.py``: ``--ckpt_path`` resolved (``last``, a damaged newest file) and read once for the checks.
+- ``consolidate.py``: ``python -m src.consolidate DIR OUT.ckpt``, one file from a folder of shards.
+
+What goes into a checkpoint besides Lightning's own state is the callbacks' (``multigpu/callbacks/``: the position
+in the epoch, each rank's random-number generators, the best checkpoint so far).
+"""

@@ -1,0 +1,98 @@
+"""Checkpoint files: written atomically and durably next to their destination; what "intact" means.
+
+Lightning's local save stages the file in ``$TMPDIR`` and moves it into place, which is a copy where ``/tmp`` is
+another file system (the usual cluster layout): a job killed during it leaves a truncated ``last.ckpt``.
+``AtomicCheckpointIO`` writes, fsyncs and renames a temporary file in the destination folder instead, and reads a
+sharded checkpoint folder whole where a strategy that does not shard reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
+
+from multigpu.checkpoints.sharded import fsync_directory, is_sharded_checkpoint, load_sharded_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj, path)`` that replaces ``path`` only once the new file is complete and on disk."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+        leftover.unlink(missing_ok=True)  # a write of this file that was killed; only one process writes it
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)  # atomic within one file system
+    except BaseException as error:
+        Path(temporary).unlink(missing_ok=True)
+        cause = _file_error(error)
+        if cause is not None:  # a full disk or a read-only folder: say so, with the checkpoint's path
+            raise OSError(cause.errno, cause.strerror, str(path)) from error
+        raise
+    fsync_directory(path.parent)  # the rename itself survives a power loss
+
+
+def _file_error(error: BaseException) -> OSError | None:
+    """The file system's error behind a failed save. torch's zip writer reports a failed write of the file as
+    ``RuntimeError: ... unexpected pos``, with the ``OSError`` (``ENOSPC``: disk full) only as its context."""
+    for candidate in (error, error.__context__):
+        if isinstance(candidate, OSError) and candidate.errno is not None and not candidate.filename:
+            return candidate
+    return None
+
+
+def with_atomic_io(plugins: Any) -> list[Any]:
+    """The user's ``--trainer.plugins``, plus ``AtomicCheckpointIO`` unless they chose a ``CheckpointIO``."""
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` with atomic, durable local saves (remote URLs keep Lightning's path)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
+        if is_sharded_checkpoint(path):  # a folder saved under fsdp2 / tensor_parallel, read whole
+            return load_sharded_checkpoint(path)
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+
+def is_intact(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a complete checkpoint: a sharded folder with its index and ``meta.pt``, or a
+    ``torch.save`` archive whose zip directory (written last) is there and names its pickle. A file cut off while
+    it was written, or overwritten with something else, fails; a flipped bit inside an otherwise complete archive
+    is found when Lightning reads it, not here (checking every member's checksum would read the whole file)."""
+    path = Path(path)
+    if path.is_dir():
+        return is_sharded_checkpoint(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("/data.pkl") or name == "data.pkl" for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile, EOFError):
+        return False
+
+
+def newest_intact_checkpoint(folder: Path, skip: Path | None = None) -> Path | None:
+    """The most recently written intact ``*.ckpt`` in ``folder`` other than ``skip``."""
+    candidates = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return next((p for p in candidates if p != skip and is_intact(p)), None)

@@ -1,0 +1,91 @@
+"""Which checkpoint a command resumes or evaluates: ``--ckpt_path`` resolved (``last`` in the run directory, a
+damaged newest file replaced by the newest intact one) and read once, before launch, for the checks."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from jsonargparse import Namespace
+
+from multigpu.checkpoints.files import is_intact, newest_intact_checkpoint
+from multigpu.checkpoints.sharded import is_sharded_checkpoint, restore_interrupted
+from multigpu.errors import ConfigurationError, describe, notice
+
+#: ``--ckpt_path`` values Lightning resolves itself
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def checkpoint_dir(run_dir: str | None) -> str:
+    """Where ``ModelCheckpoint`` and preemption save: ``<run dir>/checkpoints``, stable across restarts."""
+    return str(Path(run_dir or Path.cwd()) / "checkpoints")
+
+
+def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[str, Any]] | None:
+    """The local file ``--ckpt_path`` names (``last`` resolved in the run directory) and its contents, read once.
+
+    Refuses a fresh ``fit`` into a run directory that holds checkpoints; a damaged newest ``last*.ckpt`` falls
+    back to the newest intact one, so that a requeued job does not stop on it.
+    """
+    ckpt_path, run_dir = config.get("ckpt_path"), config.trainer.get("default_root_dir")
+    folder = Path(checkpoint_dir(run_dir))
+    if ckpt_path == "last":
+        restore_interrupted(folder)  # a sharded checkpoint that a kill left aside while replacing it
+    existing = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    if ckpt_path is None:
+        if subcommand == "fit" and existing:
+            raise ConfigurationError(
+                f"--trainer.default_root_dir={run_dir} already holds a run ({len(existing)} checkpoint(s) in"
+                f" {folder}). Fix: resume it with --ckpt_path=last, or start a new run in another directory"
+                " with --trainer.default_root_dir=<new dir>; nothing was changed."
+            )
+        return None
+    if ckpt_path == "last":
+        candidates = [p for p in existing if p.name.startswith("last")]
+        if not candidates:
+            return None  # Lightning says there is nothing to resume and starts afresh
+        path = candidates[-1]
+        if is_sharded_checkpoint(path):
+            return None  # a complete folder of shards (fsdp2, tensor_parallel): Lightning's strategy reads it
+        if not is_intact(path):
+            fallback = newest_intact_checkpoint(folder, skip=path)
+            if fallback is None:
+                raise ConfigurationError(
+                    f"--ckpt_path=last: {path} is damaged and {folder} holds no intact checkpoint."
+                    " Fix: start a new run without --ckpt_path in another --trainer.default_root_dir."
+                )
+            notice(
+                f"--ckpt_path=last: {path} is damaged (truncated or corrupt); resuming from the newest intact"
+                f" checkpoint, {fallback}, instead. The damaged file is left as it is."
+            )
+            config["ckpt_path"], path = str(fallback), fallback
+        return path, load_checkpoint(path)
+    if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path) or is_sharded_checkpoint(Path(ckpt_path)):
+        return None
+    if not Path(ckpt_path).is_file():
+        raise ConfigurationError(
+            f"--ckpt_path={ckpt_path} does not exist. Fix: give the path of a .ckpt file, or 'last' / 'best'."
+        )
+    return Path(ckpt_path), load_checkpoint(Path(ckpt_path))
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint once, for the checks below: memory-mapped and ``weights_only``, as Lightning reads it."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError as error:  # torch's refusal of a global that weights_only does not allow
+        unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        raise ConfigurationError(
+            f"--ckpt_path={path} holds Python objects besides tensors ({unsafe}), which safe loading"
+            " (torch.load weights_only=True) refuses: unpickling them could run any code. Fix: if you trust"
+            " where the file came from, allow those classes with torch.serialization.add_safe_globals([...]) in"
+            " your model's module, or re-save the checkpoint without them (docs/troubleshooting.md, Checkpoints)."
+        ) from error
+    except Exception as error:
+        raise ConfigurationError(
+            f"--ckpt_path={path} is not a readable checkpoint (truncated or corrupt, {path.stat().st_size} bytes:"
+            f" {describe(error)}). Fix: pass an earlier checkpoint from the same folder, e.g. a best-*.ckpt file;"
+            " the file is left as is."
+        ) from error

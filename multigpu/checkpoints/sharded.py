@@ -1,0 +1,156 @@
+"""Sharded checkpoints (``fsdp2``, ``tensor_parallel``, ``pipeline``): tell one apart, replace one atomically,
+read one whole.
+
+A sharded checkpoint is a folder named like a checkpoint file (``last.ckpt``, ``best-100.ckpt``) holding one
+shard file per rank (``torch.distributed.checkpoint``: ``*.distcp`` and ``.metadata``) and ``meta.pt``,
+Lightning's loop and callback state. Every rank writes only its shard, so saving costs no gather and no
+rank holds the whole model.
+
+Atomic: the ranks write a new checkpoint into ``.NAME.partial`` beside the old one; rank 0 then moves the old
+folder aside (``.NAME.old``), the new one into place, and deletes the old one. A kill during the write leaves the
+old checkpoint untouched; a kill between the two renames leaves ``.NAME.old`` complete, which
+``restore_interrupted(folder)`` (run before ``--ckpt_path=last`` is resolved) puts back.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: the file ``ModelParallelStrategy`` writes next to the shards (Lightning's ``_METADATA_FILENAME``)
+METADATA_FILE = "meta.pt"
+#: the index ``torch.distributed.checkpoint`` writes once every shard is written
+INDEX_FILE = ".metadata"
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a complete sharded checkpoint folder (its index and ``meta.pt`` written)."""
+    path = Path(path)
+    return path.is_dir() and (path / METADATA_FILE).is_file() and (path / INDEX_FILE).is_file()
+
+
+def staging_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}.partial")
+
+
+def _aside_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}.old")
+
+
+def move_into_place(staging: Path, final: Path) -> None:
+    """Replace checkpoint ``final`` (a folder, a file or nothing) by the complete folder ``staging``."""
+    aside = _aside_path(final)
+    shutil.rmtree(aside, ignore_errors=True)
+    if final.exists():
+        os.replace(final, aside)
+    os.replace(staging, final)
+    fsync_directory(final.parent)
+    if aside.is_dir():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        aside.unlink(missing_ok=True)
+
+
+def restore_interrupted(folder: str | Path) -> None:
+    """Put back a checkpoint a kill left aside between the two renames of ``move_into_place``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for aside in folder.glob(".*.ckpt.old"):
+        final = aside.with_name(aside.name[1 : -len(".old")])
+        if not final.exists():
+            os.replace(aside, final)
+
+
+def fsync_directory(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (also used by ``files.py`` for single files)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # some file systems do not open directories; the rename is still atomic
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def _optimizer_state_by_position(state: dict[str, Any]) -> dict[str, Any]:
+    """``torch.distributed.checkpoint`` keys optimizer state by parameter name; ``Optimizer.load_state_dict``
+    wants each parameter's position in the optimizer's groups, in order."""
+    names = [name for group in state["param_groups"] for name in group["params"]]
+    if not names or isinstance(names[0], int):
+        return state
+    position = {name: index for index, name in enumerate(names)}
+    return {
+        "state": {position[name]: value for name, value in state.get("state", {}).items()},
+        "param_groups": [
+            {**group, "params": [position[name] for name in group["params"]]} for group in state["param_groups"]
+        ],
+    }
+
+
+def _optimizer_state_from_flat(flat: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    """The optimizer state of a ``pipeline`` checkpoint (``state.NAME.KEY`` and ``param_groups.NAME.KEY``, each stage's
+    own names) in one device's layout: positions in ``order`` (the whole model's parameter names, a tied weight
+    under its first name only; its other copy's entries are dropped), groups of equal settings in that order."""
+    position = {name: index for index, name in enumerate(order)}
+    state: dict[int, dict[str, Any]] = {}
+    settings: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        kind, _, rest = key.partition(".")
+        name, _, field = rest.rpartition(".")
+        if name not in position:
+            continue
+        if kind == "state":
+            state.setdefault(position[name], {})[field] = value
+        elif kind == "param_groups":
+            settings.setdefault(name, {})[field] = value
+    groups: list[dict[str, Any]] = []
+    for name in order:
+        group = next((g for g in groups if all(g[k] == v for k, v in settings.get(name, {}).items())), None)
+        if group is None:
+            group = {**settings.get(name, {}), "params": []}
+            groups.append(group)
+        group["params"].append(position[name])
+    return {"state": state, "param_groups": groups}
+
+
+def load_sharded_checkpoint(folder: str | Path) -> dict[str, Any]:
+    """The whole checkpoint of a sharded folder in the single-file layout (read in this process, no process group).
+
+    The result is what a one-device or ddp run saves: ``state_dict``, ``optimizer_states`` keyed by parameter
+    position, and the loops' and callbacks' state. It needs the whole model and optimizer state in host memory.
+    """
+    folder = Path(folder)
+    if not is_sharded_checkpoint(folder):
+        raise FileNotFoundError(
+            f"{folder} is not a complete sharded checkpoint (shards, {INDEX_FILE} and {METADATA_FILE}). Fix: pass a"
+            " folder a run under --trainer.strategy=fsdp2 or tensor_parallel saved, e.g. runs/NAME/checkpoints/"
+            "last.ckpt."
+        )
+    # torch.distributed.checkpoint is imported where it is used: every run imports this module, few read shards
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        flat = Path(scratch) / "shards.pt"
+        dcp_to_torch_save(folder, flat)  # torch's own converter: every shard read and joined
+        checkpoint: dict[str, Any] = torch.load(flat, map_location="cpu", weights_only=False)
+    checkpoint.update(torch.load(folder / METADATA_FILE, map_location="cpu", weights_only=False))
+    optimizer_keys = sorted((k for k in checkpoint if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k[10:]))
+    order = (checkpoint.get("pipeline") or {}).get("parameter_order")  # multigpu/strategies/pipeline.py
+    if optimizer_keys:
+        checkpoint["optimizer_states"] = [
+            _optimizer_state_from_flat(checkpoint.pop(k), order)
+            if order
+            else _optimizer_state_by_position(checkpoint.pop(k))
+            for k in optimizer_keys
+        ]
+    return checkpoint

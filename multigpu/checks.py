@@ -1,0 +1,607 @@
+"""Checks that run before any process starts, so that a bad launch fails in a second, not in a hang.
+
+A wrong device count or a SLURM allocation that does not match ``--trainer.devices`` otherwise shows up as a
+process group waiting forever; the checkpoint to resume is read here once and checked against the model. The
+command line runs two of them (the last section): ``check_before_launch`` on the parsed options, before anything
+is built, and ``check_built`` on the model, data module and Trainer, before anything runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from jsonargparse import Namespace
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
+
+from multigpu.callbacks.compile import compile_refusal
+from multigpu.callbacks.run_plan import batch_norm_layers
+from multigpu.checkpoints.resume import resolve_checkpoint
+from multigpu.compat import trained_class_path
+from multigpu.data.base import GlobalBatchDataModule
+from multigpu.data.sampling import per_process_batch_size
+from multigpu.errors import DEBUG_ENV, ConfigurationError, describe
+from multigpu.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline, check_stages
+
+GPU_ACCELERATORS = ("gpu", "cuda")
+#: strategies that run one process per device (the world size is devices x num_nodes)
+MULTIPROCESS_PREFIXES = ("ddp", "fsdp", "deepspeed", "tensor_parallel", "pipeline")
+
+
+#: Lightning ignores SLURM in a job with one of these names (``salloc`` names its job ``interactive``)
+INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+#: SLURM_STEP_ID of steps that srun did not start; the batch script itself has no SLURM_STEP_ID at all (22.05)
+NON_SRUN_STEP_IDS = ("batch", "extern", "interactive", "4294967294", "4294967291", "4294967290")
+
+
+def started_by_srun() -> bool:
+    """True in a task that ``srun`` started (a batch script has even ``SLURM_PROCID=0``, but no step id)."""
+    step = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID"))
+    return "SLURM_JOB_ID" in os.environ and step is not None and step not in NON_SRUN_STEP_IDS
+
+
+def interactive_job() -> bool:
+    """True in a job named ``bash`` or ``interactive``, where Lightning does not take ranks from SLURM."""
+    return os.environ.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process that ``torchrun`` started; Lightning then takes the ranks from torchrun, even in SLURM."""
+    return torch.distributed.is_available() and torch.distributed.is_torchelastic_launched()
+
+
+def in_slurm_step() -> bool:
+    """True inside a task that ``srun`` started, in a job where Lightning takes the ranks from SLURM."""
+    return "SLURM_NTASKS" in os.environ and started_by_srun() and not interactive_job()
+
+
+def in_slurm_batch_script() -> bool:
+    """True in a SLURM job's batch script, where processes were not started by ``srun``."""
+    return "SLURM_JOB_ID" in os.environ and not started_by_srun() and not interactive_job()
+
+
+def resolve_accelerator(accelerator: Any) -> str:
+    """``auto`` -> ``cuda`` or ``cpu``; ``gpu`` -> ``cuda``; other names unchanged."""
+    if not isinstance(accelerator, str):
+        return "custom"
+    accelerator = accelerator.lower()
+    if accelerator == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if accelerator in GPU_ACCELERATORS else accelerator
+
+
+def available_devices(accelerator: str) -> int:
+    """How many devices of this kind the machine has."""
+    if accelerator == "cuda":
+        return torch.cuda.device_count()
+    if accelerator == "cpu":
+        return os.cpu_count() or 1
+    return 0
+
+
+def requested_devices(devices: Any, accelerator: str) -> int | None:
+    """Number of devices ``--trainer.devices`` asks for (``None`` when it cannot be told here)."""
+    if isinstance(devices, str):
+        devices = devices.strip()
+        if devices == "auto":
+            return 1 if accelerator == "cpu" else available_devices(accelerator)
+        if "," in devices:
+            return len([d for d in devices.split(",") if d.strip()])
+        devices = int(devices) if devices.lstrip("-").isdigit() else None
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, int):
+        return available_devices(accelerator) if devices == -1 else devices
+    return None
+
+
+def world_size(strategy: str | None, devices: int, num_nodes: int) -> int:
+    """Processes the run will have: one per device for the multi-process strategies (and ``auto``), else one."""
+    if strategy is None or strategy == "auto" or strategy.startswith(MULTIPROCESS_PREFIXES):
+        return devices * num_nodes
+    return 1  # single_device, dp
+
+
+def process_count(trainer: Mapping[str, Any]) -> int:
+    """Processes the ``trainer`` section asks for (devices per node times nodes; 1 where that cannot be told)."""
+    devices = requested_devices(trainer.get("devices", "auto"), resolve_accelerator(trainer.get("accelerator", "auto")))
+    return (devices or 1) * int(trainer.get("num_nodes") or 1)
+
+
+def check_strategy(strategy: str | None) -> None:
+    if strategy is None or strategy == "auto" or strategy in StrategyRegistry:
+        return
+    names = ", ".join(["auto", *sorted(StrategyRegistry.available_strategies())])
+    raise ConfigurationError(
+        f"--trainer.strategy={strategy} is not a known strategy. Fix: use one of {names}"
+        " (dp, ddp and ddp_spawn are the usual choices; see the strategy guide in the README)."
+    )
+
+
+def option_origin(args: Sequence[Any] | None, key: str) -> tuple[str | None, list[str]]:
+    """``(file, earlier flags it overrides)`` when a ``--config`` file sets ``trainer.<key>`` last, else
+    ``(None, [])``; jsonargparse keeps no record of where a value came from, so the arguments are read again."""
+    if not isinstance(args, (list, tuple)):
+        return None, []
+    origin: str | None = None
+    flags: list[str] = []
+    overridden: list[str] = []
+    args = [str(a) for a in args]
+    flag = f"--trainer.{key}"
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") or arg.startswith("--config="):
+            path = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            if key in _trainer_section(path):
+                origin, overridden = path, list(flags)
+        elif arg == flag or arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            origin, overridden = None, []
+            flags.append(f"{flag}={value}")
+    return (origin, overridden) if origin is not None else (None, [])
+
+
+def _trainer_section(path: str) -> dict[str, Any]:
+    """The ``trainer`` mapping of a YAML config file, or ``{}`` (not a file, not YAML, no such section)."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) if path and Path(path).is_file() else None
+    except (OSError, yaml.YAMLError):
+        return {}
+    section = loaded.get("trainer") if isinstance(loaded, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def _given(args: Sequence[Any] | None, key: str, value: Any, also: str = "") -> str:
+    """``--trainer.<key>=<value>``, followed by ``(set by FILE ...)`` when a ``--config`` file set it, naming the
+    earlier flags that file overrides; ``also`` adds to the parenthesis."""
+    origin, overridden = option_origin(args, key)
+    shown = f"--trainer.{key}={_yaml_value(value)}"
+    if origin is None:
+        return shown
+    notes = [f"set by {origin}"] + ([also] if also else [])
+    if overridden:
+        notes.append(
+            f"which overrides the earlier {' '.join(overridden)}: arguments apply in order and a later one wins,"
+            " so put --config files first"
+        )
+    return f"{shown} ({', '.join(notes)})"
+
+
+def _yaml_value(value: Any) -> str:
+    """A value as it is written on the command line: ``4``, ``gpu``, ``[0, 1]``."""
+    if isinstance(value, str):
+        return value
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def check_devices(
+    accelerator: str,
+    devices: int | None,
+    strategy: str | None,
+    num_nodes: int,
+    trainer: Mapping[str, Any] | None = None,
+    args: Sequence[Any] | None = None,
+) -> None:
+    trainer = trainer or {}
+    if accelerator == "cuda" and not torch.cuda.is_available():
+        preset, _ = option_origin(args, "accelerator")
+        values = _trainer_section(preset) if preset is not None else {}
+        also = " and ".join(f"{key}: {_yaml_value(values[key])}" for key in ("devices", "strategy") if key in values)
+        fix = (
+            f"leave out --config {preset} to train on the CPU (configs/trainer/ddp_cpu.yaml rehearses ddp with two"
+            " CPU processes)"
+            if preset is not None
+            else "use --trainer.accelerator=cpu (or auto)"
+        )
+        raise ConfigurationError(
+            f"{_given(args, 'accelerator', trainer.get('accelerator', 'gpu'), f'with {also}' if also else '')} asks"
+            f" for a GPU, but PyTorch sees no CUDA GPU on this machine (torch {torch.__version__}, CUDA build:"
+            f" {torch.version.cuda is not None}). Fix: {fix}, or run on a GPU machine with a CUDA build of PyTorch."
+        )
+    raw = trainer.get("devices", "auto")
+    gpu_only = raw in (-1, "-1") or isinstance(raw, (list, tuple)) or (isinstance(raw, str) and "," in raw)
+    if accelerator == "cpu" and gpu_only:
+        # Lightning accepts only a count of processes on the CPU and fails with a bare TypeError otherwise
+        what = "all GPUs" if raw in (-1, "-1") else "a list of GPU indices"
+        on_cpu = f"--trainer.accelerator={trainer.get('accelerator', 'auto')}"
+        on_cpu += ", and this machine has no GPU" if "auto" in on_cpu else ""
+        preset, _ = option_origin(args, "devices")
+        count = 2 if strategy is not None and strategy.startswith(MULTIPROCESS_PREFIXES) else 1
+        fix = f"--trainer.devices={count}" + (f" after --config {preset}" if preset is not None else "")
+        why = "two CPU processes, as configs/trainer/ddp_cpu.yaml" if count == 2 else "one CPU process"
+        why += "; dp on the CPU runs as one device" if strategy == "dp" else ""
+        raise ConfigurationError(
+            f"{_given(args, 'devices', raw)} means {what}, but the run is on the CPU ({on_cpu}), where"
+            f" --trainer.devices is a number of processes. Fix: pass {fix} ({why})"
+            + (f", or leave out --config {preset}." if preset is not None else ".")
+        )
+    if devices is not None:
+        have = available_devices(accelerator)
+        if devices < 1:
+            raise ConfigurationError(
+                f"--trainer.devices must be at least 1 (or -1 / auto for all), got {devices}."
+                " Fix: e.g. --trainer.devices=1, or --trainer.devices=auto for every device of the machine."
+            )
+        if accelerator in ("cuda", "cpu") and devices > have:
+            kind = "GPUs" if accelerator == "cuda" else "CPU cores"
+            raise ConfigurationError(
+                f"{_given(args, 'devices', trainer.get('devices', devices))} asks for more {kind} than this machine"
+                f" has ({have}). Fix: set --trainer.devices to at most {have}"
+                + (", or --trainer.accelerator=cpu to simulate processes on the CPU." if accelerator == "cuda" else ".")
+            )
+    if strategy == "dp" and num_nodes > 1:
+        raise ConfigurationError(
+            f"--trainer.strategy=dp runs in one process on one machine and cannot span --trainer.num_nodes={num_nodes}."
+            " Fix: use --trainer.strategy=ddp across nodes."
+        )
+
+
+#: set where something other than SLURM or torchrun starts the processes of every node (Lightning's own
+#: environment reads NODE_RANK and MASTER_ADDR; LSF, MPI and Kubeflow jobs set these)
+NODE_LAUNCH_ENV = ("NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def check_nodes(num_nodes: int, args: Sequence[Any] | None = None) -> None:
+    """Several nodes need a launch on each; a plain launch on one machine would wait for the others forever."""
+    if num_nodes <= 1 or in_slurm_step() or launched_by_torchrun():
+        return
+    if any(name in os.environ for name in NODE_LAUNCH_ENV):
+        return
+    raise ConfigurationError(
+        f"{_given(args, 'num_nodes', num_nodes)} needs the command started on every node (srun in a SLURM job,"
+        " torchrun, or NODE_RANK and MASTER_ADDR set on each node), but this is a plain launch on one machine: its"
+        " processes would wait forever for the other nodes'. Fix: submit slurm/multi_node.sbatch (it sets the"
+        " numbers from the allocation; see slurm/README.md), or pass --trainer.num_nodes=1 to train on this machine."
+    )
+
+
+def check_slurm(strategy: str | None, devices: int | None, num_nodes: int, processes: int) -> None:
+    if launched_by_torchrun():
+        return  # e.g. `srun --ntasks-per-node=1 torchrun --nproc_per_node=4 ...`: SLURM's task count is not the ranks
+    tasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    if in_slurm_batch_script() and processes > 1 and tasks > 1:
+        raise ConfigurationError(
+            "this runs in a SLURM batch script with several tasks but was not started by srun, so the other ranks"
+            " never start and training would hang. Fix: launch it as `srun python -m src.cli ...` (see slurm/)."
+        )
+    if started_by_srun() and interactive_job() and tasks > 1:
+        raise ConfigurationError(
+            f"srun started {tasks} tasks in a job named '{os.environ['SLURM_JOB_NAME']}' (salloc's default), and"
+            " Lightning ignores SLURM's ranks in such a job: each task would start a run of its own. Fix: name the"
+            " job (`salloc -J train ...` or `srun -J train python -m src.cli ...`), or run `python -m src.cli` in the"
+            " salloc shell without srun (one node)."
+        )
+    if not in_slurm_step():
+        return
+    if strategy is not None and strategy.startswith("ddp_spawn"):
+        raise ConfigurationError(
+            f"--trainer.strategy={strategy} inside an srun step: srun already started one process per task, and"
+            " each would spawn its own workers with ranks SLURM did not assign. Fix: use --trainer.strategy=ddp"
+            " (one process per task, ranks from SLURM)."
+        )
+    # inside a step SLURM_NNODES is the step's node count; SLURM_JOB_NUM_NODES is the allocation's
+    nodes = int(os.environ.get("SLURM_NNODES", os.environ.get("SLURM_JOB_NUM_NODES", "1")))
+    if devices is not None and (processes != tasks or num_nodes != nodes):
+        per_node = tasks // nodes if tasks % nodes == 0 else None
+        if per_node is None:
+            fix = "an allocation with the same number of tasks on every node"
+        else:
+            fix = f"--trainer.devices={per_node} --trainer.num_nodes={nodes}"
+            if world_size(strategy, 2, 1) == 1:  # a one-process strategy cannot use several tasks
+                fix += " --trainer.strategy=ddp"
+        raise ConfigurationError(
+            f"SLURM started {tasks} task(s) on {nodes} node(s), but --trainer.strategy={strategy or 'auto'}"
+            f" --trainer.devices={devices} --trainer.num_nodes={num_nodes} makes {processes} process(es) on"
+            f" {num_nodes} node(s), so the process group would never complete. Fix: pass {fix}, or change the job's"
+            " --nodes / --ntasks-per-node (and --gres) to match."
+        )
+    if tasks > 1 and "SLURM_NTASKS_PER_NODE" not in os.environ:
+        # Lightning reads the per-node count from this variable and stops with a traceback without it
+        raise ConfigurationError(
+            f"the SLURM job asked for --ntasks={tasks} without --ntasks-per-node, which Lightning needs to place"
+            f" the ranks. Fix: submit with --nodes={nodes} --ntasks-per-node={max(tasks // nodes, 1)} instead of"
+            " --ntasks."
+        )
+
+
+def check_run_dir(run_dir: Any) -> None:
+    """The run directory must be a folder, or a path where one can be made."""
+    if not isinstance(run_dir, (str, os.PathLike)) or str(run_dir) in ("", "."):
+        return
+    path = Path(run_dir)
+    blocking = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise ConfigurationError(
+            f"--trainer.default_root_dir={run_dir}: {blocking} is a file, not a folder, so the run has nowhere to"
+            " write its checkpoints and logs. Fix: pass the path of a folder (new or existing), e.g."
+            f" --trainer.default_root_dir={path.with_name(path.name + '_run')}; the file is left as it is."
+        )
+    if blocking is not None and not os.access(blocking, os.W_OK | os.X_OK):
+        raise ConfigurationError(
+            f"--trainer.default_root_dir={run_dir}: {blocking} is not writable by this user, so the run cannot"
+            " save checkpoints or logs. Fix: pass a folder you can write to."
+        )
+
+
+def check_launch(trainer: Mapping[str, Any], batch_size: Any = None, args: Sequence[Any] | None = None) -> None:
+    """Check the ``trainer`` section of the config before anything starts; ``args`` (the command's arguments)
+    let a message name the ``--config`` file that set a value."""
+    strategy = trainer.get("strategy", "auto")
+    strategy = strategy.lower() if isinstance(strategy, str) else None  # None: a class from YAML's class_path
+    check_strategy(strategy)
+    accelerator = resolve_accelerator(trainer.get("accelerator", "auto"))
+    num_nodes = int(trainer.get("num_nodes") or 1)
+    devices = requested_devices(trainer.get("devices", "auto"), accelerator)
+    check_devices(accelerator, devices, strategy, num_nodes, trainer, args)
+    processes = world_size(strategy, devices or 1, num_nodes)
+    check_slurm(strategy, devices, num_nodes, processes)
+    check_nodes(num_nodes, args)
+    if isinstance(batch_size, int):
+        try:
+            per_process_batch_size(batch_size, processes, int(trainer.get("accumulate_grad_batches") or 1))
+        except ValueError as error:
+            raise ConfigurationError(str(error)) from None
+    check_run_dir(trainer.get("default_root_dir"))
+
+
+def check_compile(strategy: Any) -> None:
+    """``--compile=true`` only under the strategies it supports (single device, ddp, ddp_spawn): refused here, in one
+    paragraph, rather than by every process after the launch. ``strategy`` is ``--trainer.strategy``: a name or a
+    ``class_path`` mapping."""
+    if isinstance(strategy, str):
+        if strategy.lower() not in StrategyRegistry:
+            return  # auto: one device or ddp, as Lightning picks it (an unknown name is refused by check_strategy)
+        kind, given = StrategyRegistry[strategy.lower()]["strategy"], f"--trainer.strategy={strategy}"
+    elif isinstance(strategy, (Mapping, Namespace)) and "class_path" in strategy:
+        kind, given = import_class(strategy["class_path"]), f"--trainer.strategy.class_path={strategy['class_path']}"
+    else:
+        return
+    refusal = compile_refusal(kind, given) if isinstance(kind, type) else None
+    if refusal is not None:
+        raise ConfigurationError(refusal)
+
+
+# -- checks of the built objects, before any process starts ---------------------------------------------------
+
+
+def check_optimizer(model: Any) -> None:
+    """Build the model's optimizer and scheduler (``TemplateModule``'s factories) on a stand-in parameter, so a
+    bad option fails now, not as a traceback from every rank in ``configure_optimizers``."""
+    optimizer_factory = getattr(model, "optimizer_factory", None)
+    if not callable(optimizer_factory):
+        return
+    stand_in = torch.nn.Parameter(torch.zeros(1))
+    try:
+        optimizer = optimizer_factory([stand_in])
+    except Exception as error:
+        raise ConfigurationError(
+            f"--model.init_args.optimizer cannot build the optimizer: {describe(error)}. Fix: correct its"
+            " init_args (e.g. --model.init_args.optimizer.init_args.lr=3e-4); `python -m src.cli fit --model.help"
+            f" CLASS` lists the options; set {DEBUG_ENV}=true to see the traceback."
+        ) from error
+    scheduler_factory = getattr(model, "lr_scheduler_factory", None)
+    if not callable(scheduler_factory):
+        return
+    try:
+        scheduler_factory(optimizer)
+    except Exception as error:
+        raise ConfigurationError(
+            f"--model.init_args.lr_scheduler cannot build the LR scheduler: {describe(error)}. Fix: correct its"
+            " init_args (e.g. --model.init_args.lr_scheduler.init_args.T_max=1000) or leave it unset for a"
+            f" constant learning rate; set {DEBUG_ENV}=true to see the traceback."
+        ) from error
+
+
+def import_class(class_path: str) -> type | None:
+    """The class a config's ``class_path`` names, or None where it cannot be imported (jsonargparse says why)."""
+    module_name, _, name = str(class_path).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_class_path: Any) -> None:
+    """The checkpoint must hold the configured model class: LightningCLI rebuilds the model from the checkpoint's
+    hyperparameters, so another model would silently replace ``--model``."""
+    hparams = checkpoint.get("hyper_parameters") or {}
+    trained = trained_class_path(hparams) if isinstance(hparams, Mapping) else None
+    if trained is None or not isinstance(model_class_path, str) or trained == model_class_path:
+        return
+    if import_class(trained) is not None and import_class(trained) is import_class(model_class_path):
+        return  # one class by two paths (``pkg.Model`` re-exported from ``pkg.module.Model``)
+    raise ConfigurationError(
+        f"--ckpt_path={path} holds a {trained}, but the config builds a {model_class_path} (--model)."
+        f" Fix: pass the config the checkpoint was trained with (its run directory keeps it in"
+        f" logs/version_*/config.yaml: --config that file), or --model={trained}, or a checkpoint of"
+        f" {model_class_path}."
+    )
+
+
+def check_model_flags(args: Any, init_args: Any, checkpoint: Mapping[str, Any], path: Path) -> None:
+    """Refuse a ``--model.*`` flag that differs from the checkpoint's hyperparameters, which LightningCLI
+    rebuilds the model from: the flag would be dropped without a word."""
+    if not isinstance(args, (list, tuple)) or not isinstance(init_args, Namespace):
+        return
+    hparams = checkpoint.get("hyper_parameters") or {}
+    for flag in [str(a).split("=", 1)[0] for a in args if str(a).startswith("--model.")]:
+        name = flag.removeprefix("--model.").removeprefix("init_args.").split(".")[0]
+        if name not in hparams or name not in init_args:
+            continue
+        given, saved = _plain(init_args[name]), _plain(hparams[name])
+        if given != saved:
+            raise ConfigurationError(
+                f"{flag}={given} differs from the checkpoint it resumes, {path}, which was trained with"
+                f" {name}={saved}; the model is rebuilt from the checkpoint's hyperparameters, so the flag would be"
+                f" ignored. Fix: drop {flag} to continue the checkpoint's model, or train a new model at {given}"
+                " without --ckpt_path in another --trainer.default_root_dir. Nothing was changed."
+            )
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def check_checkpoint_fits(model: Any, checkpoint: Mapping[str, Any], path: Path) -> None:
+    """The checkpoint's weights must have the model's names and shapes (else ``load_state_dict`` fails with one
+    line per tensor)."""
+    saved = checkpoint.get("state_dict")
+    if not getattr(model, "strict_loading", True) or not isinstance(saved, Mapping):
+        return  # the model itself allows a partial match, or there are no weights to compare
+    expected = model.state_dict()
+    missing = [name for name in expected if name not in saved]
+    unexpected = [name for name in saved if name not in expected]
+    reshaped = [
+        f"{name} is {tuple(saved[name].shape)} there, {tuple(expected[name].shape)} here"
+        for name in expected
+        if name in saved and hasattr(saved[name], "shape") and tuple(saved[name].shape) != tuple(expected[name].shape)
+    ]
+    if not (missing or unexpected or reshaped):
+        return
+    examples = [f"{len(missing)} tensors missing (e.g. {missing[0]})"] if missing else []
+    examples += [f"{len(unexpected)} unexpected (e.g. {unexpected[0]})"] if unexpected else []
+    examples += [f"{len(reshaped)} of another shape (e.g. {reshaped[0]})"] if reshaped else []
+    hparams = checkpoint.get("hyper_parameters") or {}
+    trained = trained_class_path(hparams) if isinstance(hparams, Mapping) else None
+    raise ConfigurationError(
+        f"--ckpt_path={path} holds the weights of another model than the one configured"
+        f" ({type(model).__name__}{f', the checkpoint is a {trained}' if trained else ''}): "
+        + "; ".join(examples)
+        + ". Fix: pass the --model options it was trained with (its run directory keeps them in"
+        " logs/version_*/config.yaml, usable as --config), or a checkpoint of this model."
+    )
+
+
+def config_files(args: Sequence[Any]) -> list[str]:
+    """The values of ``--config`` among the arguments, in order (files, or YAML strings given in their place)."""
+    args = [str(a) for a in args]
+    return [
+        args[i + 1] if a == "--config" else a.split("=", 1)[1]
+        for i, a in enumerate(args)
+        if (a == "--config" and i + 1 < len(args)) or a.startswith("--config=")
+    ]
+
+
+def load_config_file(name: str) -> Any:
+    """A ``--config`` file's contents (raises ``yaml.YAMLError``), read once per process and change."""
+    path = Path(name)
+    return _load_yaml(str(path.resolve()), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_yaml(path: str, mtime_ns: int) -> Any:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def yaml_problem(args: Any) -> str | None:
+    """The first ``--config`` file among the arguments that is not valid YAML, as a one-paragraph error."""
+    if not isinstance(args, (list, tuple)):
+        return None
+    for name in config_files(args):
+        if not Path(name).is_file():
+            continue  # jsonargparse reports a missing file (or a YAML string given in place of a path)
+        try:
+            load_config_file(name)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            return (
+                f"--config {name} is not valid YAML{where}: {problem}. Fix: correct that line (a list is [a, b],"
+                " a mapping is 'key: value' with consistent indentation); nothing was run."
+            )
+    return None
+
+
+def check_sequence_length(model: Any, datamodule: Any) -> None:
+    """A data module's sequences must fit the model's context (``block_size`` on both, as the GPT workload has)."""
+    hparams = getattr(model, "hparams", {})
+    model_block, data_block = hparams.get("block_size"), getattr(datamodule, "block_size", None)
+    if isinstance(model_block, int) and isinstance(data_block, int) and data_block > model_block:
+        raise ConfigurationError(
+            f"--data.init_args.block_size={data_block} is longer than the model's --model.init_args.block_size="
+            f"{model_block}: its position table has no entry past {model_block} tokens. Fix: set both to the same"
+            f" value (e.g. --data.init_args.block_size={model_block}), or raise the model's."
+        )
+
+
+def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: bool) -> None:
+    """``--trainer.sync_batchnorm=true`` must do what it says: DDP refuses it on CPU processes (a traceback per
+    rank), and under ``dp`` (one process) Lightning silently ignores it."""
+    layers = batch_norm_layers(model) if sync_batchnorm else []
+    if not layers:
+        return
+    example = f"{len(layers)} BatchNorm layer(s), e.g. {layers[0] or type(model).__name__}"
+    strategy = trainer.strategy
+    if isinstance(strategy, (DDPStrategy, FSDPStrategy)) and strategy.root_device.type == "cpu":
+        raise ConfigurationError(
+            f"--trainer.sync_batchnorm=true cannot run on CPU processes: torch's SyncBatchNorm needs GPUs, and"
+            f" {type(model).__name__} has {example}. Fix: drop --trainer.sync_batchnorm to rehearse on the CPU (each"
+            " process then normalises its own part of the batch, which the run plan reports), train in one CPU"
+            " process (--trainer.devices=1), whose statistics cover the whole batch, or run on GPUs."
+        )
+    if getattr(strategy, "parallel_forward_active", False):  # the template's dp over several GPUs
+        raise ConfigurationError(
+            f"--trainer.sync_batchnorm=true has no effect under --trainer.strategy=dp: it synchronises processes and dp"
+            f" is one process, whose {example} normalise each GPU's chunk of the batch. Fix: use"
+            " --trainer.strategy=ddp with --trainer.sync_batchnorm=true for statistics over the whole batch, or drop"
+            " --trainer.sync_batchnorm."
+        )
+
+
+# -- the two checks of the command line ------------------------------------------------------------------------
+
+
+def configured_global_batch(config: Namespace) -> int | None:
+    """``--data.init_args.batch_size`` where the data module promises a global batch (``GlobalBatchDataModule``)."""
+    data = config.get("data")
+    if not isinstance(data, Namespace) or "class_path" not in data:
+        return None
+    data_class = import_class(data.class_path)
+    if data_class is None or not issubclass(data_class, GlobalBatchDataModule):
+        return None  # only our data modules promise a global batch size
+    return data.get("init_args", Namespace()).get("batch_size")
+
+
+def check_before_launch(
+    subcommand: str, config: Namespace, args: Sequence[Any] | None
+) -> tuple[Path, dict[str, Any]] | None:
+    """Every check of a subcommand's parsed options (``config``) before anything is built: the launch, the
+    pipeline's layout, ``--compile``, and the ``--ckpt_path`` checkpoint, read once here (before LightningCLI
+    rebuilds the model from its hyperparameters) and returned with its path; ``args``: the command's arguments."""
+    trainer = config.trainer.as_dict()
+    batch_size = configured_global_batch(config)
+    check_launch(trainer, batch_size=batch_size, args=args)
+    if config.get("compile"):  # before the strategy's own checks: what it refuses is the strategy itself
+        check_compile(trainer.get("strategy"))
+    if trainer.get("strategy") == PipelineStrategy.strategy_name:
+        model = import_class(str((config.get("model") or Namespace()).get("class_path")))
+        accumulate = int(trainer.get("accumulate_grad_batches") or 1)
+        options, processes = PipelineOptions(**config.pipeline.as_dict()), process_count(trainer)
+        check_pipeline(options, processes, model, batch_size, accumulate)
+    resumed = resolve_checkpoint(subcommand, config)
+    if resumed is not None:
+        model = config.get("model") or Namespace()
+        check_checkpoint_model(resumed[1], resumed[0], model.get("class_path"))
+        check_model_flags(args, model.get("init_args"), resumed[1], resumed[0])
+    return resumed
+
+
+def check_built(
+    subcommand: str, config: Namespace, model: Any, datamodule: Any, trainer: Any, resumed: tuple[Path, Any] | None
+) -> None:
+    """Every check of the built objects before the subcommand runs: the optimizer, the sequence length, sync
+    batchnorm (Lightning converts BatchNorm for fitting only) and the resumed checkpoint's weights."""
+    check_optimizer(model)
+    check_sequence_length(model, datamodule)
+    if isinstance(trainer.strategy, PipelineStrategy):  # the split, on the model every process builds
+        check_stages(model, trainer.strategy.stage_count)
+    if subcommand == "fit":
+        check_sync_batchnorm(model, trainer, bool(config.trainer.get("sync_batchnorm")))
+    if resumed is not None:
+        check_checkpoint_fits(model, resumed[1], resumed[0])

@@ -1,6 +1,0 @@
-"""Batch size and learning rate found from the command line: ``python -m src.cli tune``."""
-
-from src.tuning.scaling import global_batch_size, scaled_lr
-from src.tuning.trainer import Trainer, TuneResult
-
-__all__ = ["Trainer", "TuneResult", "global_batch_size", "scaled_lr"]
