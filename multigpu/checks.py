@@ -27,6 +27,7 @@ from multigpu.compat import trained_class_path
 from multigpu.data.base import GlobalBatchDataModule
 from multigpu.data.sampling import per_process_batch_size
 from multigpu.errors import DEBUG_ENV, ConfigurationError, describe
+from multigpu.hooks import check_datamodule
 from multigpu.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline, check_stages
 
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -518,18 +519,6 @@ def yaml_problem(args: Any) -> str | None:
     return None
 
 
-def check_sequence_length(model: Any, datamodule: Any) -> None:
-    """A data module's sequences must fit the model's context (``block_size`` on both, as the GPT workload has)."""
-    hparams = getattr(model, "hparams", {})
-    model_block, data_block = hparams.get("block_size"), getattr(datamodule, "block_size", None)
-    if isinstance(model_block, int) and isinstance(data_block, int) and data_block > model_block:
-        raise ConfigurationError(
-            f"--data.init_args.block_size={data_block} is longer than the model's --model.init_args.block_size="
-            f"{model_block}: its position table has no entry past {model_block} tokens. Fix: set both to the same"
-            f" value (e.g. --data.init_args.block_size={model_block}), or raise the model's."
-        )
-
-
 def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: bool) -> None:
     """``--trainer.sync_batchnorm=true`` must do what it says: DDP refuses it on CPU processes (a traceback per
     rank), and under ``dp`` (one process) Lightning silently ignores it."""
@@ -598,7 +587,7 @@ def check_built(
     """Every check of the built objects before the subcommand runs: the optimizer, the sequence length, sync
     batchnorm (Lightning converts BatchNorm for fitting only) and the resumed checkpoint's weights."""
     check_optimizer(model)
-    check_sequence_length(model, datamodule)
+    check_datamodule(model, datamodule)  # the model's own check of its data (multigpu.hooks)
     if isinstance(trainer.strategy, PipelineStrategy):  # the split, on the model every process builds
         check_stages(model, trainer.strategy.stage_count)
     if subcommand == "fit":

@@ -1,7 +1,8 @@
 """``multigpu/compat.py``, proven on real objects: a fast test for each function and for each protected hook a subclass
-overrides (``OVERRIDDEN_HOOKS``), run on a real Trainer and its loops, a real strategy, a real ``ModelCheckpoint`` or
-a real parser. Each fails when a library release changes the behaviour the template relies on, whatever the
-library's source looks like. The last section scans ``src/``: a private name used outside ``multigpu/compat.py`` fails.
+overrides (``OVERRIDDEN_HOOKS``), run on a real Trainer and its loops, a real strategy, a real ``ModelCheckpoint`` or a
+real parser. Each fails when a library release changes the behaviour the template relies on, whatever the library's
+source looks like. The last section scans ``multigpu/`` and ``src/``: a private name used outside ``multigpu/compat.py``
+fails.
 """
 
 from __future__ import annotations
@@ -747,7 +748,7 @@ def test_time_stage_work_brackets_each_forward_and_backward_a_schedule_runs_on_t
     assert events == ["start", "forward", "end"] * 2 + ["start", "backward", "end"] * 2
 
 
-# -- the seam: nothing else in src/ reaches into a library's internals --------------------------------------
+# -- the seam: nothing else in multigpu/ or src/ reaches into a library's internals ------------------------------
 
 #: names of the Python standard library's documented API that start with an underscore (namedtuple's)
 PUBLIC_UNDERSCORE_NAMES = {"_make", "_fields", "_asdict", "_replace"}
@@ -821,7 +822,7 @@ def reach(node: ast.AST, own: set[str], docstrings: set[int]) -> str | None:
     hooks = {hook.split(".")[1] for hook in compat.OVERRIDDEN_HOOKS}
     if isinstance(node, ast.ImportFrom):
         module = node.module or ""
-        if module == "src" or module.startswith("src.") or module == "__future__":
+        if module in ("src", "multigpu", "__future__") or module.startswith(("src.", "multigpu.")):
             return None
         if any(private(part) for part in module.split(".")) or any(private(alias.name) for alias in node.names):
             return "an import of a private name or module"
@@ -886,7 +887,9 @@ def reaches(source: str, own: set[str]) -> list[tuple[int, str]]:
 
 
 def scanned_files() -> list[Path]:
-    return [path for path in sorted((REPO / "src").rglob("*.py")) if path != REPO / "src" / "compat.py"]
+    """The engine's modules but the seam itself, and this repository's project (the examples)."""
+    files = [*sorted((REPO / "multigpu").rglob("*.py")), *sorted((REPO / "src").rglob("*.py"))]
+    return [path for path in files if path != REPO / "multigpu" / "compat.py"]
 
 
 def test_nothing_outside_compat_uses_a_private_name_of_a_library():
@@ -901,9 +904,9 @@ def test_nothing_outside_compat_uses_a_private_name_of_a_library():
     assert not found, "private names outside multigpu/compat.py (give each a function there):\n" + "\n".join(found)
 
 
-def test_the_protected_hooks_overridden_in_src_are_the_ones_compat_lists():
-    """A method of a class in ``src/`` that overrides a protected method of a library base class is such a hook:
-    ``OVERRIDDEN_HOOKS`` lists each, and a test above runs it."""
+def test_the_protected_hooks_overridden_in_the_engine_are_the_ones_compat_lists():
+    """A method of a class in ``multigpu/`` or ``src/`` that overrides a protected method of a library base class is
+    such a hook: ``OVERRIDDEN_HOOKS`` lists each, and a test above runs it."""
     overridden = set()
     for path in scanned_files():
         module = importlib.import_module(".".join(path.relative_to(REPO).with_suffix("").parts))
@@ -912,7 +915,7 @@ def test_the_protected_hooks_overridden_in_src_are_the_ones_compat_lists():
             if not isinstance(cls, type):
                 continue
             methods = [item.name for item in node.body if isinstance(item, ast.FunctionDef) and private(item.name)]
-            libraries = [base for base in cls.__mro__[1:] if not base.__module__.startswith("src.")]
+            libraries = [base for base in cls.__mro__[1:] if not base.__module__.startswith(("src.", "multigpu."))]
             overridden |= {f"{base.__name__}.{name}" for name in methods for base in libraries if name in vars(base)}
     assert overridden == set(compat.OVERRIDDEN_HOOKS)
 

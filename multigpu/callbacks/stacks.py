@@ -54,8 +54,8 @@ FAILED = "failed in a collective"
 
 #: the template's own code, which a report looks past to the user's frame (its models and data, the user's
 #: rooms, count as the user's)
-TEMPLATE_SRC = Path(__file__).resolve().parents[1]
-USER_ROOMS = (TEMPLATE_SRC / "models", TEMPLATE_SRC / "data")
+#: the engine's own code (installed or, here, editable): machinery, never the user's
+ENGINE_DIR = Path(__file__).resolve().parents[1]
 STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
 
 
@@ -138,12 +138,11 @@ def frames_of_traceback_text(text: str) -> list[Frame]:
 
 
 def is_library(file: str) -> bool:
-    """Code of the libraries, the standard library, the interpreter or the template's machinery (``src/`` but
-    its models and data): not where a user looks first."""
+    """Code of the libraries, the standard library, the interpreter or the engine (``multigpu/``): not where a user
+    looks first."""
     if file.startswith("<") or "site-packages" in file or "dist-packages" in file or file.startswith(STDLIB):
         return True
-    path = Path(file)
-    return path.is_relative_to(TEMPLATE_SRC) and not any(path.is_relative_to(room) for room in USER_ROOMS)
+    return Path(file).is_relative_to(ENGINE_DIR)
 
 
 def user_frame(frames: list[Frame]) -> Frame | None:

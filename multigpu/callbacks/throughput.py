@@ -22,6 +22,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from multigpu.callbacks.steps import EveryNSteps
 from multigpu.compat import available_flops, logging_step, run_callback_before
+from multigpu.hooks import module_flops
 from multigpu.strategies.model_parallel import memory_per_rank
 from multigpu.topology import data_parallel_world
 
@@ -74,17 +75,6 @@ def first_tensor(batch: Any) -> torch.Tensor | None:
             found = first_tensor(item)
             if found is not None:
                 return found
-    return None
-
-
-def module_flops(module: L.LightningModule) -> tuple[str, float] | None:
-    """(``flops_per_batch`` or ``flops_per_sample``, its value) from the module, or None if it exposes neither."""
-    for name in ("flops_per_batch", "flops_per_sample"):
-        value = getattr(module, name, None)
-        if callable(value):
-            value = value()
-        if value:
-            return name, float(value)
     return None
 
 

@@ -25,9 +25,9 @@ from torch.nn.parallel import gather, parallel_apply, replicate
 from torchmetrics import Metric, MetricCollection
 
 from multigpu.compat import drop_own_method, only_children, own_method, scatter_to_devices, set_own_method
+from multigpu.hooks import DP_MODULES
 
 #: the LightningModule attribute naming the child modules ``forward`` uses (the ones dp replicates)
-DP_MODULES = "dp_modules"
 
 
 def _tensors(obj: Any) -> Iterator[Tensor]:

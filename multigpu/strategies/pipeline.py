@@ -55,6 +55,7 @@ from torch.distributed.tensor import DTensor
 
 from multigpu.compat import drop_own_method, set_device_mesh, set_mesh_sizes, set_own_method
 from multigpu.errors import ConfigurationError
+from multigpu.hooks import missing_pipeline_hooks, stage_layer_count
 from multigpu.strategies.model_parallel import LIGHTNING_TIMEOUT, _ModelParallelMixin, clip_grad_norm
 
 if TYPE_CHECKING:
@@ -66,7 +67,6 @@ SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b
 #: the schedules that run several stages per process (the others run one)
 MULTI_STAGE = ("interleaved_1f1b",)
 #: what a model defines to be pipelined (the module docstring)
-PIPELINE_HOOKS = ("pipeline_stage", "pipeline_loss", "model_step")
 #: the checkpoint's record of the split: a resume with another split is refused
 CHECKPOINT_KEY = "pipeline"
 
@@ -84,10 +84,6 @@ def fits_rounds(micro_batches: int, ranks: int) -> bool:
     """Whether ``ScheduleInterleaved1F1B`` takes ``micro_batches``: it runs them in ``max(1, m // ranks)`` rounds of
     equal size."""
     return micro_batches >= 1 and micro_batches % max(1, micro_batches // ranks) == 0
-
-
-def missing_hooks(model: Any) -> list[str]:
-    return [name for name in PIPELINE_HOOKS if not callable(getattr(model, name, None))]
 
 
 def pipeline_refusal(model_name: str, missing: list[str]) -> ConfigurationError:
@@ -132,7 +128,7 @@ def check_pipeline(
     schedules refuse, a batch that does not split into equal micro-batches (the stages exchange activations of one
     fixed shape). A split the model refuses (more stages than layers) is found by ``check_stages`` on the built
     model, also before launch."""
-    missing = missing_hooks(model_class) if model_class is not None else []
+    missing = missing_pipeline_hooks(model_class) if model_class is not None else []
     if missing:
         raise pipeline_refusal(model_class.__name__, missing)
     parallel = options.data_parallel_size * options.tensor_parallel_size
@@ -352,7 +348,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
 
     def setup_environment(self) -> None:
         module = self.lightning_module
-        missing = missing_hooks(module) if module is not None else []
+        missing = missing_pipeline_hooks(module) if module is not None else []
         if missing:  # before any process group: every rank would raise later
             raise pipeline_refusal(type(module).__name__, missing)
         world = self.num_nodes * self.num_processes
@@ -393,7 +389,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         set_own_method(self.precision_plugin, "clip_grad_by_norm", self._clip_grad_by_norm)
         #: this process's end of each tied weight (None between the ends), found once: the sharded parameters exist now
         self._tied_held = self._held_tied()
-        held = [(index, _layer_count(stage), sum(p.numel() for p in stage.parameters())) for index, stage in
+        held = [(index, stage_layer_count(stage), sum(p.numel() for p in stage.parameters())) for index, stage in
                 self.stage_modules.items()]  # fmt: skip
         gathered: list[Any] = [None] * self.ranks
         dist.all_gather_object(gathered, held, group=self.pipeline_group)
@@ -681,11 +677,6 @@ def tied_parameter_names(module: nn.Module) -> list[tuple[str, str]]:
         else:
             first_name[id(parameter)] = name
     return pairs
-
-
-def _layer_count(stage: nn.Module) -> int | None:
-    layers = getattr(stage, "layers", None)  # the GPT's stages say how many blocks they run
-    return len(layers()) if callable(layers) else None
 
 
 def _local(tensor: Tensor) -> Tensor:

@@ -203,6 +203,17 @@ class CausalLanguageModel(TemplateModule):
         if "pipeline" not in (mesh.mesh_dim_names or ()):  # under pipeline each stage shards its rest itself
             fully_shard(self.net, mesh=data_parallel)  # embeddings, final norm and (tied) output layer
 
+    def check_datamodule(self, datamodule: Any) -> None:
+        """The data's sequences must fit this model's context (multigpu.hooks: checked once both are built)."""
+        data_block = getattr(datamodule, "block_size", None)
+        if isinstance(data_block, int) and data_block > self.hparams.block_size:
+            model_block = self.hparams.block_size
+            raise ConfigurationError(
+                f"--data.init_args.block_size={data_block} is longer than the model's --model.init_args.block_size="
+                f"{model_block}: its position table has no entry past {model_block} tokens. Fix: set both to the"
+                f" same value (e.g. --data.init_args.block_size={model_block}), or raise the model's."
+            )
+
     def pipeline_stage(self, index: int, count: int) -> nn.Module:
         """Under ``pipeline``: the layers of stage ``index`` of ``count`` (``multigpu/strategies/pipeline.py``), this
         model's own modules. The embeddings go to the first stage, the final norm and the output layer to the last;

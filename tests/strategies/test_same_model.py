@@ -98,10 +98,10 @@ def test_accumulation_keeps_the_same_training(reference, tmp_path):
 
 
 def test_dp_is_registered_by_each_cli_run_not_by_importing_the_cli(tmp_path):
-    """A fresh interpreter: ``import multigpu.cli`` leaves Lightning's registry alone, and the CLI's entry point (what
+    """A fresh interpreter: ``import src.cli`` leaves Lightning's registry alone, and the CLI's entry point (what
     ``python -m src.cli`` runs) registers ``dp`` itself, so ``--trainer.strategy=dp`` trains."""
     code = (
-        "import sys; import multigpu.cli; from lightning.pytorch.strategies import StrategyRegistry;"
+        "import sys; import src.cli; from lightning.pytorch.strategies import StrategyRegistry;"
         " print('after import:', 'dp' in StrategyRegistry); src.cli.main(sys.argv[1:])"
     )
     args = [*TINY, "--trainer.strategy=dp", "--trainer.max_steps=1", "--trainer.limit_val_batches=0"]

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from src.data import GlobalBatchDataModule
+from multigpu import GlobalBatchDataModule
 
 
 def line_points(n: int, seed: int) -> TensorDataset:
