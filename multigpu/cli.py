@@ -1,15 +1,16 @@
 """The command line a project runs as ``python -m src.cli {fit,validate,test,predict,tune} [--config FILE ...]
-[--key=value ...]``: the project's ``src/cli.py`` calls ``main`` with its ``configs/default.yaml``.
+[--key=value ...]``: the project's ``src/cli.py`` subclasses ``TemplateCLI`` with its ``configs/default.yaml`` and
+calls ``run_cli``.
 
-Every option comes from LightningCLI (README "The command line"); the project's default config is read first. One
-road, top to bottom in ``TemplateCLI``:
+Every option comes from LightningCLI (README "The command line"); the project's default config is read first (it
+names classes only, so that a ``--model`` or ``--data`` of another class starts from that class's own defaults).
+One road, top to bottom in ``TemplateCLI``:
 
-1. parse: the parser of the subcommand named, alone, with the template's options (``multigpu/options.py``), parses the
-   arguments once; a model or data class they name starts from its own defaults, not from the section of
-   ``configs/default.yaml``'s class (read once, by the parser or, where a class changes, by the template);
-2. check: everything the options tell before anything is built (``multigpu/checks.py``; the checkpoint resolved and
-   read once, ``multigpu/checkpoints/resume.py``);
-3. build: the objects of the config (loggers placed in the run directory, ``multigpu/run_dir.py``), then the Trainer,
+1. parse: the parser of the subcommand named, alone, with the engine's options (``options.py``), parses the
+   arguments once, by jsonargparse's own mechanism;
+2. check: everything the options tell before anything is built (``checks.py``; the checkpoint resolved and read
+   once, ``checkpoints/resume.py``);
+3. build: the objects of the config (loggers placed in the run directory, ``run_dir.py``), then the Trainer,
    once and complete, with everything the template adds (``multigpu/launch.py``: the callbacks in the order of
    ``multigpu/callbacks/__init__.py``, the strategy's options, the plugins); the built objects checked;
 4. run: the subcommand, a method of the Trainer (``tune``'s: ``multigpu/tuning/``).
@@ -41,20 +42,16 @@ from torch.multiprocessing import ProcessExitedException
 
 from multigpu.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
 from multigpu.checks import check_before_launch, check_built
-from multigpu.compat import registered_with, skip_default_config_files, subcommand_parser
+from multigpu.compat import registered_with
 from multigpu.errors import TrainingStopped, report
 from multigpu.launch import strategy_as_class, trainer_arguments
 from multigpu.options import (
-    CLASSES,
     PROG,
     SUBCOMMANDS,
     TemplateArgumentParser,
     add_config_option,
     add_template_options,
     building_error,
-    chosen_classes,
-    rebased_defaults,
-    unresolved,
 )
 from multigpu.quiet import silence_known_noise
 from multigpu.run_dir import place_loggers, shared_random_seed
@@ -87,11 +84,6 @@ class TemplateCLI(LightningCLI):
         #: whether its parser alone is built: where the arguments start with it (an option of the main parser may
         #: come first, --help listing every subcommand or a --config with sections of several: every one is built)
         self.alone = bool(self.argv) and self.argv[0] == self.named
-        #: whether the arguments are read for the classes they name
-        self.rebasing = self.argv is not None and (self.named is not None or not run)
-        self.classes = chosen_classes(self.argv, self.named) if self.rebasing else {}
-        #: configs/default.yaml with the sections of the classes the arguments change replaced by those classes
-        self.rebased = rebased_defaults(self.classes, self.default_config) if self.rebasing else None
         #: the ``--ckpt_path`` file and its contents, read once before launch for the checks
         self.resumed: tuple[Path, dict[str, Any]] | None = None
         silence_known_noise()  # multigpu/quiet.py: the lines every run printed that say nothing about the run
@@ -103,8 +95,7 @@ class TemplateCLI(LightningCLI):
         if not self.own_trainer_class:
             builds_tune = run and (self.named == "tune" or not self.alone)
             kwargs["trainer_class"] = tuning_trainer() if builds_tune else L.Trainer
-        # where the arguments change a class, the template gives the parser configs/default.yaml, rebased
-        files = [str(self.default_config)] if self.default_config is not None and not self.rebased else []
+        files = [str(self.default_config)] if self.default_config is not None else []
         defaults = {"default_config_files": files, "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         super().__init__(
@@ -142,11 +133,11 @@ class TemplateCLI(LightningCLI):
     # -- parse, then check before anything is built -----------------------------------------------------------
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse once (``_parse_once``), then check what the options tell before anything is built."""
+        """Parse once (jsonargparse), then check what the options tell before anything is built."""
         with warnings.catch_warnings():
-            # the arguments are sys.argv's, passed on explicitly where --print_config waits for the last parse
+            # the arguments are sys.argv's, passed on explicitly by main()
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-            self._parse_once(parser, args)
+            super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand != "tune" and not self.own_trainer_class:
             self.trainer_class = L.Trainer  # every subcommand's parser was built: fit, ... run on Lightning's own
@@ -156,34 +147,6 @@ class TemplateCLI(LightningCLI):
         self.resumed = check_before_launch(subcommand, self.config[subcommand], self.argv)
         if self.config[subcommand].get("seed_everything") is True:
             self.config[subcommand]["seed_everything"] = shared_random_seed()
-
-    def _parse_once(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse once, from ``self.rebased`` where the arguments name a class plainly. A class they do not name
-        plainly (an environment variable, a short class name) is seen only in the parsed config: where it changes
-        the default config's class, that one case parses again, from the default config rebased."""
-        if self.rebased is not None:
-            self._start_from(self.rebased)
-        late = self.rebasing and unresolved(self.classes)
-        # --print_config prints while parsing: where a class may still show only in the parsed config, it waits
-        printing = [a for a in self.argv if str(a).startswith("--print_config")] if late else []
-        super().parse_arguments(parser, [a for a in self.argv if a not in printing] if printing else args)
-        if not late:
-            return
-        named = {key: (self._chosen().get(key) or Namespace()).get("class_path") for key in CLASSES}
-        rebased = rebased_defaults(named, self.default_config)
-        if rebased != self.rebased or printing:
-            if rebased is not None:
-                skip_default_config_files(self, self.named)  # replaced by the same file, rebased
-                self._start_from(rebased)
-            super().parse_arguments(parser, args)
-
-    def _start_from(self, defaults: dict[str, Any]) -> None:
-        """The subcommand's parser takes ``defaults`` (configs/default.yaml, rebased) as its defaults; what it
-        refuses is an error in that file, said in one paragraph as jsonargparse says it of a default config file."""
-        try:
-            subcommand_parser(self, self.named).set_defaults(defaults)
-        except Exception as error:
-            self.parser.error(f"{self.default_config}: {error.args[0] if error.args else error}")
 
     # -- build: the objects of the config, then the Trainer, once -----------------------------------------------
 

@@ -1,24 +1,18 @@
-"""The command line's options on top of LightningCLI's: the template's own (``--checkpoint.*``, ``--preemption.*``,
-``--callbacks_off``, ``--progress_bar``, ``--compile``, ``--collective_timeout``, ...), ``--config``'s help, a parser
-whose errors are one paragraph, and what is read from the arguments before the parser is built: the subcommand
-(whose parser alone is built) and the model and data classes (which start from their own defaults, not from
-``configs/default.yaml``'s section of another class)."""
+"""The command line's options on top of LightningCLI's: the engine's own (``--checkpoint.*``, ``--preemption.*``,
+``--callbacks_off``, ``--progress_bar``, ``--compile``, ``--collective_timeout``, ...), ``--config``'s help, and a
+parser whose errors are one paragraph."""
 
 from __future__ import annotations
 
-import os
 import sys
-from contextvars import ContextVar
-from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-import yaml
 from jsonargparse import ActionConfigFile, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
 from multigpu.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from multigpu.checkpoints.resume import checkpoint_dir
-from multigpu.checks import import_class, load_config_file, yaml_problem
+from multigpu.checks import yaml_problem
 from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, debug_mode, describe, user_error_of
 from multigpu.launch import COLLECTIVE_TIMEOUT_S
 from multigpu.strategies.pipeline import PipelineOptions
@@ -28,10 +22,6 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
 #: the config sections whose class a command line may change
 CLASSES = ("model", "data")
 
-#: while the main parser parses, the defaults each parser with default config files computed: jsonargparse
-#: computes a subcommand's twice in one parse (for its own arguments, and again when the main parser merges the
-#: environment), each time reading configs/default.yaml
-_defaults_of_this_parse: ContextVar[dict[int, tuple[Any, Namespace]] | None] = ContextVar("defaults", default=None)
 
 
 class TemplateArgumentParser(LightningArgumentParser):
@@ -39,32 +29,15 @@ class TemplateArgumentParser(LightningArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` must not silently mean max_epochs
-        #: whether this parser reads default config files (a subcommand's: configs/default.yaml)
-        self.reads_defaults = bool(kwargs.get("default_config_files"))
         super().__init__(*args, **kwargs)
 
     def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
-        if _defaults_of_this_parse.get() is not None:  # a subcommand's, within the main parser's parse
-            return super().parse_args(args, *rest, **kwargs)
         # jsonargparse reports a YAML syntax error without the file's name; name it, with the line
         problem = yaml_problem(sys.argv[1:] if args is None else args)
         if problem is not None and self.exit_on_error and not debug_mode():
             sys.stderr.write(f"error: {problem}\n")
             self.exit(2)
-        token = _defaults_of_this_parse.set({})
-        try:
-            return super().parse_args(args, *rest, **kwargs)
-        finally:
-            _defaults_of_this_parse.reset(token)
-
-    def get_defaults(self, skip_validation: bool = False, **kwargs: Any) -> Namespace:
-        """jsonargparse's defaults, with the default config files read once per parse of the main parser."""
-        computed = _defaults_of_this_parse.get()
-        if computed is None or not self.reads_defaults:
-            return super().get_defaults(skip_validation, **kwargs)
-        if id(self) not in computed:  # the parser itself is kept with its defaults, so that its id stays its own
-            computed[id(self)] = (self, super().get_defaults(skip_validation, **kwargs))
-        return computed[id(self)][1].clone()
+        return super().parse_args(args, *rest, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or debug_mode():
@@ -138,71 +111,6 @@ def add_config_option(parser: LightningArgumentParser) -> None:
         " order and a later one wins: a --config file overrides the flags given before it, a flag overrides the"
         " files before it. Put --config files first and flags after them.",
     )
-
-
-def chosen_classes(argv: list[str], subcommand: str | None) -> dict[str, str | None]:
-    """The ``class_path`` of the model and data module that the arguments name (None where they name none), read
-    as jsonargparse reads them: ``--model=X``, ``--model X``, ``--model.class_path=X`` and the sections of
-    ``--config`` files or YAML strings, in order, the last one winning."""
-    chosen: dict[str, str | None] = dict.fromkeys(CLASSES)
-    options = argv[argv.index(subcommand) + 1 :] if subcommand is not None else argv
-    for index, argument in enumerate(options):
-        name, equals, value = str(argument).partition("=")
-        if not equals:
-            value = str(options[index + 1]) if index + 1 < len(options) else ""
-        if name == "--config":
-            try:
-                sections = load_config_file(value) if Path(value).is_file() else yaml.safe_load(value)
-            except yaml.YAMLError:
-                continue  # the parser says what is wrong with it
-            for key in CLASSES if isinstance(sections, dict) else ():
-                section = sections.get(key)
-                class_path = section.get("class_path") if isinstance(section, dict) else section
-                if isinstance(class_path, str):
-                    chosen[key] = class_path
-        for key in CLASSES:
-            if name in (f"--{key}", f"--{key}.class_path") and value and not value.startswith("-"):
-                chosen[key] = value
-    return chosen
-
-
-def unresolved(chosen: dict[str, str | None]) -> bool:
-    """Whether the classes of the run may show only in the parsed config: one given by a short name (which
-    jsonargparse resolves) or an environment variable (``PL_FIT__MODEL``, ...)."""
-    environment = any(key.startswith("PL_") and key.endswith(("__MODEL", "__DATA")) for key in os.environ)
-    return environment or any(name and import_class(name) is None for name in chosen.values())
-
-
-def changes_class(chosen: str, default: Any) -> bool:
-    """Whether the class path ``chosen`` names another class than ``default`` does. Paths are compared first, then
-    the class names, so that the default's class (an example the user replaced) is imported only where it may be
-    the chosen class under another path (``src.models.ImageClassifier`` for ``src.models.image_classifier.``...)."""
-    if chosen == default:
-        return False
-    named = import_class(chosen)
-    if named is None:
-        return False  # not importable as given: the parser resolves it (a short name) or says why not
-    if not isinstance(default, str) or named.__name__ != default.rpartition(".")[2]:
-        return True
-    return named is not import_class(default)
-
-
-def rebased_defaults(chosen: dict[str, Any], default_config: Path | None) -> dict[str, Any] | None:
-    """``default_config`` as the parser's defaults where ``chosen`` changes a class: each such section replaced by
-    its class alone (which then starts from its own defaults, not from the init_args jsonargparse would keep from
-    the default class where the names match), every other section kept; None where ``chosen`` changes none. The
-    file is read only where a class is named; the parser then reads no default config file itself."""
-    if default_config is None or not any(chosen.values()):
-        return None  # no default config, or its classes: configs/default.yaml is the parser's to read
-    defaults = load_config_file(str(default_config)) or {}
-    changed = {
-        key: {"class_path": class_path}
-        for key, class_path in chosen.items()
-        if class_path
-        and isinstance(defaults.get(key), dict)
-        and changes_class(str(class_path), defaults[key].get("class_path"))
-    }
-    return {**defaults, **changed} if changed else None
 
 
 def building_error(error: Exception, options: Namespace, objects_built: bool) -> ConfigurationError:

@@ -1,44 +1,59 @@
-"""The command line's options on top of LightningCLI's (multigpu/options.py): the model and data classes the arguments
-name, read before parsing, and the arguments rebased so that a changed class starts from its own defaults. The
-options themselves are tested through the command line (tests/test_cli.py, tests/test_errors.py)."""
+"""The command line's options on top of LightningCLI's (multigpu/options.py): a parser whose errors are one paragraph,
+and a default config that names classes only, so that a class the arguments change starts from its own defaults
+with no machinery of the engine's. The options themselves are tested through the command line (tests/test_cli.py,
+tests/test_errors.py)."""
 
 from __future__ import annotations
 
-import yaml
+import pytest
 
-from multigpu.options import changes_class, chosen_classes, rebased_defaults
-
-TINY_MODEL = "tests.fixtures.workload.TinyClassifier"
-DEFAULTS = {
-    "model": {"class_path": TINY_MODEL, "init_args": {"hidden": 64}},
-    "data": {"class_path": "tests.fixtures.workload.TinyData", "init_args": {"batch_size": 8}},
-    "trainer": {"max_steps": 5},
-}
+from multigpu import TemplateCLI
+from multigpu.options import TemplateArgumentParser
 
 
-def test_the_classes_are_read_as_the_parser_reads_them_the_last_one_winning(tmp_path):
-    config = tmp_path / "classes.yaml"
-    config.write_text("model:\n  class_path: pkg.FromFile\ndata: pkg.DataFromFile\n")
-    argv = ["--model=pkg.BeforeTheSubcommand", "fit", "--model", "pkg.Spaced", "--config", str(config),
-            "--data.class_path=pkg.Flag"]  # fmt: skip
-    assert chosen_classes(argv, "fit") == {"model": "pkg.FromFile", "data": "pkg.Flag"}
-    assert chosen_classes(["fit", "--config", "{model: pkg.Inline}"], "fit") == {"model": "pkg.Inline", "data": None}
-    assert chosen_classes(["--model=pkg.M"], None) == {"model": "pkg.M", "data": None}  # no subcommand
-    # an option where the class should be names none; a config that is no YAML is left to the parser to report
-    assert chosen_classes(["fit", "--model", "--trainer.max_steps=3"], "fit") == {"model": None, "data": None}
-    assert chosen_classes(["fit", "--config", "{model: [", "--data=pkg.D"], "fit") == {"model": None, "data": "pkg.D"}
+def project_cli(tmp_path, text: str) -> type[TemplateCLI]:
+    config = tmp_path / "default.yaml"
+    config.write_text(text)
+    return type("ProjectCLI", (TemplateCLI,), {"default_config": config})
 
 
-def test_a_changed_class_starts_from_its_own_defaults_and_the_rest_of_the_default_config_stays(tmp_path):
-    default_config = tmp_path / "default.yaml"
-    default_config.write_text(yaml.safe_dump(DEFAULTS))
-    regressor = "tests.zoo.regression.Regressor"
-    rebased = rebased_defaults({"model": regressor, "data": None}, default_config)
-    # the changed section is the new class alone (its own defaults), every other section is the file's
-    assert rebased == {"model": {"class_path": regressor}, "data": DEFAULTS["data"], "trainer": DEFAULTS["trainer"]}
-    assert changes_class(regressor, TINY_MODEL)
-    # the default's own class (by any of its import paths) changes nothing, nor does a name that is no class
-    for same in (TINY_MODEL, "tests.fixtures.TinyClassifier", "no.such.Model"):
-        assert not changes_class(same, TINY_MODEL), same
-        assert rebased_defaults({"model": same, "data": None}, default_config) is None, same
-    assert rebased_defaults({"model": None, "data": None}, default_config) is None  # nothing named: not read
+def test_a_model_the_arguments_name_starts_from_its_own_defaults(tmp_path):
+    cli_class = project_cli(
+        tmp_path,
+        "model: tests.fixtures.workload.TinyClassifier\ndata: tests.fixtures.workload.TinyData\n"
+        "trainer:\n  max_steps: 3\n  logger: false\n",
+    )
+    default = cli_class(args=[], run=False)
+    assert type(default.model).__name__ == "TinyClassifier" and default.trainer.max_steps == 3
+    other = cli_class(args=["--model=tests.zoo.regression.Regressor", "--data=tests.zoo.regression.RegressionData"],
+                      run=False)  # fmt: skip
+    assert type(other.model).__name__ == "Regressor" and other.trainer.max_steps == 3  # the rest of the file stays
+
+
+def test_a_parser_error_is_one_paragraph_with_the_fix(capsys):
+    parser = TemplateArgumentParser(prog="python -m src.cli")
+    parser.add_argument("--steps", type=int)
+    with pytest.raises(SystemExit) as stopped:
+        parser.parse_args(["--steps=many"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "\"steps\"" in err and "Fix: correct that option." in err
+    assert "Traceback" not in err and "usage:" not in err
+
+
+def test_an_abbreviated_option_is_refused_not_guessed(capsys):
+    parser = TemplateArgumentParser(prog="python -m src.cli")
+    parser.add_argument("--max_epochs", type=int)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max_epoch=3"])
+    assert "max_epoch" in capsys.readouterr().err
+
+
+def test_a_config_file_that_is_no_yaml_is_named_with_its_line(tmp_path, capsys):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("trainer:\n  max_steps: [3\n")
+    parser = TemplateArgumentParser(prog="python -m src.cli")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--config", str(broken)])
+    err = capsys.readouterr().err
+    assert f"--config {broken} is not valid YAML at line" in err
