@@ -111,9 +111,7 @@ def not_applicable(row: Row, workload: Workload) -> str | None:
             " (fsdp2 shards any model)"
         )
     if row.strategy == "pipeline" and not workload.pipeline_stages:
-        return (
-            f"n/a: {workload.model_name or workload.name} has no pipeline_stage hook (multigpu/strategies/pipeline.py)"
-        )
+        return f"n/a: {workload.model_name or workload.name} has no pipeline_stage hook (multigpu/strategies/pipeline/)"
     return None
 
 

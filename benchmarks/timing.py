@@ -38,7 +38,7 @@ class StepTimer(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock = StepClock(pl_module.device)
-        if hasattr(trainer.strategy, "pipeline_stages"):  # multigpu/strategies/pipeline.py
+        if hasattr(trainer.strategy, "pipeline_stages"):  # multigpu/strategies/pipeline/strategy.py
             self.stage_clock = StageClock(pl_module.device)
         self._last_step = trainer.global_step
 

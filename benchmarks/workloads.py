@@ -158,14 +158,14 @@ def with_model(workload: Workload, cli: Any) -> Workload:
     pipeline stages."""
     from lightning.pytorch.utilities.model_helpers import is_overridden  # as the tensor_parallel strategy checks
 
-    from multigpu.strategies.pipeline import missing_hooks
+    from multigpu.hooks import missing_pipeline_hooks
 
     model = cli.model
     return replace(
         workload,
         model_name=type(model).__name__,
         tensor_parallel_plan=is_overridden("configure_model", model),
-        pipeline_stages=not missing_hooks(model),
+        pipeline_stages=not missing_pipeline_hooks(model),
     )
 
 

@@ -36,7 +36,7 @@ def compile_refusal(strategy: Strategy | type[Strategy], given: str = "this stra
         # class's forward on every copy: a compiled forward would be replaced, and never run
         "DataParallelStrategy": "dp copies the module onto every GPU at each step and runs the class's eager forward"
         " on each copy in place of the module's forward, so a compiled forward would never run",
-        # multigpu/strategies/pipeline.py: the schedules call the stages pipeline_stage returns, never the forward
+        # multigpu/strategies/pipeline/: the schedules call the stages pipeline_stage returns, never the forward
         "PipelineStrategy": "pipeline trains by running the modules the model's pipeline_stage returns, stage by"
         " stage, and evaluates through them in place of the module's forward, so a compiled forward would never run",
     }.get(name, f"{name} shards or wraps the module itself, which the template's compile does not support")

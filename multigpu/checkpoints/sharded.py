@@ -145,7 +145,7 @@ def load_sharded_checkpoint(folder: str | Path) -> dict[str, Any]:
         checkpoint: dict[str, Any] = torch.load(flat, map_location="cpu", weights_only=False)
     checkpoint.update(torch.load(folder / METADATA_FILE, map_location="cpu", weights_only=False))
     optimizer_keys = sorted((k for k in checkpoint if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k[10:]))
-    order = (checkpoint.get("pipeline") or {}).get("parameter_order")  # multigpu/strategies/pipeline.py
+    order = (checkpoint.get("pipeline") or {}).get("parameter_order")  # multigpu/strategies/pipeline/strategy.py
     if optimizer_keys:
         checkpoint["optimizer_states"] = [
             _optimizer_state_from_flat(checkpoint.pop(k), order)

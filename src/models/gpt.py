@@ -215,7 +215,7 @@ class CausalLanguageModel(TemplateModule):
             )
 
     def pipeline_stage(self, index: int, count: int) -> nn.Module:
-        """Under ``pipeline``: the layers of stage ``index`` of ``count`` (``multigpu/strategies/pipeline.py``), this
+        """Under ``pipeline``: the layers of stage ``index`` of ``count`` (``multigpu/strategies/pipeline/``), this
         model's own modules. The embeddings go to the first stage, the final norm and the output layer to the last;
         the blocks are cut at ``pipeline_split`` or balanced by parameter count."""
         n_layer = self.hparams.n_layer

@@ -38,9 +38,7 @@ the norm over every stage (and counts a tied weight once).
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -50,213 +48,22 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import FSDPModule
 
 from multigpu.compat import drop_own_method, set_device_mesh, set_mesh_sizes, set_own_method
 from multigpu.errors import ConfigurationError
 from multigpu.hooks import missing_pipeline_hooks, stage_layer_count
 from multigpu.strategies.model_parallel import LIGHTNING_TIMEOUT, _ModelParallelMixin, clip_grad_norm
+from multigpu.strategies.pipeline.exchange import forward_through_stages, sum_tied_gradients
+from multigpu.strategies.pipeline.options import MULTI_STAGE, SCHEDULES, PipelineOptions, pipeline_refusal, split_plan
+from multigpu.strategies.pipeline.stages import remove_other_stages, shard_stages, tied_parameter_names
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
     from torch.distributed.pipelining import PipelineStage
 
-#: the schedules by name: their classes in ``torch.distributed.pipelining``, imported by a pipeline run alone
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
-#: the schedules that run several stages per process (the others run one)
-MULTI_STAGE = ("interleaved_1f1b",)
-#: what a model defines to be pipelined (the module docstring)
 #: the checkpoint's record of the split: a resume with another split is refused
 CHECKPOINT_KEY = "pipeline"
-
-
-def bubble_fraction(ranks: int, micro_batches: int, stages_per_rank: int = 1) -> float:
-    """The share of a step each process idles while the pipeline fills and drains: ``(p - 1) / (v m + p - 1)`` for
-    ``p`` ranks, ``m`` micro-batches and ``v`` stages per rank (``m >= p``). With one stage per rank (GPipe, 1F1B)
-    it is ``(p - 1) / (m + p - 1)``; ``v`` stages per rank (interleaved 1F1B) make each fill and drain
-    step ``v`` times shorter: Narayanan et al. 2021's bubble ``(p - 1) / (v m)`` of the ideal step time, here
-    as a share of the whole step."""
-    return (ranks - 1) / (stages_per_rank * micro_batches + ranks - 1)
-
-
-def fits_rounds(micro_batches: int, ranks: int) -> bool:
-    """Whether ``ScheduleInterleaved1F1B`` takes ``micro_batches``: it runs them in ``max(1, m // ranks)`` rounds of
-    equal size."""
-    return micro_batches >= 1 and micro_batches % max(1, micro_batches // ranks) == 0
-
-
-def pipeline_refusal(model_name: str, missing: list[str]) -> ConfigurationError:
-    return ConfigurationError(
-        f"--trainer.strategy=pipeline needs the model to say how its layers split into stages: {model_name} has no"
-        f" {', '.join(missing)}. Fix: add pipeline_stage(index, count) (return the module that runs stage `index`,"
-        " built from the model's own layers), pipeline_loss(output, target) and model_step(batch) (README \"Make it"
-        ' yours", pipeline; src/models/gpt.py has all three), or use --trainer.strategy=fsdp2, which shards any'
-        " model without code."
-    )
-
-
-@dataclass
-class PipelineOptions:
-    """``--pipeline.*``: the settings of ``--trainer.strategy=pipeline`` (given by name; a strategy given as a
-    class takes them as its ``init_args``).
-
-    Args:
-        micro_batches: Micro-batches per batch (more shrink the bubble; ``gpipe`` and ``1f1b`` need at least one
-            per pipeline rank).
-        schedule: ``1f1b`` (a stage holds the activations of at most ``ranks`` micro-batches), ``gpipe``, or, with
-            ``stages_per_rank`` >= 2, ``interleaved_1f1b``.
-        stages_per_rank: Stages each process of a pipeline runs (stage ``s`` on pipeline rank ``s % ranks``): 1
-            for ``gpipe`` and ``1f1b``, 2 or more for ``interleaved_1f1b``.
-        data_parallel_size: Ranks that see different samples; each stage is sharded with FSDP2 over them.
-        tensor_parallel_size: Ranks that split each layer of a stage (the model's ``configure_model`` plan).
-    """
-
-    micro_batches: int = 4
-    schedule: Literal["1f1b", "gpipe", "interleaved_1f1b"] = "1f1b"
-    stages_per_rank: int = 1
-    data_parallel_size: int = 1
-    tensor_parallel_size: int = 1
-
-
-def check_pipeline(
-    options: PipelineOptions, processes: int, model_class: Any, batch_size: Any, accumulate: int
-) -> None:
-    """Refuse before launch what would fail or hang in every process: a model without the hooks, sizes that do not
-    multiply to the process count, a schedule given the wrong number of stages per rank, fewer micro-batches than
-    ranks under ``gpipe`` / ``1f1b`` (torch's schedules wait forever or refuse) or a count torch's interleaved
-    schedules refuse, a batch that does not split into equal micro-batches (the stages exchange activations of one
-    fixed shape). A split the model refuses (more stages than layers) is found by ``check_stages`` on the built
-    model, also before launch."""
-    missing = missing_pipeline_hooks(model_class) if model_class is not None else []
-    if missing:
-        raise pipeline_refusal(model_class.__name__, missing)
-    parallel = options.data_parallel_size * options.tensor_parallel_size
-    if parallel < 1 or processes % parallel:
-        raise ConfigurationError(
-            f"--pipeline.data_parallel_size={options.data_parallel_size} x tensor_parallel_size="
-            f"{options.tensor_parallel_size} does not divide the {processes} processes into pipelines. Fix: choose"
-            " sizes whose product divides --trainer.devices x --trainer.num_nodes (the rest are the pipeline ranks)."
-        )
-    ranks, per_rank, micro_batches = processes // parallel, options.stages_per_rank, options.micro_batches
-    if micro_batches < 1:
-        raise ConfigurationError(
-            f"--pipeline.micro_batches={micro_batches}: a batch splits into at least one micro-batch. Fix:"
-            f" --pipeline.micro_batches={max(ranks, 1)} or more (more shrink the pipeline's idle share)."
-        )
-    multi = options.schedule in MULTI_STAGE
-    if multi and (per_rank < 2 or ranks < 2):
-        raise ConfigurationError(
-            f"--pipeline.schedule={options.schedule} interleaves several stages on each of several processes; this"
-            f" run has {ranks} pipeline rank(s) and --pipeline.stages_per_rank={per_rank}. Fix: at least 2 of each"
-            " (e.g. --pipeline.stages_per_rank=2 over 2 or more processes per pipeline), or"
-            " --pipeline.schedule=1f1b with one stage per rank."
-        )
-    if not multi and per_rank != 1:
-        raise ConfigurationError(
-            f"--pipeline.schedule={options.schedule} runs one stage per process, not --pipeline.stages_per_rank="
-            f"{per_rank}. Fix: --pipeline.schedule=interleaved_1f1b to run several stages per rank,"
-            " or --pipeline.stages_per_rank=1."
-        )
-    if not multi and micro_batches < ranks:
-        raise ConfigurationError(
-            f"--pipeline.micro_batches={micro_batches} is fewer than the {ranks} pipeline stages: the schedule would"
-            f" wait forever for a micro-batch. Fix: --pipeline.micro_batches={ranks} or more (the idle share of a"
-            f" step is (stages - 1) / (micro_batches + stages - 1))."
-        )
-    if options.schedule == "interleaved_1f1b" and not fits_rounds(micro_batches, ranks):
-        below = next(m for m in range(micro_batches, 0, -1) if fits_rounds(m, ranks))
-        above = next(m for m in itertools.count(max(micro_batches, 1)) if fits_rounds(m, ranks))
-        raise ConfigurationError(
-            f"--pipeline.micro_batches={micro_batches} is not a count {options.schedule} takes: torch runs the"
-            f" micro-batches in max(1, micro_batches // {ranks} pipeline ranks) rounds, which must divide them."
-            f" Fix: --pipeline.micro_batches={below} or {above} (any multiple of {ranks} works)."
-        )
-    samples = batch_size // (options.data_parallel_size * accumulate) if isinstance(batch_size, int) else None
-    if samples is not None and (samples < micro_batches or samples % micro_batches):
-        raise ConfigurationError(
-            f"--data.batch_size={batch_size} gives {samples} samples per data-parallel rank and batch (over"
-            f" data_parallel_size={options.data_parallel_size} and accumulate_grad_batches={accumulate}), which do"
-            f" not split into --pipeline.micro_batches={micro_batches} equal micro-batches. Fix: make"
-            f" --data.batch_size a multiple of {options.data_parallel_size * accumulate * micro_batches}."
-        )
-
-
-def check_stages(model: nn.Module, count: int) -> None:
-    """Build every stage once, on the model built before launch (cheap: a stage shares the model's layers), so that
-    a split the model refuses, a hook that changes the model, or a parameter no stage holds (it would never
-    train) is refused in one paragraph here, not in every process."""
-    names = [name for name, _ in model.named_parameters()]
-    stages = [model.pipeline_stage(index, count) for index in range(count)]
-    kind = type(model).__name__
-    if [name for name, _ in model.named_parameters()] != names:
-        raise ConfigurationError(
-            f"{kind}.pipeline_stage changed the model (its parameters are not the ones it had): the strategy calls"
-            " it for every stage a process holds, and removes the other stages' layers itself. Fix: build the"
-            " stage's module from the model's layers without deleting or replacing any (README \"Make it yours\","
-            " pipeline)."
-        )
-    if not all(isinstance(stage, nn.Module) for stage in stages):
-        raise ConfigurationError(
-            f"{kind}.pipeline_stage returned a {type(next(s for s in stages if not isinstance(s, nn.Module))).__name__}"
-            " where the strategy runs an nn.Module. Fix: return a module holding the stage's layers."
-        )
-    held = {id(parameter) for stage in stages for parameter in stage.parameters()}
-    orphans = [name for name, parameter in model.named_parameters() if id(parameter) not in held]
-    if orphans:
-        raise ConfigurationError(
-            f"{kind}.pipeline_stage leaves {len(orphans)} parameter(s) in no stage of {count} (e.g. {orphans[0]}):"
-            " they would never train. Fix: give each layer to one stage (the first for embeddings, the last for the"
-            " output layer)."
-        )
-
-
-def shard_stages(stages: dict[int, nn.Module], mesh: Any, model_name: str) -> None:
-    """Make each stage the FSDP2 root of what the model's ``configure_model`` left unsharded in it (the GPT's
-    embeddings and head), over the data-parallel ``mesh``, as ``torch.distributed.pipelining`` wants a stage: its
-    schedules then gather and reduce each stage's parameters once per step, not per micro-batch. A model that
-    sharded a module around a stage's layers (its whole network) is refused: no process runs that module."""
-    for index, stage in stages.items():
-        if isinstance(stage, FSDPModule):
-            continue  # sharded for an earlier run of this Trainer
-        inner = {id(p) for layer in stage.modules() if isinstance(layer, FSDPModule) for p in layer.parameters()}
-        outer = [p for p in stage.parameters() if id(p) not in inner and isinstance(p, DTensor)]
-        if any(p.device_mesh.mesh_dim_names == mesh.mesh_dim_names for p in outer):
-            raise ConfigurationError(
-                f"{model_name}.configure_model sharded a module around the layers of pipeline stage {index} (e.g."
-                " fully_shard(self.net), the whole network), which under --trainer.strategy=pipeline no process"
-                " runs. Fix: shard only the layers (each block) when self.device_mesh has a 'pipeline' dimension,"
-                " as src/models/gpt.py does: the strategy shards the rest of each stage."
-            )
-        fully_shard(stage, mesh=mesh)
-
-
-class HeldElsewhere(nn.Module):
-    """Stands in for a layer that another pipeline process holds: no parameters, so the names of those this
-    process keeps stay one device's (``net.blocks.2.…``), as the sharded checkpoints want."""
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(
-            "this layer is held by another pipeline process: under --trainer.strategy=pipeline the strategy runs the"
-            " stages (pipeline_stage), not the whole model"
-        )
-
-
-def remove_other_stages(module: nn.Module, stages: list[nn.Module]) -> None:
-    """Replace in ``module`` each submodule that holds parameters or buffers and that none of ``stages`` runs by a
-    ``HeldElsewhere``; the ancestors of a stage's layers stay, with what the stages use in them."""
-    used = {id(layer) for stage in stages for layer in stage.modules()}
-
-    def prune(parent: nn.Module) -> None:
-        for name, child in list(parent.named_children()):
-            if id(child) in used:
-                continue
-            if any(id(layer) in used for layer in child.modules()):
-                prune(child)
-            elif next(child.parameters(), None) is not None or next(child.buffers(), None) is not None:
-                setattr(parent, name, HeldElsewhere())
-
-    prune(module)
 
 
 class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
@@ -265,16 +72,11 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
     Args:
         pipeline_size: Processes of one pipeline (``"auto"``: the world size over the data- and tensor-parallel
             sizes).
-        micro_batches: Micro-batches per batch (at least ``pipeline_size`` under ``gpipe`` and ``1f1b``; more
-            shrink the bubble).
-        schedule: ``1f1b``, ``gpipe`` (one stage per process) or ``interleaved_1f1b`` (several).
-        stages_per_rank: Stages each process runs: ``pipeline_size x stages_per_rank`` stages in all, stage ``s``
-            on pipeline rank ``s % pipeline_size``.
-        data_parallel_size: Ranks that see different samples (FSDP2 shards each stage over them).
-        tensor_parallel_size: Ranks that split each layer of a stage.
         save_distributed_checkpoint: Save a folder of shards (one file per rank), the default.
         process_group_backend: ``nccl`` on GPUs, ``gloo`` on the CPU unless given.
         timeout: How long a collective waits for the other ranks.
+        options: The settings of ``PipelineOptions`` by name (``micro_batches``, ``schedule``, ``stages_per_rank``,
+            ``data_parallel_size``, ``tensor_parallel_size``; ``--pipeline.*`` for the strategy given by name).
     """
 
     strategy_name = "pipeline"
@@ -282,32 +84,26 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
     def __init__(
         self,
         pipeline_size: Literal["auto"] | int = "auto",
-        micro_batches: int = 4,
-        schedule: Literal["1f1b", "gpipe", "interleaved_1f1b"] = "1f1b",
-        stages_per_rank: int = 1,
-        data_parallel_size: int = 1,
-        tensor_parallel_size: int = 1,
+        *,
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
         timeout: timedelta | None = LIGHTNING_TIMEOUT,
+        **options: Any,
     ) -> None:
+        self.options = PipelineOptions(**options)  # the settings are declared there alone (their help too)
+        schedule = self.options.schedule
         if schedule not in SCHEDULES:
             names = ", ".join(SCHEDULES)
             raise ConfigurationError(f"schedule={schedule} is not a pipeline schedule. Fix: one of {names}.")
         super().__init__(
-            data_parallel_size=data_parallel_size,
-            tensor_parallel_size=tensor_parallel_size,
+            data_parallel_size=self.options.data_parallel_size,
+            tensor_parallel_size=self.options.tensor_parallel_size,
             save_distributed_checkpoint=save_distributed_checkpoint,
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
         self.sharded_checkpoints = save_distributed_checkpoint
         self.pipeline_size = pipeline_size
-        self.micro_batches = micro_batches
-        self.schedule_name = schedule
-        self.stages_per_rank = stages_per_rank
-        self.data_parallel = data_parallel_size
-        self.tensor_parallel = tensor_parallel_size
         #: the stages this process runs, by stage index
         self.stage_modules: dict[int, nn.Module] = {}
         self.pipeline_rank = 0
@@ -325,7 +121,13 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         """Processes of one pipeline."""
         if self.pipeline_size != "auto":
             return int(self.pipeline_size)
-        return max(1, self.num_nodes * self.num_processes // (self.data_parallel * self.tensor_parallel))
+        parallel = self.options.data_parallel_size * self.options.tensor_parallel_size
+        return max(1, self.num_nodes * self.num_processes // parallel)
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Stages each process runs (``--pipeline.stages_per_rank``)."""
+        return self.options.stages_per_rank
 
     @property
     def stage_count(self) -> int:
@@ -352,19 +154,20 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         if missing:  # before any process group: every rank would raise later
             raise pipeline_refusal(type(module).__name__, missing)
         world = self.num_nodes * self.num_processes
-        if self.ranks * self.data_parallel * self.tensor_parallel != world:
+        data_parallel, tensor_parallel = self.options.data_parallel_size, self.options.tensor_parallel_size
+        if self.ranks * data_parallel * tensor_parallel != world:
             raise ConfigurationError(
-                f"--trainer.strategy.pipeline_size={self.ranks} x data_parallel_size={self.data_parallel} x"
-                f" tensor_parallel_size={self.tensor_parallel} must be the number of processes ({world}). Fix: set"
+                f"--trainer.strategy.pipeline_size={self.ranks} x data_parallel_size={data_parallel} x"
+                f" tensor_parallel_size={tensor_parallel} must be the number of processes ({world}). Fix: set"
                 " --trainer.devices and --trainer.num_nodes to their product, or change the sizes."
             )
         # Lightning's 2-D mesh is built first (its checks, its process group); the pipeline then takes the outer
         # dimension of a 3-D mesh, whose data-parallel and tensor-parallel dimensions the model's hook uses
-        set_mesh_sizes(self, data_parallel=self.ranks * self.data_parallel, tensor_parallel=self.tensor_parallel)
+        set_mesh_sizes(self, data_parallel=self.ranks * data_parallel, tensor_parallel=tensor_parallel)
         super().setup_environment()
         mesh = init_device_mesh(
             self.root_device.type,
-            (self.ranks, self.data_parallel, self.tensor_parallel),
+            (self.ranks, data_parallel, tensor_parallel),
             mesh_dim_names=("pipeline", "data_parallel", "tensor_parallel"),
         )
         set_device_mesh(self, mesh)
@@ -398,18 +201,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
 
     def pipeline_plan(self) -> dict[str, Any]:
         """The run plan's pipeline lines (``multigpu/callbacks/run_plan.py``): the split and its idle share."""
-        per_rank = self.stages_per_rank
-        formula = "(ranks - 1) / (" + ("micro_batches" if per_rank == 1 else "stages_per_rank x micro_batches")
-        formula += " + ranks - 1)"
-        return {
-            "pipeline_stages": self.stage_count if per_rank == 1 else f"{self.stage_count} ({per_rank} per rank)",
-            "micro_batches": self.micro_batches,
-            "schedule": self.schedule_name,
-            "layers_per_stage": [str(layers) for layers, _ in self.stage_sizes],
-            "parameters_per_stage": [str(parameters) for _, parameters in self.stage_sizes],
-            "bubble_fraction": f"{bubble_fraction(self.ranks, self.micro_batches, per_rank):.3f} (idle share of a"
-            f" step: {formula})",
-        }
+        return split_plan(self.options, self.ranks, self.stage_sizes)
 
     def teardown(self) -> None:
         drop_own_method(self.precision_plugin, "clip_grad_by_norm")
@@ -421,10 +213,11 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         """The schedule of this process's stages, built at the first batch (``PipelineStage`` needs static
         shapes)."""
         if self._schedule is None:
-            if batch_size % self.micro_batches:
+            micro_batches = self.options.micro_batches
+            if batch_size % micro_batches:
                 raise ConfigurationError(
                     f"a batch of {batch_size} samples per data-parallel rank does not split into"
-                    f" --trainer.strategy.micro_batches={self.micro_batches} equal micro-batches. Fix: make"
+                    f" --trainer.strategy.micro_batches={micro_batches} equal micro-batches. Fix: make"
                     " --data.batch_size / data_parallel_size a multiple of micro_batches."
                 )
             from torch.distributed import pipelining  # every run imports this module (the registry); few use it
@@ -433,9 +226,9 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
                 pipelining.PipelineStage(stage, index, self.stage_count, self.root_device, group=self.pipeline_group)
                 for index, stage in self.stage_modules.items()
             ]
-            held = stages if self.schedule_name in MULTI_STAGE else stages[0]
-            self._schedule = getattr(pipelining, SCHEDULES[self.schedule_name])(
-                held, self.micro_batches, loss_fn=self._micro_batch_loss, scale_grads=False
+            held = stages if self.options.schedule in MULTI_STAGE else stages[0]
+            self._schedule = getattr(pipelining, SCHEDULES[self.options.schedule])(
+                held, micro_batches, loss_fn=self._micro_batch_loss, scale_grads=False
             )
             self.pipeline_stages = stages
         return self._schedule
@@ -444,7 +237,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         # the schedule backpropagates each micro-batch's loss: the mean over micro-batches and the accumulated
         # batches is what one device's backward of the batch mean (divided by Lightning's accumulation) gives
         trainer = self.lightning_module.trainer
-        scale = self.micro_batches * trainer.accumulate_grad_batches
+        scale = self.options.micro_batches * trainer.accumulate_grad_batches
         return self.lightning_module.pipeline_loss(output, target) / scale
 
     # -- training --------------------------------------------------------------------------------------------------
@@ -491,7 +284,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
     def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
         """Add the gradients the schedule computed in ``training_step`` (every micro-batch's backward ran there)."""
         pending, self._pending = self._pending, []
-        self._sum_tied_gradients(dict(pending))
+        sum_tied_gradients(self._tied_held, dict(pending), self.pipeline_group, self.ranks, self.root_device)
         for parameter, grad in pending:
             if grad is not None:
                 parameter.grad = grad if parameter.grad is None else parameter.grad + grad
@@ -507,19 +300,6 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         named = dict(self.lightning_module.named_parameters())
         end = (lambda first, last: first) if self.is_first else (lambda first, last: last) if self.is_last else None
         return [named.get(end(first, last)) if end is not None else None for first, last in self.tied]
-
-    def _sum_tied_gradients(self, new: dict[nn.Parameter, Tensor | None]) -> None:
-        """Sum this step's gradients of each tied weight over its two ends (the first and the last stage, on the
-        first and the last pipeline rank; the ranks between add zeros), so that both copies take the step one device
-        takes. With one rank, both ends are one parameter of one process."""
-        if self.ranks == 1:
-            return
-        group, device = self.pipeline_group, self.root_device
-        for parameter in self._tied_held:
-            grad = new.get(parameter) if parameter is not None else None
-            local = _local(grad) if grad is not None else None
-            shape, dtype = _broadcast_header(local, group, src=self.ranks - 1, device=device)
-            dist.all_reduce(local if local is not None else torch.zeros(shape, dtype=dtype, device=device), group=group)
 
     def _clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
         # a tied weight counts once, on the first stage
@@ -561,21 +341,9 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
 
     def forward_through_stages(self, inputs: Tensor) -> Tensor:
         """The model's forward, stage after stage (no micro-batches: any batch size), its output on every process
-        of the pipeline. Each process runs its stages in order, receiving each one's input from the process of the
-        stage before and sending its output to the one of the stage after."""
-        group, ranks, device = self.pipeline_group, self.ranks, self.root_device
-        x: Tensor | None = inputs
-        for index, stage in self.stage_modules.items():
-            if index > 0 and (index - 1) % ranks != self.pipeline_rank:
-                x = _receive(group, (index - 1) % ranks, device)
-            x = stage(x)
-            if index < self.stage_count - 1 and (index + 1) % ranks != self.pipeline_rank:
-                _send(x, group, (index + 1) % ranks)
-        output = x if self.is_last else None
-        shape, dtype = _broadcast_header(output, group, src=ranks - 1, device=device)
-        output = output if output is not None else torch.empty(shape, dtype=dtype, device=device)
-        dist.broadcast(output, group=group, group_src=ranks - 1)
-        return output
+        of the pipeline."""
+        stages, group, rank = self.stage_modules, self.pipeline_group, self.pipeline_rank
+        return forward_through_stages(stages, inputs, group, rank, self.ranks, self.stage_count, self.root_device)
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
@@ -665,61 +433,3 @@ def answered(module: nn.Module, name: str, value: Any) -> Iterator[None]:
         yield
     finally:
         drop_own_method(module, name)
-
-
-def tied_parameter_names(module: nn.Module) -> list[tuple[str, str]]:
-    """Pairs ``(first name, other name)`` of one parameter registered under two names (a tied weight)."""
-    first_name: dict[int, str] = {}
-    pairs = []
-    for name, parameter in module.named_parameters(remove_duplicate=False):
-        if id(parameter) in first_name:
-            pairs.append((first_name[id(parameter)], name))
-        else:
-            first_name[id(parameter)] = name
-    return pairs
-
-
-def _local(tensor: Tensor) -> Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-#: dtypes an activation may have, by position in the header a stage sends before it
-_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32)
-_HEADER = 8  # dtype, number of dimensions, up to 6 sizes
-
-
-def _header(tensor: Tensor, device: torch.device) -> Tensor:
-    sizes = list(tensor.shape) + [0] * (_HEADER - 2 - tensor.dim())
-    return torch.tensor([_DTYPES.index(tensor.dtype), tensor.dim(), *sizes], dtype=torch.int64, device=device)
-
-
-def _read_header(header: Tensor) -> tuple[torch.Size, torch.dtype]:
-    values = header.tolist()
-    return torch.Size(values[2 : 2 + values[1]]), _DTYPES[values[0]]
-
-
-def _send(tensor: Tensor, group: dist.ProcessGroup, to: int) -> None:
-    tensor = tensor.contiguous()
-    dist.send(_header(tensor, tensor.device), group=group, group_dst=to)
-    dist.send(tensor, group=group, group_dst=to)
-
-
-def _receive(group: dist.ProcessGroup, source: int, device: torch.device) -> Tensor:
-    header = torch.empty(_HEADER, dtype=torch.int64, device=device)
-    dist.recv(header, group=group, group_src=source)
-    shape, dtype = _read_header(header)
-    tensor = torch.empty(shape, dtype=dtype, device=device)
-    dist.recv(tensor, group=group, group_src=source)
-    return tensor
-
-
-def _broadcast_header(tensor: Tensor | None, group: dist.ProcessGroup, src: int, device: torch.device) -> tuple:
-    header = _header(tensor, device) if tensor is not None else torch.empty(_HEADER, dtype=torch.int64, device=device)
-    dist.broadcast(header, group=group, group_src=src)
-    return _read_header(header)
-
-
-def _broadcast_shape(tensor: Tensor | None, group: dist.ProcessGroup, src: int) -> torch.Size:
-    holder = [tuple(tensor.shape) if tensor is not None else None]
-    dist.broadcast_object_list(holder, group=group, group_src=src)
-    return torch.Size(holder[0])

@@ -1,32 +1,17 @@
-"""``multigpu/strategies/pipeline.py`` without a pipelined model (the GPT example's runs are in
-tests/examples/test_gpt_pipeline.py): a model without the hooks is refused before launch, the checks of the
-sizes and schedules, the checks of a model's stages, the removal of other stages' layers, the bubble, tied
-weights."""
+"""``multigpu/strategies/pipeline/options.py``: a model without the hooks is refused before launch, the checks of
+the sizes and schedules, the checks of a model's stages, the bubble (the GPT example's runs are in
+tests/examples/test_gpt_pipeline.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from multigpu.errors import ConfigurationError
-from multigpu.strategies.pipeline import (
-    HeldElsewhere,
-    PipelineOptions,
-    bubble_fraction,
-    check_pipeline,
-    check_stages,
-    remove_other_stages,
-    shard_stages,
-    tied_parameter_names,
-)
+from multigpu.strategies.pipeline.options import PipelineOptions, bubble_fraction, check_pipeline, check_stages
 from src.cli import main
 from tests.conftest import TINY
+from tests.strategies.pipeline.conftest import Chain
 
 
 def test_a_model_without_stages_is_refused_before_launch(capsys, tmp_path):
@@ -91,41 +76,6 @@ def test_interleaved_takes_the_micro_batch_counts_torch_takes():
     assert "Fix: --pipeline.micro_batches=8 or 10 (any multiple of 4 works)" in str(refused.value)
 
 
-class Chain(nn.Module):
-    """An embedding, three linear layers and an output layer tied to the embedding; stage ``i`` of 3 runs layer
-    ``i``, the first also the embedding, the last also the output layer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(5, 3)
-        self.layers = nn.ModuleList(nn.Linear(3, 3) for _ in range(3))
-        self.out = nn.Linear(3, 5, bias=False)
-        self.out.weight = self.embed.weight
-        self.register_buffer("scale", torch.ones(()))
-
-    def pipeline_stage(self, index: int, count: int) -> nn.Module:
-        first = [self.embed] if index == 0 else []
-        return nn.Sequential(*first, self.layers[index], *([self.out] if index == count - 1 else []))
-
-
-def test_a_process_keeps_its_stages_layers_under_their_names_and_placeholders_for_the_others():
-    model = Chain()
-    check_stages(model, 3)  # every parameter in a stage, the model unchanged
-    stages = [model.pipeline_stage(index, 3) for index in (0, 2)]  # rank 0 of 2 ranks holding stages 0 and 2
-    remove_other_stages(model, stages)
-    assert [name for name, _ in model.named_parameters()] == [
-        "embed.weight", "layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias"
-    ]  # fmt: skip
-    assert isinstance(model.layers[1], HeldElsewhere) and not list(model.layers[1].parameters())
-    assert model.out is stages[1][-1]  # the last stage's output layer stays: a stage of this process runs it
-    with pytest.raises(RuntimeError, match="held by another pipeline process"):
-        model.layers[1](torch.zeros(3))
-    middle = Chain()
-    remove_other_stages(middle, [middle.pipeline_stage(1, 3)])
-    assert [name for name, _ in middle.named_parameters()] == ["layers.1.weight", "layers.1.bias"]
-    assert list(dict(middle.named_buffers())) == ["scale"]  # a buffer of the model itself stays
-
-
 def test_a_hook_that_changes_the_model_or_leaves_a_parameter_out_is_refused():
     class Deleting(Chain):
         def pipeline_stage(self, index: int, count: int) -> nn.Module:
@@ -142,38 +92,6 @@ def test_a_hook_that_changes_the_model_or_leaves_a_parameter_out_is_refused():
         check_stages(Forgetting(), 3)
 
 
-@pytest.fixture
-def data_parallel_mesh(tmp_path) -> Iterator[object]:
-    """A real (gloo, one process) process group and its one-rank data-parallel mesh."""
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,), mesh_dim_names=("data_parallel",))
-    finally:
-        dist.destroy_process_group()
-
-
-def test_each_stage_becomes_the_root_of_its_rest_and_a_sharded_whole_network_is_refused(data_parallel_mesh):
-    model = Chain()
-    stages = {index: model.pipeline_stage(index, 3) for index in (0, 2)}
-    remove_other_stages(model, list(stages.values()))
-    for layer in (model.layers[0], model.layers[2]):  # what a configure_model does: the layers
-        fully_shard(layer, mesh=data_parallel_mesh)
-    shard_stages(stages, data_parallel_mesh, "Chain")
-    assert all(isinstance(stage, FSDPModule) for stage in stages.values())
-    assert all(isinstance(parameter, torch.distributed.tensor.DTensor) for parameter in model.parameters())
-    tokens = torch.tensor([1, 2])
-    assert stages[2](stages[0](tokens)).shape == (2, 5)  # the stages run, each gathering its own parameters
-
-    whole = Chain()
-    stages = {index: whole.pipeline_stage(index, 3) for index in (0, 2)}
-    remove_other_stages(whole, list(stages.values()))
-    fully_shard(whole, mesh=data_parallel_mesh)  # the root of a network no process runs whole
-    with pytest.raises(
-        ConfigurationError, match=r"Chain\.configure_model sharded a module around the layers of pipeline"
-    ):
-        shard_stages(stages, data_parallel_mesh, "Chain")
-
-
 def test_bubble_fraction_is_the_idle_share_of_fill_and_drain():
     assert bubble_fraction(1, 4) == 0
     assert bubble_fraction(2, 2) == pytest.approx(1 / 3) and bubble_fraction(4, 12) == pytest.approx(3 / 15)
@@ -181,10 +99,3 @@ def test_bubble_fraction_is_the_idle_share_of_fill_and_drain():
     assert bubble_fraction(2, 4, 2) == pytest.approx(1 / 9) and bubble_fraction(4, 8, 1) == bubble_fraction(4, 8)
     bubble = bubble_fraction(4, 8, 2)
     assert bubble / (1 - bubble) == pytest.approx((4 - 1) / (2 * 8))  # Narayanan et al. 2021
-
-
-def test_a_tied_weight_is_found_under_both_names():
-    net = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 5, bias=False))
-    assert tied_parameter_names(net) == []
-    net[1].weight = net[0].weight
-    assert tied_parameter_names(net) == [("0.weight", "1.weight")]
