@@ -13,16 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from multigpu.callbacks.stacks import (
-    DUMP_SIGNAL,
-    STACKS_DIR,
-    alive_here,
-    format_groups,
-    latest_main_stack,
-    read_states,
-    signal_ranks,
-    wait_for_dumps,
-)
+from multigpu.callbacks.stack_report import format_groups, latest_main_stack
+from multigpu.callbacks.stacks import DUMP_SIGNAL, STACKS_DIR, alive_here, read_states, signal_ranks, wait_for_dumps
 
 #: how long to wait for the signalled ranks' dumps
 WAIT_S = 3.0
