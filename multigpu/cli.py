@@ -124,6 +124,7 @@ class TemplateCLI(LightningCLI):
         """LightningCLI's parser, with a ``--config`` help that says how it combines with other arguments."""
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={L.__version__}"])
         parser = self.parser_class(**kwargs)
+        parser.default_config = self.default_config  # its errors name the file a key came from
         add_config_option(parser)
         return parser
 

@@ -4,15 +4,18 @@ parser whose errors are one paragraph."""
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+import yaml
 from jsonargparse import ActionConfigFile, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
 from multigpu.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from multigpu.checkpoints.resume import checkpoint_dir
-from multigpu.checks import yaml_problem
+from multigpu.checks import load_config_file, yaml_problem
 from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, debug_mode, describe, user_error_of
 from multigpu.launch import COLLECTIVE_TIMEOUT_S
 from multigpu.strategies.pipeline import PipelineOptions
@@ -23,15 +26,20 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
 CLASSES = ("model", "data")
 
 
-
 class TemplateArgumentParser(LightningArgumentParser):
     """LightningCLI's parser with short errors: the message and where to look, not the 150-line usage."""
+
+    #: the project's default config (set by ``TemplateCLI``): an error about a key no argument gave is about it
+    default_config: Path | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` must not silently mean max_epochs
         super().__init__(*args, **kwargs)
+        self.arguments: list[str] = []
 
     def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
+        listed = isinstance(args, (list, tuple, type(None)))  # else a dict or Namespace, parsed as an object
+        self.arguments = [str(a) for a in (sys.argv[1:] if args is None else args)] if listed else []
         # jsonargparse reports a YAML syntax error without the file's name; name it, with the line
         problem = yaml_problem(sys.argv[1:] if args is None else args)
         if problem is not None and self.exit_on_error and not debug_mode():
@@ -42,12 +50,44 @@ class TemplateArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or debug_mode():
             super().error(message, ex)
+        message = " ".join(message.split())
+        in_default = self.default_config_key(message)
+        if in_default is not None:  # jsonargparse names the key, not the file it read it from
+            sys.stderr.write(
+                f"error: {self.default_config}: {message}\nFix: correct {in_default!r} in {self.default_config} (read"
+                f" first by every subcommand); `{PROG} fit --help` lists every option.\n"
+            )
+            self.exit(2)
         sys.stderr.write(
-            f"error: {' '.join(message.split())}\nFix: correct that option. `{PROG} fit --help` (or validate, test,"
-            " predict, tune) lists every option; `--model.help CLASS` and `--data.help CLASS` a model's or data"
-            " module's.\n"
+            f"error: {message}\nFix: correct that option. `{PROG} fit --help` (or validate, test, predict, tune)"
+            " lists every option; `--model.help CLASS` and `--data.help CLASS` a model's or data module's.\n"
         )
         self.exit(2)
+
+    def default_config_key(self, message: str) -> str | None:
+        """The key the error ``message`` names where the default config sets it and no argument does."""
+        if self.default_config is None or not self.default_config.is_file():
+            return None
+        try:
+            keys = set(flat_keys(load_config_file(str(self.default_config))))
+        except (OSError, yaml.YAMLError):
+            return None
+        for key in re.findall(r"['\"]([\w.]+)['\"]", message):
+            given = any(a.lstrip("-").startswith(key) for a in self.arguments)
+            if key in keys and not given:
+                return key
+        return None
+
+
+def flat_keys(config: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of a YAML mapping (``trainer.max_epochs``, ...)."""
+    if not isinstance(config, dict):
+        return []
+    keys = []
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        keys += [dotted, *flat_keys(value, dotted + ".")]
+    return keys
 
 
 def add_template_options(parser: LightningArgumentParser) -> None:

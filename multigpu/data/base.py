@@ -154,8 +154,9 @@ class GlobalBatchDataModule(L.LightningDataModule):
 
 
 def loader_seed(seed: int, epoch: int, rank: int) -> int:
-    """The seed of a loader's own generator for ``epoch`` on ``rank`` (distinct for every pair)."""
-    return (seed * 1_000_003 + epoch) * 65_537 + rank
+    """The seed of a loader's own generator for ``epoch`` on ``rank`` (distinct for every pair), within the 63 bits
+    ``torch.Generator.manual_seed`` takes: a drawn seed (``seed_everything: true``) has 32."""
+    return ((seed * 1_000_003 + epoch) * 65_537 + rank) & (2**63 - 1)
 
 
 def seeded_generator(seed: int) -> torch.Generator:

@@ -11,3 +11,17 @@ def test_train_loader_outside_a_trainer_uses_the_whole_global_batch():
     features, labels = next(iter(loader))
     assert features.shape == (32, 16) and labels.shape == (32,) and len(loader) == 8
     assert loader.state_dict() == {}  # no trainer: nothing to resume
+
+
+def test_a_drawn_32_bit_seed_seeds_the_loaders_generator():
+    """``seed_everything: true`` draws a seed below 2**32: every epoch's and rank's loader seed still fits the 63 bits
+    ``torch.Generator.manual_seed`` takes, and the pairs stay distinct."""
+    import torch
+
+    from multigpu.data.base import loader_seed
+
+    seeds = {loader_seed(2**32 - 1, epoch, rank) for epoch in range(3) for rank in range(4)}
+    assert len(seeds) == 12
+    for seed in seeds:
+        torch.Generator().manual_seed(seed)  # raised "Overflow when unpacking long long" before
+    assert loader_seed(42, 1, 2) == (42 * 1_000_003 + 1) * 65_537 + 2  # small seeds: unchanged

@@ -52,6 +52,8 @@ def assert_contains(expected, actual, where: str = "") -> None:
     else:
         if isinstance(actual, list) and isinstance(expected, list):
             assert list(actual) == list(expected), where
+        elif isinstance(actual, dict) and "class_path" in actual and isinstance(expected, str):
+            assert actual["class_path"] == expected, where  # a class named alone, which starts from its defaults
         else:
             assert actual == expected, f"{where}: {actual!r} != {expected!r}"
 
