@@ -1,7 +1,7 @@
 """``src/strategies/pipeline.py`` without a pipelined model (the GPT example's runs are in
 tests/examples/test_gpt_pipeline.py): a model without the hooks is refused before launch, the checks of the
 sizes and schedules, the checks of a model's stages, the removal of other stages' layers, the bubble, tied
-weights."""
+weights, a resume from a folder that would run code refused."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from src.errors import ConfigurationError
 from src.strategies.pipeline import (
     HeldElsewhere,
     PipelineOptions,
+    PipelineStrategy,
     bubble_fraction,
     check_pipeline,
     check_stages,
@@ -27,6 +28,7 @@ from src.strategies.pipeline import (
     tied_parameter_names,
 )
 from tests.conftest import TINY
+from tests.helpers import RUNS_COMMAND_GLOBAL, folder_whose_index_runs_code
 
 
 def test_a_model_without_stages_is_refused_before_launch(capsys, tmp_path):
@@ -188,3 +190,12 @@ def test_a_tied_weight_is_found_under_both_names():
     assert tied_parameter_names(net) == []
     net[1].weight = net[0].weight
     assert tied_parameter_names(net) == [("0.weight", "1.weight")]
+
+
+def test_a_resume_reads_the_folder_checked_and_refuses_one_that_would_run_code(tmp_path):
+    """The strategy's own read (each rank's, after the checks before launch): the folder's index is checked before
+    torch reads it (src/checkpoints/safe.py; a real pipeline resume: tests/examples/test_gpt_pipeline.py)."""
+    folder = folder_whose_index_runs_code(tmp_path / "last.ckpt", tmp_path / "ran")
+    with pytest.raises(ConfigurationError, match=f"holds {RUNS_COMMAND_GLOBAL}"):
+        PipelineStrategy().load_checkpoint(folder)
+    assert not (tmp_path / "ran").exists()

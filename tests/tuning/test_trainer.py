@@ -9,6 +9,7 @@ import lightning as L
 import yaml
 from torch import Tensor
 
+from src.checkpoints.files import AtomicCheckpointIO
 from src.cli import TemplateCLI, main
 from src.tuning import Trainer as TuningTrainer
 from tests.conftest import TINY, read_metrics
@@ -93,3 +94,10 @@ def test_only_tune_builds_the_trainer_with_a_tune_method(tmp_path):
     tune = TemplateCLI(["tune", *LIMITED, "--steps_per_trial=1", "--lr_find_steps=0", "--max_batch_size=8",
                         f"--trainer.default_root_dir={tmp_path / 'tune'}"])  # fmt: skip
     assert type(tune.trainer) is TuningTrainer and (tmp_path / "tune" / "tuned.yaml").is_file()
+
+
+def test_the_finders_read_their_own_checkpoint_back_weights_only(tmp_path):
+    """Lightning's finders save the initial weights and restore them through the checkpoint plugin: the template's,
+    which reads with weights_only (src/checkpoints/safe.py)."""
+    finder = TuningTrainer(accelerator="cpu", devices=1, logger=False)._single_device_trainer(str(tmp_path))
+    assert isinstance(finder.strategy.checkpoint_io, AtomicCheckpointIO)
