@@ -1,11 +1,16 @@
-"""Callbacks and workloads used only by the tests (importable by the CLI in test subprocesses)."""
+"""Callbacks and workloads used only by the tests (importable by the CLI in test subprocesses), and files that run
+code when unpickled (a checkpoint from someone else)."""
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import os
+import pickle
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -143,3 +148,43 @@ class CrashAtStep(Callback):
     ) -> None:
         if trainer.global_step == self.step:
             raise RuntimeError(f"crashed at step {self.step}")
+
+
+class RunsCommand:
+    """Pickles as a call of ``os.system``: whatever unpickles it creates the file ``marker`` (that nothing may)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+#: how pickle names ``os.system`` in a file: ``posix.system``
+RUNS_COMMAND_GLOBAL = f"{os.system.__module__}.system"
+
+
+def folder_whose_index_runs_code(folder: Path, marker: Path) -> Path:
+    """A folder that looks like a sharded checkpoint (``.metadata`` and ``meta.pt``), its index a ``RunsCommand``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".metadata").write_bytes(pickle.dumps(RunsCommand(marker)))
+    torch.save({"pytorch-lightning_version": L.__version__}, folder / "meta.pt")
+    return folder
+
+
+def entry_runs_code(folder: Path, marker: Path, entry: str = "optimizer_0.param_groups.0.lr") -> str:
+    """In a folder a run saved, replace an ``entry`` that is no tensor (an optimizer's setting) by a ``torch.save``
+    file of a ``RunsCommand``, appended to its shard; the index (a plain pickle of torch's own classes) points the
+    entry there. Returns the shard's name."""
+    from multigpu.compat import read_checkpoint_index
+
+    payload = io.BytesIO()
+    torch.save(RunsCommand(marker), payload)
+    index = read_checkpoint_index(folder / ".metadata")
+    key = next(k for k in index.storage_data if k.fqn == entry)
+    shard = folder / index.storage_data[key].relative_path
+    offset, length = shard.stat().st_size, len(payload.getvalue())
+    shard.write_bytes(shard.read_bytes() + payload.getvalue())
+    index.storage_data[key] = dataclasses.replace(index.storage_data[key], offset=offset, length=length)
+    (folder / ".metadata").write_bytes(pickle.dumps(index))
+    return shard.name

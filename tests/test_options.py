@@ -37,7 +37,7 @@ def test_a_parser_error_is_one_paragraph_with_the_fix(capsys):
         parser.parse_args(["--steps=many"])
     assert stopped.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "\"steps\"" in err and "Fix: correct that option." in err
+    assert err.startswith("error: ") and '"steps"' in err and "Fix: correct that option." in err
     assert "Traceback" not in err and "usage:" not in err
 
 

@@ -2,6 +2,8 @@
 
 - ``files.py``: single-file checkpoints written atomically (``AtomicCheckpointIO``), and what "intact" means.
 - ``sharded.py``: the folders of shards ``fsdp2`` / ``tensor_parallel`` write, replaced atomically, read whole.
+- ``safe.py``: reading what a command did not write without running code: a file with ``weights_only``, a folder
+  of shards checked whole (its index unpickled with torch's metadata classes only) before torch reads it.
 - ``resume.py``: ``--ckpt_path`` resolved (``last``, a damaged newest file) and read once for the checks.
 - ``consolidate.py``: ``python -m src.consolidate DIR OUT.ckpt``, one file from a folder of shards.
 

@@ -8,16 +8,20 @@ The file is what a one-device or ddp run writes (the whole ``state_dict``, optim
 position, the loops' state), so any strategy, any script and ``torch.load`` read it. The runs themselves need no
 conversion: ``validate``/``test``/``predict`` and ddp read a sharded folder directly, and ``fsdp2`` /
 ``tensor_parallel`` resume from it. Consolidating needs the whole model and optimizer state in host memory.
+
+The folder is checked before any of it is read (``multigpu/checkpoints/safe.py``): one from elsewhere runs no code; one
+that holds more than tensors and torch's checkpoint metadata, or is incomplete, is refused in one paragraph (exit
+status 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from multigpu.checkpoints.files import atomic_torch_save
 from multigpu.checkpoints.sharded import load_sharded_checkpoint
+from multigpu.errors import ConfigurationError, report
 
 
 def consolidate(folder: str | Path, output: str | Path) -> Path:
@@ -30,7 +34,7 @@ def consolidate(folder: str | Path, output: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m src.consolidate",
-        description="Write one .ckpt file from a sharded checkpoint folder (fsdp2, tensor_parallel).",
+        description="Write one .ckpt file from a sharded checkpoint folder (fsdp2, tensor_parallel, pipeline).",
     )
     parser.add_argument("folder", type=Path, help="the sharded checkpoint, e.g. runs/NAME/checkpoints/last.ckpt")
     parser.add_argument("output", type=Path, help="the single file to write, e.g. model.ckpt")
@@ -39,9 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("OUTPUT must differ from FOLDER: the folder is read while the file is written.")
     try:
         consolidate(args.folder, args.output)
-    except FileNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except ConfigurationError as error:  # a folder that is incomplete, damaged or holds more than tensors
+        return report(error)
     print(f"wrote {args.output}")
     return 0
 

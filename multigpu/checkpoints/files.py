@@ -2,8 +2,9 @@
 
 Lightning's local save stages the file in ``$TMPDIR`` and moves it into place, which is a copy where ``/tmp`` is
 another file system (the usual cluster layout): a job killed during it leaves a truncated ``last.ckpt``.
-``AtomicCheckpointIO`` writes, fsyncs and renames a temporary file in the destination folder instead, and reads a
-sharded checkpoint folder whole where a strategy that does not shard reads it.
+``AtomicCheckpointIO`` writes, fsyncs and renames a temporary file in the destination folder instead, reads a
+sharded checkpoint folder whole where a strategy that does not shard reads it, and reads a file with
+``weights_only=True`` (``multigpu/checkpoints/safe.py``).
 """
 
 from __future__ import annotations
@@ -72,8 +73,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_torch_save(checkpoint, path)
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
-        if is_sharded_checkpoint(path):  # a folder saved under fsdp2 / tensor_parallel, read whole
+        """A file with ``weights_only=True`` unless the caller says otherwise (Lightning's default for a URL is
+        ``False``); a folder saved under fsdp2 / tensor_parallel / pipeline read whole, checked first."""
+        if os.path.isdir(path):
             return load_sharded_checkpoint(path)
+        weights_only = True if weights_only is None else weights_only
         return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
 

@@ -3,16 +3,15 @@ damaged newest file replaced by the newest intact one) and read once, before lau
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 from typing import Any
 
-import torch
 from jsonargparse import Namespace
 
 from multigpu.checkpoints.files import is_intact, newest_intact_checkpoint
-from multigpu.checkpoints.sharded import is_sharded_checkpoint, restore_interrupted
-from multigpu.errors import ConfigurationError, describe, notice
+from multigpu.checkpoints.safe import read_torch_file
+from multigpu.checkpoints.sharded import check_sharded_checkpoint, is_sharded_checkpoint, restore_interrupted
+from multigpu.errors import ConfigurationError, notice
 
 #: ``--ckpt_path`` values Lightning resolves itself
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
@@ -47,9 +46,7 @@ def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[s
         if not candidates:
             return None  # Lightning says there is nothing to resume and starts afresh
         path = candidates[-1]
-        if is_sharded_checkpoint(path):
-            return None  # a complete folder of shards (fsdp2, tensor_parallel): Lightning's strategy reads it
-        if not is_intact(path):
+        if not is_sharded_checkpoint(path) and not is_intact(path):
             fallback = newest_intact_checkpoint(folder, skip=path)
             if fallback is None:
                 raise ConfigurationError(
@@ -61,31 +58,25 @@ def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[s
                 f" checkpoint, {fallback}, instead. The damaged file is left as it is."
             )
             config["ckpt_path"], path = str(fallback), fallback
-        return path, load_checkpoint(path)
-    if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path) or is_sharded_checkpoint(Path(ckpt_path)):
+        return read_checked(path)
+    if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path):
         return None
-    if not Path(ckpt_path).is_file():
+    if not Path(ckpt_path).exists():
         raise ConfigurationError(
             f"--ckpt_path={ckpt_path} does not exist. Fix: give the path of a .ckpt file, or 'last' / 'best'."
         )
-    return Path(ckpt_path), load_checkpoint(Path(ckpt_path))
+    return read_checked(Path(ckpt_path))
+
+
+def read_checked(path: Path) -> tuple[Path, dict[str, Any]] | None:
+    """A checkpoint file and its contents; a folder of shards is checked whole (``multigpu/checkpoints/safe.py``: its
+    index, shard files, entries and ``meta.pt``) and read by the strategy later (None)."""
+    if path.is_dir():
+        check_sharded_checkpoint(path)
+        return None
+    return path, load_checkpoint(path)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read a checkpoint once, for the checks below: memory-mapped and ``weights_only``, as Lightning reads it."""
-    try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except pickle.UnpicklingError as error:  # torch's refusal of a global that weights_only does not allow
-        unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-        raise ConfigurationError(
-            f"--ckpt_path={path} holds Python objects besides tensors ({unsafe}), which safe loading"
-            " (torch.load weights_only=True) refuses: unpickling them could run any code. Fix: if you trust"
-            " where the file came from, allow those classes with torch.serialization.add_safe_globals([...]) in"
-            " your model's module, or re-save the checkpoint without them (docs/troubleshooting.md, Checkpoints)."
-        ) from error
-    except Exception as error:
-        raise ConfigurationError(
-            f"--ckpt_path={path} is not a readable checkpoint (truncated or corrupt, {path.stat().st_size} bytes:"
-            f" {describe(error)}). Fix: pass an earlier checkpoint from the same folder, e.g. a best-*.ckpt file;"
-            " the file is left as is."
-        ) from error
+    return read_torch_file(path, name=f"--ckpt_path={path}", mmap=True)

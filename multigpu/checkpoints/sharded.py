@@ -10,6 +10,9 @@ Atomic: the ranks write a new checkpoint into ``.NAME.partial`` beside the old o
 folder aside (``.NAME.old``), the new one into place, and deletes the old one. A kill during the write leaves the
 old checkpoint untouched; a kill between the two renames leaves ``.NAME.old`` complete, which
 ``restore_interrupted(folder)`` (run before ``--ckpt_path=last`` is resolved) puts back.
+
+Read: every read of a folder (whole, or each rank its part) checks it first and gives torch a reader of the checked
+index (``multigpu/checkpoints/safe.py``), so that a folder from elsewhere runs no code.
 """
 
 from __future__ import annotations
@@ -17,16 +20,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+from torch import nn
 
-#: the file ``ModelParallelStrategy`` writes next to the shards (Lightning's ``_METADATA_FILENAME``)
-METADATA_FILE = "meta.pt"
-#: the index ``torch.distributed.checkpoint`` writes once every shard is written
-INDEX_FILE = ".metadata"
+from multigpu.checkpoints.safe import INDEX_FILE, METADATA_FILE, CheckedFolder, check_sharded_checkpoint
+from multigpu.compat import checked_reader, read_whole_checkpoint
+from multigpu.errors import ConfigurationError, describe
 
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
@@ -128,22 +130,12 @@ def load_sharded_checkpoint(folder: str | Path) -> dict[str, Any]:
 
     The result is what a one-device or ddp run saves: ``state_dict``, ``optimizer_states`` keyed by parameter
     position, and the loops' and callbacks' state. It needs the whole model and optimizer state in host memory.
+    The folder is checked first (``multigpu/checkpoints/safe.py``): nothing in it runs code.
     """
     folder = Path(folder)
-    if not is_sharded_checkpoint(folder):
-        raise FileNotFoundError(
-            f"{folder} is not a complete sharded checkpoint (shards, {INDEX_FILE} and {METADATA_FILE}). Fix: pass a"
-            " folder a run under --trainer.strategy=fsdp2 or tensor_parallel saved, e.g. runs/NAME/checkpoints/"
-            "last.ckpt."
-        )
-    # torch.distributed.checkpoint is imported where it is used: every run imports this module, few read shards
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as scratch:
-        flat = Path(scratch) / "shards.pt"
-        dcp_to_torch_save(folder, flat)  # torch's own converter: every shard read and joined
-        checkpoint: dict[str, Any] = torch.load(flat, map_location="cpu", weights_only=False)
-    checkpoint.update(torch.load(folder / METADATA_FILE, map_location="cpu", weights_only=False))
+    checked = check_sharded_checkpoint(folder)
+    checkpoint = read_shards(folder, checked, read_whole_checkpoint)
+    checkpoint.update(checked.meta)
     optimizer_keys = sorted((k for k in checkpoint if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k[10:]))
     order = (checkpoint.get("pipeline") or {}).get("parameter_order")  # multigpu/strategies/pipeline/strategy.py
     if optimizer_keys:
@@ -154,3 +146,51 @@ def load_sharded_checkpoint(folder: str | Path) -> dict[str, Any]:
             for k in optimizer_keys
         ]
     return checkpoint
+
+
+def load_shards(
+    folder: Path,
+    checked: CheckedFolder,
+    model: nn.Module,
+    optimizers: Sequence[Any],
+    strict: bool = True,
+    optimizer_options: Any = None,
+) -> None:
+    """Read a checked folder into a sharded ``model`` and its ``optimizers`` (``optimizer_0``, ...), each rank its
+    part, as Lightning's ``ModelParallelStrategy`` reads one; ``optimizer_options``: the ``StateDictOptions`` the
+    optimizer states were saved with (the default: Lightning's)."""
+    # torch.distributed.checkpoint is imported where it is used: every run imports this module, few read shards
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    def into(state: dict[str, Any]) -> dict[str, Any]:
+        read_shards(folder, checked, lambda reader: dcp.load(state, storage_reader=reader))
+        return state
+
+    model.load_state_dict(into({"state_dict": get_model_state_dict(model)})["state_dict"], strict=strict)
+    setting = optimizer_options or StateDictOptions(cpu_offload=True)  # Lightning's: set on the CPU
+    for index, optimizer in enumerate(optimizers):
+        key = f"optimizer_{index}"
+        state = into({key: get_optimizer_state_dict(model, optimizer, options=optimizer_options)})
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state[key], options=setting)
+
+
+def read_shards(folder: Path, checked: CheckedFolder, read: Any) -> Any:
+    """``read(reader)`` with a reader of ``folder`` given its checked index; a failure of torch's reading (which
+    torch wraps, with every rank's traceback) is one paragraph."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    try:
+        return read(checked_reader(folder, checked.index))
+    except CheckpointException as error:
+        failures = [failure for failure, _ in error.failures.values()]
+        raise ConfigurationError(
+            f"the shards of {folder} could not be read"
+            f" ({'; '.join(dict.fromkeys(describe(f) for f in failures)) or describe(error)}). Fix: pass an intact"
+            " checkpoint folder (e.g. an earlier best-*.ckpt beside it); the folder is left as it is."
+        ) from error

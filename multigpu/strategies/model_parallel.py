@@ -45,7 +45,7 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from multigpu.checkpoints.sharded import move_into_place, staging_path
+from multigpu.checkpoints.sharded import check_sharded_checkpoint, load_shards, move_into_place, staging_path
 from multigpu.compat import overrides_hook, set_mesh_sizes, set_own_method
 from multigpu.errors import ConfigurationError
 from multigpu.strategies.sharding import DefaultShardingPolicy
@@ -111,7 +111,8 @@ class ClipAcrossMeshes(Callback):
 
 
 class _ModelParallelMixin:
-    """What the two strategies share: gradient clipping across device meshes, atomic sharded checkpoints."""
+    """What the two strategies share: gradient clipping across device meshes, atomic sharded checkpoints read
+    without running code."""
 
     sharded_checkpoints: bool
 
@@ -131,6 +132,19 @@ class _ModelParallelMixin:
         if self.global_rank == 0:  # type: ignore[attr-defined]
             move_into_place(staging, final)
         self.barrier()  # type: ignore[attr-defined]
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Lightning's resume, reading only what ``multigpu/checkpoints/safe.py`` checked: a folder's index through a
+        reader given the checked copy (torch's own reader unpickles the file with ``pickle.load``), its entries
+        that are no tensor and ``meta.pt`` with ``weights_only``; a single file with ``weights_only`` too."""
+        path = Path(self.broadcast(str(checkpoint_path)))  # type: ignore[attr-defined]
+        if not path.is_dir():
+            weights_only = True if weights_only is None else weights_only
+            return super().load_checkpoint(path, weights_only=weights_only)  # type: ignore[misc]
+        checked = check_sharded_checkpoint(path, map_location=None)  # meta.pt's tensors where saved, as Lightning
+        model, optimizers = self.model, self.optimizers  # type: ignore[attr-defined]
+        load_shards(path, checked, model, optimizers, self.lightning_module.strict_loading)  # type: ignore[attr-defined]
+        return checked.meta
 
     def setup(self, trainer: pl.Trainer) -> None:
         super().setup(trainer)  # type: ignore[misc]

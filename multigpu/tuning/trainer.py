@@ -17,6 +17,7 @@ import yaml
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.tuner import Tuner
 
+from multigpu.checkpoints.files import with_atomic_io
 from multigpu.data.base import GlobalBatchDataModule
 from multigpu.errors import ConfigurationError
 from multigpu.hooks import BATCH_SIZE
@@ -130,12 +131,14 @@ class Trainer(L.Trainer):
         return result
 
     def _single_device_trainer(self, root_dir: str) -> L.Trainer:
-        """One device of the kind this Trainer was given, at its precision, with nothing written."""
+        """One device of the kind this Trainer was given, at its precision, with nothing written (the finders'
+        own checkpoint of the initial weights, in ``root_dir``, read back with ``weights_only``)."""
         device = self.strategy.root_device
         return L.Trainer(
             accelerator=device.type,
             devices=[device.index] if device.index is not None else 1,
             precision=self.precision,
+            plugins=with_atomic_io(None),
             gradient_clip_val=self.gradient_clip_val,
             gradient_clip_algorithm=self.gradient_clip_algorithm,
             default_root_dir=root_dir,

@@ -1,6 +1,8 @@
 """``multigpu/checkpoints/files.py``: atomic single-file checkpoints and the one definition of intact (the kill during a
 real run's write is tested in tests/callbacks/test_preemption.py)."""
 
+import pickle
+
 import pytest
 import torch
 
@@ -11,6 +13,8 @@ from multigpu.checkpoints.files import (
     newest_intact_checkpoint,
     with_atomic_io,
 )
+from multigpu.errors import ConfigurationError
+from tests.helpers import RUNS_COMMAND_GLOBAL, RunsCommand, folder_whose_index_runs_code
 
 
 def test_atomic_save_replaces_the_file_only_when_complete(tmp_path):
@@ -48,3 +52,18 @@ def test_atomic_io_is_added_unless_the_user_chose_a_checkpoint_io():
     assert [type(p) for p in with_atomic_io(None)] == [AtomicCheckpointIO]
     own = AtomicCheckpointIO()
     assert with_atomic_io([own]) == [own]
+
+
+def test_atomic_io_reads_a_file_weights_only_and_a_folder_checked(tmp_path):
+    """What Lightning reads through the plugin (a resume, an evaluation's --ckpt_path, the tuner's own file) runs no
+    code: a file with weights_only unless the caller says otherwise, a folder of shards checked whole first."""
+    marker, io = tmp_path / "ran", AtomicCheckpointIO()
+    atomic_torch_save({"state_dict": {}, "extra": RunsCommand(marker)}, tmp_path / "given.ckpt")
+    with pytest.raises(pickle.UnpicklingError, match=RUNS_COMMAND_GLOBAL):
+        io.load_checkpoint(tmp_path / "given.ckpt")
+    folder = folder_whose_index_runs_code(tmp_path / "last.ckpt", marker)
+    with pytest.raises(ConfigurationError, match=f"holds {RUNS_COMMAND_GLOBAL}"):
+        io.load_checkpoint(folder)
+    assert not marker.exists()
+    atomic_torch_save({"global_step": 3}, tmp_path / "plain.ckpt")
+    assert io.load_checkpoint(tmp_path / "plain.ckpt") == {"global_step": 3}

@@ -1,12 +1,18 @@
-"""``multigpu/checkpoints/sharded.py``: a folder of shards replaced atomically (trained runs, a kill between the two
-renames and the reading of a whole folder are tested in tests/strategies/test_model_parallel.py)."""
+"""``multigpu/checkpoints/sharded.py``: a folder of shards replaced atomically, and read only once checked (trained
+runs, a kill between the two renames and the reading of a whole folder are tested in
+tests/strategies/test_model_parallel.py; the check itself in test_safe.py)."""
+
+import pytest
 
 from multigpu.checkpoints.sharded import (
     is_sharded_checkpoint,
+    load_sharded_checkpoint,
     move_into_place,
     restore_interrupted,
     staging_path,
 )
+from multigpu.errors import ConfigurationError
+from tests.helpers import RUNS_COMMAND_GLOBAL, folder_whose_index_runs_code
 
 
 def shards(folder, step: int):
@@ -27,3 +33,12 @@ def test_a_new_folder_replaces_the_old_one_and_a_kill_between_renames_is_undone(
     final.rename(aside)
     restore_interrupted(tmp_path)
     assert is_sharded_checkpoint(final) and not aside.exists()
+
+
+def test_a_folder_is_read_whole_only_once_checked(tmp_path):
+    folder = folder_whose_index_runs_code(tmp_path / "last.ckpt", tmp_path / "ran")
+    with pytest.raises(ConfigurationError, match=f"holds {RUNS_COMMAND_GLOBAL}"):
+        load_sharded_checkpoint(folder)
+    assert not (tmp_path / "ran").exists()
+    with pytest.raises(ConfigurationError, match="not a complete sharded checkpoint"):
+        load_sharded_checkpoint(tmp_path)

@@ -37,6 +37,7 @@ from src.cli import main
 from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics, relative_difference
 from tests.fixtures.workload import TinyClassifier
+from tests.helpers import RUNS_COMMAND_GLOBAL, entry_runs_code, folder_whose_index_runs_code
 
 FP64 = ["--trainer.precision=64-true", "--trainer.val_check_interval=8"]
 FSDP2 = ["--trainer.strategy=fsdp2", "--trainer.devices=2"]
@@ -89,6 +90,16 @@ def test_memory_per_rank_counts_parameters_gradients_and_optimizer_state():
     model(torch.randn(5, 4)).sum().backward()
     optimizer.step()
     assert memory_per_rank(model, [optimizer])["optimizer_state"] == 2 * 4 * (12 + 3)  # Adam's two moments
+
+
+@pytest.mark.parametrize("strategy", [FSDP2Strategy, TensorParallelStrategy])
+def test_a_resume_reads_the_folder_checked(strategy, tmp_path):
+    """The strategies' own read (each rank's, after the checks before launch): a folder's index is checked before
+    torch reads it (multigpu/checkpoints/safe.py; trained runs resume through it below)."""
+    folder = folder_whose_index_runs_code(tmp_path / "last.ckpt", tmp_path / "ran")
+    with pytest.raises(ConfigurationError, match=f"holds {RUNS_COMMAND_GLOBAL}"):
+        strategy().load_checkpoint(folder)
+    assert not (tmp_path / "ran").exists()
 
 
 # -- slow: trained runs --------------------------------------------------------------------------------------------
@@ -201,6 +212,29 @@ def test_consolidate_writes_the_single_file_a_one_device_run_writes(runs, tmp_pa
         < 1e-9
     )
     assert whole["global_step"] == single["global_step"] and whole["loops"].keys() == single["loops"].keys()
+
+
+@pytest.mark.slow
+def test_a_trained_folder_whose_shard_would_run_code_is_refused_before_any_rank_starts(runs, tmp_path):
+    """A folder two fsdp2 ranks saved, one of its entries that are no tensor replaced by a file that runs code: the
+    resume and the consolidation refuse it in one paragraph (multigpu/checkpoints/safe.py; every other crafted file in
+    tests/checkpoints/test_safe.py)."""
+    run_dir, marker = tmp_path / "run", tmp_path / "ran"
+    shutil.copytree(runs["fsdp2"], run_dir)
+    folder = last_checkpoint(run_dir)
+    shard = entry_runs_code(folder, marker)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    resume = [sys.executable, "-m", "src.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64, *FSDP2,
+              f"--trainer.max_steps={STEPS + 8}", "--ckpt_path=last"]  # fmt: skip
+    consolidate = [sys.executable, "-m", "src.consolidate", str(folder), str(tmp_path / "whole.ckpt")]
+    for command in (resume, consolidate):
+        result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
+        assert result.returncode == 2, result.stderr[-4000:]
+        error = result.stderr[result.stderr.index("error: ") :]
+        assert "Traceback" not in result.stderr and len(error.strip().splitlines()) == 1, result.stderr
+        assert f"{folder / shard} holds Python objects besides tensors ({RUNS_COMMAND_GLOBAL})" in error
+    assert not marker.exists() and not (tmp_path / "whole.ckpt").exists()
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import lightning as L
 import yaml
 from torch import Tensor
 
+from multigpu.checkpoints.files import AtomicCheckpointIO
 from multigpu.tuning import Trainer as TuningTrainer
 from src.cli import CLI, main
 from tests.conftest import TINY, read_metrics
@@ -94,3 +95,10 @@ def test_only_tune_builds_the_trainer_with_a_tune_method(tmp_path):
     tune = CLI(["tune", *LIMITED, "--steps_per_trial=1", "--lr_find_steps=0", "--max_batch_size=8",
                         f"--trainer.default_root_dir={tmp_path / 'tune'}"])  # fmt: skip
     assert type(tune.trainer) is TuningTrainer and (tmp_path / "tune" / "tuned.yaml").is_file()
+
+
+def test_the_finders_read_their_own_checkpoint_back_weights_only(tmp_path):
+    """Lightning's finders save the initial weights and restore them through the checkpoint plugin: the template's,
+    which reads with weights_only (multigpu/checkpoints/safe.py)."""
+    finder = TuningTrainer(accelerator="cpu", devices=1, logger=False)._single_device_trainer(str(tmp_path))
+    assert isinstance(finder.strategy.checkpoint_io, AtomicCheckpointIO)

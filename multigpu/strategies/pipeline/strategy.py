@@ -368,25 +368,21 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         return get_optimizer_state_dict(self.model, optimizer, options=options)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-            set_optimizer_state_dict,
-        )
+        """Each rank reads its stages' part of a folder a pipeline run saved, checked first (its index, entries and
+        ``meta.pt`` read without running code: ``multigpu/checkpoints/safe.py``); returns ``meta.pt``'s state."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        from multigpu.checkpoints.sharded import METADATA_FILE, is_sharded_checkpoint
+        from multigpu.checkpoints.sharded import check_sharded_checkpoint, load_shards
 
         path = Path(self.broadcast(str(checkpoint_path)))
-        if not is_sharded_checkpoint(path):
+        if not path.is_dir():
             raise ConfigurationError(
                 f"--ckpt_path={path} is not a sharded pipeline checkpoint: a pipeline run resumes from the folder a"
                 " pipeline run saved. Fix: pass that folder (e.g. runs/NAME/checkpoints/last.ckpt); to evaluate"
                 " a single-file checkpoint, run validate/test/predict with another strategy."
             )
-        metadata = torch.load(path / METADATA_FILE, weights_only=weights_only)
-        split = metadata.get(CHECKPOINT_KEY) or {}
+        checked = check_sharded_checkpoint(path, map_location=None)  # meta.pt's tensors where saved, as before
+        split = checked.meta.get(CHECKPOINT_KEY) or {}
         saved, saved_per_rank = split.get("stages"), split.get("stages_per_rank", 1)
         if (saved, saved_per_rank) != (self.stage_count, self.stages_per_rank):
             again = (
@@ -402,15 +398,9 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
                 " consolidate it (python -m src.consolidate) and evaluate or continue the file under another"
                 " strategy."
             )
-        model_state = {"state_dict": get_model_state_dict(self.model)}
-        dcp.load(model_state, checkpoint_id=path)
-        self.model.load_state_dict(model_state["state_dict"], strict=self.lightning_module.strict_loading)
         flat = StateDictOptions(flatten_optimizer_state_dict=True, cpu_offload=True)
-        for index, optimizer in enumerate(self.optimizers):
-            state = {f"optimizer_{index}": get_optimizer_state_dict(self.model, optimizer, options=flat)}
-            dcp.load(state, checkpoint_id=path)
-            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=state[f"optimizer_{index}"], options=flat)
-        return metadata
+        load_shards(path, checked, self.model, self.optimizers, self.lightning_module.strict_loading, flat)
+        return checked.meta
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

@@ -13,6 +13,7 @@ from lightning.pytorch.strategies import Strategy
 from multigpu.errors import ConfigurationError
 from multigpu.strategies.pipeline.options import PipelineOptions
 from multigpu.strategies.pipeline.strategy import PipelineStrategy
+from tests.helpers import RUNS_COMMAND_GLOBAL, folder_whose_index_runs_code
 
 
 def test_the_strategy_takes_the_options_settings_by_name():
@@ -31,3 +32,12 @@ def test_a_strategy_given_as_a_class_takes_the_options_settings_as_its_init_args
     assert {field.name for field in dataclasses.fields(PipelineOptions)} <= set(vars(config.strategy.init_args))
     strategy = parser.instantiate(config).strategy
     assert isinstance(strategy, PipelineStrategy) and strategy.options == PipelineOptions(micro_batches=8)
+
+
+def test_a_resume_reads_the_folder_checked_and_refuses_one_that_would_run_code(tmp_path):
+    """The strategy's own read (each rank's, after the checks before launch): the folder's index is checked before
+    torch reads it (multigpu/checkpoints/safe.py; a real pipeline resume: tests/examples/test_gpt_pipeline.py)."""
+    folder = folder_whose_index_runs_code(tmp_path / "last.ckpt", tmp_path / "ran")
+    with pytest.raises(ConfigurationError, match=f"holds {RUNS_COMMAND_GLOBAL}"):
+        PipelineStrategy().load_checkpoint(folder)
+    assert not (tmp_path / "ran").exists()
