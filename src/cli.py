@@ -6,8 +6,9 @@ road, top to bottom in ``TemplateCLI``:
 1. parse: the parser of the subcommand named, alone, with the template's options (``src/options.py``), parses the
    arguments once; a model or data class they name starts from its own defaults, not from the section of
    ``configs/default.yaml``'s class (read once, by the parser or, where a class changes, by the template);
-2. check: everything the options tell before anything is built (``src/checks.py``; the checkpoint resolved and
-   read once, ``src/checkpoints/resume.py``);
+2. check: everything the options tell before anything is built (``src/checks.py``; the run directory held for
+   this run until the command ends, ``src/run_lock.py``; the checkpoint resolved and read once,
+   ``src/checkpoints/resume.py``);
 3. build: the objects of the config (loggers placed in the run directory, ``src/run_dir.py``), then the Trainer,
    once and complete, with everything the template adds (``src/launch.py``: the callbacks in the order of
    ``src/callbacks/__init__.py``, the strategy's options, the plugins); the built objects checked;
@@ -56,6 +57,7 @@ from src.options import (
 )
 from src.quiet import silence_known_noise
 from src.run_dir import place_loggers, shared_random_seed
+from src.run_lock import release_run_dir
 from src.strategies import register_dp_strategy, register_model_parallel_strategies, register_pipeline_strategy
 
 gc.freeze()  # what the imports created stays: no later collection walks it again
@@ -99,20 +101,24 @@ class TemplateCLI(LightningCLI):
         # where the arguments change a class, the template gives the parser configs/default.yaml, rebased
         defaults = {"default_config_files": [] if self.rebased else [str(DEFAULT_CONFIG)], "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        super().__init__(
-            model_class=L.LightningModule,
-            datamodule_class=L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            # run=False (in a notebook or script) builds one parser without subcommands: it reads the defaults too
-            parser_kwargs={"prog": PROG, **(defaults if not run else {"default_env": True})}
-            | {name: dict(defaults) for name in self.subcommands()},
-            parser_class=TemplateArgumentParser,
-            auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)
-            args=args,
-            run=run,
-            **kwargs,
-        )
+        try:
+            super().__init__(
+                model_class=L.LightningModule,
+                datamodule_class=L.LightningDataModule,
+                subclass_mode_model=True,
+                subclass_mode_data=True,
+                # run=False (in a notebook or script) builds one parser without subcommands: it reads the defaults too
+                parser_kwargs={"prog": PROG, **(defaults if not run else {"default_env": True})}
+                | {name: dict(defaults) for name in self.subcommands()},
+                parser_class=TemplateArgumentParser,
+                auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)
+                args=args,
+                run=run,
+                **kwargs,
+            )
+        finally:
+            if run:  # the run directory the checks took is free again, however the command ended
+                release_run_dir()
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
         """Lightning's subcommands and ``tune`` (its options from src/tuning's ``Trainer.tune``, as fit's from

@@ -1,8 +1,9 @@
 """The architecture drawn from the imports of ``src/``: no cycles, and no module imports a layer above its own.
 
 Layers, bottom to top: the libraries' private names, errors and quiet (0); the user's rooms and what they build on,
-data, models, strategies and checkpoints (1); the callbacks (2); the checks before launch and ``tune`` (3);
-the command line (4); the commands built on it (5). A new module of ``src/`` must be given its layer here.
+data, models, strategies and checkpoints (1); the callbacks (2); the checks before launch, the run directory and its
+lock, and ``tune`` (3); the command line (4); the commands built on it (5). A new module of ``src/`` must be given its
+layer here.
 
 The tests mirror the code (README "Tests"): every module of ``src/`` with a function or class has its test file.
 """
@@ -29,6 +30,7 @@ LAYERS = {
     "src.checks": 3,
     "src.launch": 3,
     "src.run_dir": 3,
+    "src.run_lock": 3,
     "src.options": 3,
     "src.tuning": 3,
     "src.cli": 4,
