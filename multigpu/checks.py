@@ -28,6 +28,7 @@ from multigpu.data.base import GlobalBatchDataModule
 from multigpu.data.sampling import per_process_batch_size
 from multigpu.errors import DEBUG_ENV, ConfigurationError, describe
 from multigpu.hooks import check_datamodule
+from multigpu.run_lock import Launch, hold_run_dir
 from multigpu.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline, check_stages
 
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -65,6 +66,46 @@ def in_slurm_step() -> bool:
 def in_slurm_batch_script() -> bool:
     """True in a SLURM job's batch script, where processes were not started by ``srun``."""
     return "SLURM_JOB_ID" in os.environ and not started_by_srun() and not interactive_job()
+
+
+#: where a launcher other than srun and torchrun gives a process its rank (Lightning's own launcher, LSF, MPI)
+RANK_VARIABLES = (
+    "RANK",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "LOCAL_RANK",
+    "JSM_NAMESPACE_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+)
+
+
+def this_launch() -> Launch:
+    """The launch this process belongs to, for the run directory's lock (``multigpu/run_lock.py``): its rank there (0:
+    the process that holds the directory), and the job, step and restart count that every rank of it shares."""
+    env = os.environ
+    sweep, trial = env.get("SWEEP_DIR"), env.get("SWEEP_TRIAL")  # set by the sweep's worker for its trial's run
+    trial = f"{Path(sweep).resolve()} trial {trial}" if sweep and trial else None
+    if launched_by_torchrun():
+        job = f"torchrun run {env['TORCHELASTIC_RUN_ID']} at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
+        return Launch(_count(env.get("RANK")), job, None, _count(env.get("TORCHELASTIC_RESTART_COUNT")), trial)
+    if "SLURM_JOB_ID" in env:
+        array = env.get("SLURM_ARRAY_JOB_ID")
+        job = f"SLURM job {env['SLURM_JOB_ID']}"
+        job += f" (array task {array}_{env.get('SLURM_ARRAY_TASK_ID')})" if array else ""
+        step = f"step {env.get('SLURM_STEP_ID', env.get('SLURM_STEPID'))}" if started_by_srun() else None
+        rank = _count(env.get("SLURM_PROCID")) if step else _launcher_rank()
+        return Launch(rank, job, step, _count(env.get("SLURM_RESTART_COUNT")), trial)
+    return Launch(_launcher_rank(), trial=trial)
+
+
+def _launcher_rank() -> int:
+    """The rank a launcher other than srun and torchrun gave this process (0 where none did)."""
+    return next((rank for rank in (_count(os.environ.get(name)) for name in RANK_VARIABLES) if rank), 0)
+
+
+def _count(value: str | None) -> int:
+    return int(value) if value is not None and value.strip().isdigit() else 0
 
 
 def resolve_accelerator(accelerator: Any) -> str:
@@ -560,9 +601,10 @@ def configured_global_batch(config: Namespace) -> int | None:
 def check_before_launch(
     subcommand: str, config: Namespace, args: Sequence[Any] | None
 ) -> tuple[Path, dict[str, Any]] | None:
-    """Every check of a subcommand's parsed options (``config``) before anything is built: the launch, the
-    pipeline's layout, ``--compile``, and the ``--ckpt_path`` checkpoint, read once here (before LightningCLI
-    rebuilds the model from its hyperparameters) and returned with its path; ``args``: the command's arguments."""
+    """Every check of a subcommand's parsed options (``config``) before anything is built: the launch, the pipeline's
+    layout, ``--compile``, the run directory (held for this run, ``multigpu/run_lock.py``: another live run's is
+    refused), and the ``--ckpt_path`` checkpoint, read once here (before LightningCLI rebuilds the model from its
+    hyperparameters) and returned with its path; ``args``: the command's arguments."""
     trainer = config.trainer.as_dict()
     batch_size = configured_global_batch(config)
     check_launch(trainer, batch_size=batch_size, args=args)
@@ -573,6 +615,9 @@ def check_before_launch(
         accumulate = int(trainer.get("accumulate_grad_batches") or 1)
         options, processes = PipelineOptions(**config.pipeline.as_dict()), process_count(trainer)
         check_pipeline(options, processes, model, batch_size, accumulate)
+    # before the checkpoint is read: a live run's folder is neither read nor repaired here (an interrupted sharded
+    # save is restored), and the refusal that applies is that one, not "already holds a run"
+    hold_run_dir(trainer.get("default_root_dir"), subcommand, this_launch())
     resumed = resolve_checkpoint(subcommand, config)
     if resumed is not None:
         model = config.get("model") or Namespace()

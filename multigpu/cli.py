@@ -8,8 +8,8 @@ One road, top to bottom in ``TemplateCLI``:
 
 1. parse: the parser of the subcommand named, alone, with the engine's options (``options.py``), parses the
    arguments once, by jsonargparse's own mechanism;
-2. check: everything the options tell before anything is built (``checks.py``; the checkpoint resolved and read
-   once, ``checkpoints/resume.py``);
+2. check: everything the options tell before anything is built (``checks.py``; the run directory held for this run
+   until the command ends, ``run_lock.py``; the checkpoint resolved and read once, ``checkpoints/resume.py``);
 3. build: the objects of the config (loggers placed in the run directory, ``run_dir.py``), then the Trainer,
    once and complete, with everything the template adds (``multigpu/launch.py``: the callbacks in the order of
    ``multigpu/callbacks/__init__.py``, the strategy's options, the plugins); the built objects checked;
@@ -55,6 +55,7 @@ from multigpu.options import (
 )
 from multigpu.quiet import silence_known_noise
 from multigpu.run_dir import place_loggers, shared_random_seed
+from multigpu.run_lock import release_run_dir
 from multigpu.strategies import (
     register_dp_strategy,
     register_model_parallel_strategies,
@@ -98,20 +99,24 @@ class TemplateCLI(LightningCLI):
         files = [str(self.default_config)] if self.default_config is not None else []
         defaults = {"default_config_files": files, "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        super().__init__(
-            model_class=L.LightningModule,
-            datamodule_class=L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            # run=False (in a notebook or script) builds one parser without subcommands: it reads the defaults too
-            parser_kwargs={"prog": PROG, **(defaults if not run else {"default_env": True})}
-            | {name: dict(defaults) for name in self.subcommands()},
-            parser_class=TemplateArgumentParser,
-            auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)
-            args=args,
-            run=run,
-            **kwargs,
-        )
+        try:
+            super().__init__(
+                model_class=L.LightningModule,
+                datamodule_class=L.LightningDataModule,
+                subclass_mode_model=True,
+                subclass_mode_data=True,
+                # run=False (in a script or notebook) builds one parser without subcommands: it reads the defaults
+                parser_kwargs={"prog": PROG, **(defaults if not run else {"default_env": True})}
+                | {name: dict(defaults) for name in self.subcommands()},
+                parser_class=TemplateArgumentParser,
+                auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)
+                args=args,
+                run=run,
+                **kwargs,
+            )
+        finally:
+            if run:  # the run directory the checks took is free again, however the command ended
+                release_run_dir()
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
         """Lightning's subcommands and ``tune`` (its options from the engine's tuning ``Trainer.tune``, as fit's from

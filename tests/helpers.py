@@ -150,6 +150,27 @@ class CrashAtStep(Callback):
             raise RuntimeError(f"crashed at step {self.step}")
 
 
+class PauseAtStep(Callback):
+    """Test-only: after optimizer step ``step`` (rank 0), create ``paused_file`` and wait until ``resume_file``
+    exists (at most ``timeout`` seconds), so that a test acts while the run is alive at a known step."""
+
+    def __init__(self, step: int, paused_file: str, resume_file: str = "", timeout: float = 300) -> None:
+        self.step = step
+        self.paused_file = paused_file
+        self.resume_file = resume_file
+        self.timeout = timeout
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        if trainer.global_step != self.step or not trainer.is_global_zero:
+            return
+        open(self.paused_file, "w").close()
+        deadline = time.monotonic() + self.timeout
+        while not (self.resume_file and os.path.exists(self.resume_file)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 class RunsCommand:
     """Pickles as a call of ``os.system``: whatever unpickles it creates the file ``marker`` (that nothing may)."""
 

@@ -3,8 +3,8 @@ its own, and none imports the project (``src/``); the project uses only the engi
 
 Layers of the engine, bottom to top: the libraries' private names, errors, quiet and the hooks a model may implement
 (0); what a project's classes build on, data, models, strategies and checkpoints (1); the callbacks (2); the checks
-before launch and ``tune`` (3); the command line (4); the commands built on it (5); the public interface and the test
-helpers (6). A new module of the engine must be given its layer here.
+before launch, the run directory and its lock, and ``tune`` (3); the command line (4); the commands built on it (5); the
+public interface and the test helpers (6). A new module of the engine must be given its layer here.
 
 The engine's tests mirror its code (README "Tests"): every module of ``multigpu/`` with a function or class has its
 test file. The rule is the engine's: a project's own modules (``src/``) may have their tests anywhere.
@@ -35,6 +35,7 @@ LAYERS = {
     "multigpu.checks": 3,
     "multigpu.launch": 3,
     "multigpu.run_dir": 3,
+    "multigpu.run_lock": 3,
     "multigpu.options": 3,
     "multigpu.tuning": 3,
     "multigpu.cli": 4,

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from multigpu.checkpoints.files import is_intact
+from multigpu.run_lock import LOCK_FILE
 from src.cli import main
 from tests import prewarmed
 from tests.callbacks.test_continuation import assert_same_run as assert_same_continuation
@@ -276,6 +277,7 @@ def test_signal_from_outside_saves_stops_with_its_exit_code_and_resumes_exactly(
     assert process.returncode == 128 + signal.Signals[name], stderr[-3000:]
     assert f"{name}: saved" in stderr and "--ckpt_path=last" in stderr
     assert "Traceback" not in stderr
+    assert not (run_dir / LOCK_FILE).exists()  # the stopped run let go of its directory (multigpu/run_lock.py)
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
     assert 6 <= saved < (20 if quiet else STEPS)
     resume = [f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last"]

@@ -1,0 +1,67 @@
+"""The road a ``fit`` takes through the engine before its first ``training_step``: every module of ``multigpu/`` whose
+code runs, in the order the run first reaches it, with how many of its functions ran.
+
+    python scripts/road.py [FIT ARGS ...]      (default: the tests' tiny workload, one step)
+
+Counts code that runs, not modules that are imported: a module whose functions never run on the way is not on the
+road, however many imports name it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE = REPO / "multigpu"
+DEFAULT = ["--config", str(REPO / "tests" / "configs" / "tiny.yaml"), "--trainer.max_steps=1", "--progress_bar=none"]
+
+
+class Road:
+    """Records the engine's functions that run until a model's ``training_step`` is first called."""
+
+    def __init__(self) -> None:
+        self.functions: OrderedDict[str, set[str]] = OrderedDict()
+        self.reached = False
+
+    def __call__(self, frame, event: str, arg) -> None:  # sys.setprofile's hook
+        if event != "call" or self.reached:
+            return
+        code = frame.f_code
+        if code.co_name == "training_step":
+            self.reached = True
+            return
+        path = Path(code.co_filename)
+        if path.is_relative_to(ENGINE) and code.co_name != "<module>":
+            self.functions.setdefault(str(path.relative_to(REPO)), set()).add(code.co_name)
+
+
+def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(REPO))
+    import tempfile
+
+    import src.cli
+
+    road = Road()
+    with tempfile.TemporaryDirectory() as run_dir:
+        args = ["fit", *(argv or DEFAULT), f"--trainer.default_root_dir={run_dir}"]
+        threading.setprofile(road)
+        sys.setprofile(road)
+        try:
+            src.cli.main(args)
+        except SystemExit as stop:
+            if stop.code:
+                raise
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)
+    print(f"{len(road.functions)} modules of the engine run before the first training_step:")
+    for index, (module, functions) in enumerate(road.functions.items(), 1):
+        print(f"{index:3d}  {module:48s} {len(functions):3d} functions")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
