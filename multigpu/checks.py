@@ -8,152 +8,39 @@ is built, and ``check_built`` on the model, data module and Trainer, before anyt
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
+from multigpu.arguments import given_as, import_class, option_origin, trainer_section, yaml_value
 from multigpu.callbacks.compile import compile_refusal
 from multigpu.callbacks.run_plan import batch_norm_layers
 from multigpu.checkpoints.resume import resolve_checkpoint
 from multigpu.compat import trained_class_path
 from multigpu.data.base import GlobalBatchDataModule
 from multigpu.data.sampling import per_process_batch_size
+from multigpu.environment import (
+    MULTIPROCESS_PREFIXES,
+    available_devices,
+    in_slurm_batch_script,
+    in_slurm_step,
+    interactive_job,
+    launched_by_torchrun,
+    process_count,
+    requested_devices,
+    resolve_accelerator,
+    started_by_srun,
+    world_size,
+)
 from multigpu.errors import DEBUG_ENV, ConfigurationError, describe
 from multigpu.hooks import check_datamodule
-from multigpu.run_lock import Launch, hold_run_dir
+from multigpu.run_lock import hold_run_dir, this_launch
 from multigpu.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline, check_stages
-
-GPU_ACCELERATORS = ("gpu", "cuda")
-#: strategies that run one process per device (the world size is devices x num_nodes)
-MULTIPROCESS_PREFIXES = ("ddp", "fsdp", "deepspeed", "tensor_parallel", "pipeline")
-
-
-#: Lightning ignores SLURM in a job with one of these names (``salloc`` names its job ``interactive``)
-INTERACTIVE_JOB_NAMES = ("bash", "interactive")
-#: SLURM_STEP_ID of steps that srun did not start; the batch script itself has no SLURM_STEP_ID at all (22.05)
-NON_SRUN_STEP_IDS = ("batch", "extern", "interactive", "4294967294", "4294967291", "4294967290")
-
-
-def started_by_srun() -> bool:
-    """True in a task that ``srun`` started (a batch script has even ``SLURM_PROCID=0``, but no step id)."""
-    step = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID"))
-    return "SLURM_JOB_ID" in os.environ and step is not None and step not in NON_SRUN_STEP_IDS
-
-
-def interactive_job() -> bool:
-    """True in a job named ``bash`` or ``interactive``, where Lightning does not take ranks from SLURM."""
-    return os.environ.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES
-
-
-def launched_by_torchrun() -> bool:
-    """True in a process that ``torchrun`` started; Lightning then takes the ranks from torchrun, even in SLURM."""
-    return torch.distributed.is_available() and torch.distributed.is_torchelastic_launched()
-
-
-def in_slurm_step() -> bool:
-    """True inside a task that ``srun`` started, in a job where Lightning takes the ranks from SLURM."""
-    return "SLURM_NTASKS" in os.environ and started_by_srun() and not interactive_job()
-
-
-def in_slurm_batch_script() -> bool:
-    """True in a SLURM job's batch script, where processes were not started by ``srun``."""
-    return "SLURM_JOB_ID" in os.environ and not started_by_srun() and not interactive_job()
-
-
-#: where a launcher other than srun and torchrun gives a process its rank (Lightning's own launcher, LSF, MPI)
-RANK_VARIABLES = (
-    "RANK",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "LOCAL_RANK",
-    "JSM_NAMESPACE_RANK",
-    "OMPI_COMM_WORLD_RANK",
-    "PMI_RANK",
-)
-
-
-def this_launch() -> Launch:
-    """The launch this process belongs to, for the run directory's lock (``multigpu/run_lock.py``): its rank there (0:
-    the process that holds the directory), and the job, step and restart count that every rank of it shares."""
-    env = os.environ
-    sweep, trial = env.get("SWEEP_DIR"), env.get("SWEEP_TRIAL")  # set by the sweep's worker for its trial's run
-    trial = f"{Path(sweep).resolve()} trial {trial}" if sweep and trial else None
-    if launched_by_torchrun():
-        job = f"torchrun run {env['TORCHELASTIC_RUN_ID']} at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
-        return Launch(_count(env.get("RANK")), job, None, _count(env.get("TORCHELASTIC_RESTART_COUNT")), trial)
-    if "SLURM_JOB_ID" in env:
-        array = env.get("SLURM_ARRAY_JOB_ID")
-        job = f"SLURM job {env['SLURM_JOB_ID']}"
-        job += f" (array task {array}_{env.get('SLURM_ARRAY_TASK_ID')})" if array else ""
-        step = f"step {env.get('SLURM_STEP_ID', env.get('SLURM_STEPID'))}" if started_by_srun() else None
-        rank = _count(env.get("SLURM_PROCID")) if step else _launcher_rank()
-        return Launch(rank, job, step, _count(env.get("SLURM_RESTART_COUNT")), trial)
-    return Launch(_launcher_rank(), trial=trial)
-
-
-def _launcher_rank() -> int:
-    """The rank a launcher other than srun and torchrun gave this process (0 where none did)."""
-    return next((rank for rank in (_count(os.environ.get(name)) for name in RANK_VARIABLES) if rank), 0)
-
-
-def _count(value: str | None) -> int:
-    return int(value) if value is not None and value.strip().isdigit() else 0
-
-
-def resolve_accelerator(accelerator: Any) -> str:
-    """``auto`` -> ``cuda`` or ``cpu``; ``gpu`` -> ``cuda``; other names unchanged."""
-    if not isinstance(accelerator, str):
-        return "custom"
-    accelerator = accelerator.lower()
-    if accelerator == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cuda" if accelerator in GPU_ACCELERATORS else accelerator
-
-
-def available_devices(accelerator: str) -> int:
-    """How many devices of this kind the machine has."""
-    if accelerator == "cuda":
-        return torch.cuda.device_count()
-    if accelerator == "cpu":
-        return os.cpu_count() or 1
-    return 0
-
-
-def requested_devices(devices: Any, accelerator: str) -> int | None:
-    """Number of devices ``--trainer.devices`` asks for (``None`` when it cannot be told here)."""
-    if isinstance(devices, str):
-        devices = devices.strip()
-        if devices == "auto":
-            return 1 if accelerator == "cpu" else available_devices(accelerator)
-        if "," in devices:
-            return len([d for d in devices.split(",") if d.strip()])
-        devices = int(devices) if devices.lstrip("-").isdigit() else None
-    if isinstance(devices, (list, tuple)):
-        return len(devices)
-    if isinstance(devices, int):
-        return available_devices(accelerator) if devices == -1 else devices
-    return None
-
-
-def world_size(strategy: str | None, devices: int, num_nodes: int) -> int:
-    """Processes the run will have: one per device for the multi-process strategies (and ``auto``), else one."""
-    if strategy is None or strategy == "auto" or strategy.startswith(MULTIPROCESS_PREFIXES):
-        return devices * num_nodes
-    return 1  # single_device, dp
-
-
-def process_count(trainer: Mapping[str, Any]) -> int:
-    """Processes the ``trainer`` section asks for (devices per node times nodes; 1 where that cannot be told)."""
-    devices = requested_devices(trainer.get("devices", "auto"), resolve_accelerator(trainer.get("accelerator", "auto")))
-    return (devices or 1) * int(trainer.get("num_nodes") or 1)
 
 
 def check_strategy(strategy: str | None) -> None:
@@ -164,61 +51,6 @@ def check_strategy(strategy: str | None) -> None:
         f"--trainer.strategy={strategy} is not a known strategy. Fix: use one of {names}"
         " (dp, ddp and ddp_spawn are the usual choices; see the strategy guide in the README)."
     )
-
-
-def option_origin(args: Sequence[Any] | None, key: str) -> tuple[str | None, list[str]]:
-    """``(file, earlier flags it overrides)`` when a ``--config`` file sets ``trainer.<key>`` last, else
-    ``(None, [])``; jsonargparse keeps no record of where a value came from, so the arguments are read again."""
-    if not isinstance(args, (list, tuple)):
-        return None, []
-    origin: str | None = None
-    flags: list[str] = []
-    overridden: list[str] = []
-    args = [str(a) for a in args]
-    flag = f"--trainer.{key}"
-    for i, arg in enumerate(args):
-        if arg in ("--config", "-c") or arg.startswith("--config="):
-            path = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
-            if key in _trainer_section(path):
-                origin, overridden = path, list(flags)
-        elif arg == flag or arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
-            origin, overridden = None, []
-            flags.append(f"{flag}={value}")
-    return (origin, overridden) if origin is not None else (None, [])
-
-
-def _trainer_section(path: str) -> dict[str, Any]:
-    """The ``trainer`` mapping of a YAML config file, or ``{}`` (not a file, not YAML, no such section)."""
-    try:
-        loaded = yaml.safe_load(Path(path).read_text()) if path and Path(path).is_file() else None
-    except (OSError, yaml.YAMLError):
-        return {}
-    section = loaded.get("trainer") if isinstance(loaded, dict) else None
-    return section if isinstance(section, dict) else {}
-
-
-def _given(args: Sequence[Any] | None, key: str, value: Any, also: str = "") -> str:
-    """``--trainer.<key>=<value>``, followed by ``(set by FILE ...)`` when a ``--config`` file set it, naming the
-    earlier flags that file overrides; ``also`` adds to the parenthesis."""
-    origin, overridden = option_origin(args, key)
-    shown = f"--trainer.{key}={_yaml_value(value)}"
-    if origin is None:
-        return shown
-    notes = [f"set by {origin}"] + ([also] if also else [])
-    if overridden:
-        notes.append(
-            f"which overrides the earlier {' '.join(overridden)}: arguments apply in order and a later one wins,"
-            " so put --config files first"
-        )
-    return f"{shown} ({', '.join(notes)})"
-
-
-def _yaml_value(value: Any) -> str:
-    """A value as it is written on the command line: ``4``, ``gpu``, ``[0, 1]``."""
-    if isinstance(value, str):
-        return value
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def check_devices(
@@ -232,8 +64,8 @@ def check_devices(
     trainer = trainer or {}
     if accelerator == "cuda" and not torch.cuda.is_available():
         preset, _ = option_origin(args, "accelerator")
-        values = _trainer_section(preset) if preset is not None else {}
-        also = " and ".join(f"{key}: {_yaml_value(values[key])}" for key in ("devices", "strategy") if key in values)
+        values = trainer_section(preset) if preset is not None else {}
+        also = " and ".join(f"{key}: {yaml_value(values[key])}" for key in ("devices", "strategy") if key in values)
         fix = (
             f"leave out --config {preset} to train on the CPU (configs/trainer/ddp_cpu.yaml rehearses ddp with two"
             " CPU processes)"
@@ -241,7 +73,7 @@ def check_devices(
             else "use --trainer.accelerator=cpu (or auto)"
         )
         raise ConfigurationError(
-            f"{_given(args, 'accelerator', trainer.get('accelerator', 'gpu'), f'with {also}' if also else '')} asks"
+            f"{given_as(args, 'accelerator', trainer.get('accelerator', 'gpu'), f'with {also}' if also else '')} asks"
             f" for a GPU, but PyTorch sees no CUDA GPU on this machine (torch {torch.__version__}, CUDA build:"
             f" {torch.version.cuda is not None}). Fix: {fix}, or run on a GPU machine with a CUDA build of PyTorch."
         )
@@ -258,7 +90,7 @@ def check_devices(
         why = "two CPU processes, as configs/trainer/ddp_cpu.yaml" if count == 2 else "one CPU process"
         why += "; dp on the CPU runs as one device" if strategy == "dp" else ""
         raise ConfigurationError(
-            f"{_given(args, 'devices', raw)} means {what}, but the run is on the CPU ({on_cpu}), where"
+            f"{given_as(args, 'devices', raw)} means {what}, but the run is on the CPU ({on_cpu}), where"
             f" --trainer.devices is a number of processes. Fix: pass {fix} ({why})"
             + (f", or leave out --config {preset}." if preset is not None else ".")
         )
@@ -272,7 +104,7 @@ def check_devices(
         if accelerator in ("cuda", "cpu") and devices > have:
             kind = "GPUs" if accelerator == "cuda" else "CPU cores"
             raise ConfigurationError(
-                f"{_given(args, 'devices', trainer.get('devices', devices))} asks for more {kind} than this machine"
+                f"{given_as(args, 'devices', trainer.get('devices', devices))} asks for more {kind} than this machine"
                 f" has ({have}). Fix: set --trainer.devices to at most {have}"
                 + (", or --trainer.accelerator=cpu to simulate processes on the CPU." if accelerator == "cuda" else ".")
             )
@@ -295,7 +127,7 @@ def check_nodes(num_nodes: int, args: Sequence[Any] | None = None) -> None:
     if any(name in os.environ for name in NODE_LAUNCH_ENV):
         return
     raise ConfigurationError(
-        f"{_given(args, 'num_nodes', num_nodes)} needs the command started on every node (srun in a SLURM job,"
+        f"{given_as(args, 'num_nodes', num_nodes)} needs the command started on every node (srun in a SLURM job,"
         " torchrun, or NODE_RANK and MASTER_ADDR set on each node), but this is a plain launch on one machine: its"
         " processes would wait forever for the other nodes'. Fix: submit slurm/multi_node.sbatch (it sets the"
         " numbers from the allocation; see slurm/README.md), or pass --trainer.num_nodes=1 to train on this machine."
@@ -439,15 +271,6 @@ def check_optimizer(model: Any) -> None:
         ) from error
 
 
-def import_class(class_path: str) -> type | None:
-    """The class a config's ``class_path`` names, or None where it cannot be imported (jsonargparse says why)."""
-    module_name, _, name = str(class_path).rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError):
-        return None
-
-
 def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_class_path: Any) -> None:
     """The checkpoint must hold the configured model class: LightningCLI rebuilds the model from the checkpoint's
     hyperparameters, so another model would silently replace ``--model``."""
@@ -517,47 +340,6 @@ def check_checkpoint_fits(model: Any, checkpoint: Mapping[str, Any], path: Path)
         + ". Fix: pass the --model options it was trained with (its run directory keeps them in"
         " logs/version_*/config.yaml, usable as --config), or a checkpoint of this model."
     )
-
-
-def config_files(args: Sequence[Any]) -> list[str]:
-    """The values of ``--config`` among the arguments, in order (files, or YAML strings given in their place)."""
-    args = [str(a) for a in args]
-    return [
-        args[i + 1] if a == "--config" else a.split("=", 1)[1]
-        for i, a in enumerate(args)
-        if (a == "--config" and i + 1 < len(args)) or a.startswith("--config=")
-    ]
-
-
-def load_config_file(name: str) -> Any:
-    """A ``--config`` file's contents (raises ``yaml.YAMLError``), read once per process and change."""
-    path = Path(name)
-    return _load_yaml(str(path.resolve()), path.stat().st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=64)
-def _load_yaml(path: str, mtime_ns: int) -> Any:
-    return yaml.safe_load(Path(path).read_text())
-
-
-def yaml_problem(args: Any) -> str | None:
-    """The first ``--config`` file among the arguments that is not valid YAML, as a one-paragraph error."""
-    if not isinstance(args, (list, tuple)):
-        return None
-    for name in config_files(args):
-        if not Path(name).is_file():
-            continue  # jsonargparse reports a missing file (or a YAML string given in place of a path)
-        try:
-            load_config_file(name)
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-            return (
-                f"--config {name} is not valid YAML{where}: {problem}. Fix: correct that line (a list is [a, b],"
-                " a mapping is 'key: value' with consistent indentation); nothing was run."
-            )
-    return None
 
 
 def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: bool) -> None:

@@ -17,11 +17,12 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 
+from multigpu.arguments import import_class
 from multigpu.callbacks import template_callbacks
 from multigpu.callbacks.stacks import STACKS_DIR
 from multigpu.checkpoints.files import with_atomic_io
-from multigpu.checks import import_class, requested_devices, resolve_accelerator
 from multigpu.compat import registered_strategy
+from multigpu.environment import requested_devices, resolve_accelerator
 from multigpu.strategies.pipeline import PipelineStrategy
 
 #: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough

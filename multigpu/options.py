@@ -13,9 +13,9 @@ import yaml
 from jsonargparse import ActionConfigFile, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
+from multigpu.arguments import load_config_file, yaml_problem
 from multigpu.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from multigpu.checkpoints.resume import checkpoint_dir
-from multigpu.checks import load_config_file, yaml_problem
 from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, debug_mode, describe, user_error_of
 from multigpu.launch import COLLECTIVE_TIMEOUT_S
 from multigpu.strategies.pipeline import PipelineOptions

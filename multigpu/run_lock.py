@@ -20,7 +20,7 @@ Only the process that launches the run holds the directory: rank 0 of the tasks 
 process that Lightning's launcher starts the other ranks from, which passes them the lock's token (``TOKEN_ENV``).
 The other ranks recognise the lock as their launch's (the token, or the same job, step and start) and never hold it;
 the ones srun or torchrun started refuse what rank 0 refuses, after giving it ``RANK_WAIT_S`` to take the directory.
-``multigpu.checks.this_launch`` tells a process's launch from its environment.
+``this_launch`` below tells a process's launch from its environment.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multigpu.environment import launched_by_torchrun, started_by_srun
 from multigpu.errors import ConfigurationError, notice
 
 LOCK_FILE = ".run.lock"
@@ -57,7 +58,7 @@ TAKE_ATTEMPTS = 20
 
 @dataclass(frozen=True)
 class Launch:
-    """The launch a process belongs to, as its launcher tells it (``multigpu.checks.this_launch`` reads it).
+    """The launch a process belongs to, as its launcher tells it (``this_launch`` below reads it).
 
     Args:
         rank: Its rank among the processes the launcher started; rank 0 holds the run directory.
@@ -377,3 +378,43 @@ def _remove_empty(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             break
+
+
+#: where a launcher other than srun and torchrun gives a process its rank (Lightning's own launcher, LSF, MPI)
+RANK_VARIABLES = (
+    "RANK",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "LOCAL_RANK",
+    "JSM_NAMESPACE_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+)
+
+
+def this_launch() -> Launch:
+    """The launch this process belongs to, for the run directory's lock (this module): its rank there (0:
+    the process that holds the directory), and the job, step and restart count that every rank of it shares."""
+    env = os.environ
+    sweep, trial = env.get("SWEEP_DIR"), env.get("SWEEP_TRIAL")  # set by the sweep's worker for its trial's run
+    trial = f"{Path(sweep).resolve()} trial {trial}" if sweep and trial else None
+    if launched_by_torchrun():
+        job = f"torchrun run {env['TORCHELASTIC_RUN_ID']} at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
+        return Launch(_count(env.get("RANK")), job, None, _count(env.get("TORCHELASTIC_RESTART_COUNT")), trial)
+    if "SLURM_JOB_ID" in env:
+        array = env.get("SLURM_ARRAY_JOB_ID")
+        job = f"SLURM job {env['SLURM_JOB_ID']}"
+        job += f" (array task {array}_{env.get('SLURM_ARRAY_TASK_ID')})" if array else ""
+        step = f"step {env.get('SLURM_STEP_ID', env.get('SLURM_STEPID'))}" if started_by_srun() else None
+        rank = _count(env.get("SLURM_PROCID")) if step else _launcher_rank()
+        return Launch(rank, job, step, _count(env.get("SLURM_RESTART_COUNT")), trial)
+    return Launch(_launcher_rank(), trial=trial)
+
+
+def _launcher_rank() -> int:
+    """The rank a launcher other than srun and torchrun gave this process (0 where none did)."""
+    return next((rank for rank in (_count(os.environ.get(name)) for name in RANK_VARIABLES) if rank), 0)
+
+
+def _count(value: str | None) -> int:
+    return int(value) if value is not None and value.strip().isdigit() else 0

@@ -26,6 +26,8 @@ LAYERS = {
     "multigpu.errors": 0,
     "multigpu.quiet": 0,
     "multigpu.hooks": 0,
+    "multigpu.environment": 0,
+    "multigpu.arguments": 0,
     "multigpu.data": 1,
     "multigpu.models": 1,
     "multigpu.strategies": 1,

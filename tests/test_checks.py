@@ -1,5 +1,5 @@
-"""Unit tests of multigpu/checks.py, and of how multigpu/errors.py tells a user error from an error in the code, by its
-type."""
+"""Unit tests of multigpu/checks.py, and of how multigpu/errors.py tells a user error from an error in the code, by
+its type."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import instantiate_class
 
+from multigpu.arguments import import_class
 from multigpu.checkpoints.resume import load_checkpoint
 from multigpu.checks import (
     check_checkpoint_fits,
@@ -20,23 +21,9 @@ from multigpu.checks import (
     check_model_flags,
     check_optimizer,
     check_run_dir,
-    import_class,
-    this_launch,
-    yaml_problem,
 )
 from multigpu.errors import ConfigurationError, EnvironmentFailure, user_error_of
-from multigpu.run_lock import Launch
 from tests.fixtures.workload import TinyClassifier
-
-
-def test_yaml_problem_names_file_line_and_column(tmp_path):
-    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
-    good.write_text("trainer:\n  max_steps: 3\n")
-    bad.write_text("trainer:\n  max_steps: 3\n   devices: 2\n")
-    assert yaml_problem(["fit", "--config", str(good)]) is None
-    problem = yaml_problem(["fit", "--config", str(good), f"--config={bad}"])
-    assert problem is not None and str(bad) in problem and "line 3" in problem and "Fix:" in problem
-    assert yaml_problem(["fit", "--config", str(tmp_path / "missing.yaml")]) is None  # jsonargparse reports it
 
 
 def test_run_dir_must_be_a_folder(tmp_path):
@@ -61,30 +48,6 @@ def test_run_dir_must_be_writable(tmp_path, monkeypatch):
 
 def optimizer_callable(class_path: str, **init_args):
     return lambda params: instantiate_class(params, {"class_path": class_path, "init_args": init_args})
-
-
-def test_the_launch_a_process_belongs_to_is_told_from_its_launchers_variables(tmp_path, monkeypatch):
-    for name in [*os.environ]:
-        if name.startswith(("SLURM_", "TORCHELASTIC_", "SWEEP_")) or name in ("RANK", "NODE_RANK", "LOCAL_RANK"):
-            monkeypatch.delenv(name)
-    assert this_launch() == Launch()  # a plain command: it launches, and holds its run directory
-    monkeypatch.setenv("LOCAL_RANK", "1")  # a rank that Lightning's launcher started
-    assert this_launch() == Launch(rank=1)
-    monkeypatch.delenv("LOCAL_RANK")
-    slurm = {"SLURM_JOB_ID": "81", "SLURM_PROCID": "3", "SLURM_ARRAY_JOB_ID": "80", "SLURM_ARRAY_TASK_ID": "1"}
-    for name, value in slurm.items():
-        monkeypatch.setenv(name, value)
-    job = "SLURM job 81 (array task 80_1)"
-    assert this_launch() == Launch(rank=0, job=job)  # the batch script: srun started nothing
-    monkeypatch.setenv("SLURM_STEP_ID", "0")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    monkeypatch.setenv("SWEEP_DIR", str(tmp_path))
-    monkeypatch.setenv("SWEEP_TRIAL", "5")
-    assert this_launch() == Launch(rank=3, job=job, step="step 0", start=2, trial=f"{tmp_path} trial 5")
-    torchrun = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
-    for name, value in {**torchrun, "TORCHELASTIC_RESTART_COUNT": "1"}.items():
-        monkeypatch.setenv(name, value)
-    assert this_launch() == Launch(1, "torchrun run abc at n1:29500", None, 1, f"{tmp_path} trial 5")  # torchrun wins
 
 
 def test_optimizer_and_scheduler_are_built_before_launch():

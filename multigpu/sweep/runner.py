@@ -54,11 +54,11 @@ def dry_run(spec: SweepSpec, sweep_dir: Path, extra: list[str]) -> dict[str, Any
 
 def trial_devices(trainer: dict[str, Any]) -> tuple[str, int, int]:
     """(accelerator, devices one trial uses on this machine, devices the machine has), counted as ``fit`` does."""
-    from multigpu import checks  # imports torch: only once the sweep file is known to be right
+    from multigpu import environment  # imports torch: only once the sweep file is known to be right
 
-    accelerator = checks.resolve_accelerator(trainer.get("accelerator", "auto"))
-    per_trial = checks.requested_devices(trainer.get("devices", "auto"), accelerator) or 1
-    return accelerator, per_trial, checks.available_devices(accelerator)
+    accelerator = environment.resolve_accelerator(trainer.get("accelerator", "auto"))
+    per_trial = environment.requested_devices(trainer.get("devices", "auto"), accelerator) or 1
+    return accelerator, per_trial, environment.available_devices(accelerator)
 
 
 def check_devices(trainer: dict[str, Any], workers: int) -> tuple[str, int]:

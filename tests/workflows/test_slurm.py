@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from multigpu import checks
+from multigpu import checks, environment
 from multigpu.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from multigpu.errors import ConfigurationError
 from tests.conftest import REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
@@ -430,11 +430,11 @@ def slurm_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, str]], Non
 
 def test_batch_script_and_srun_task_are_told_apart(slurm_env: Callable[[dict[str, str]], None]) -> None:
     slurm_env(BATCH_SCRIPT)
-    assert checks.in_slurm_batch_script() and not checks.in_slurm_step()
+    assert environment.in_slurm_batch_script() and not environment.in_slurm_step()
     slurm_env(SRUN_TASK)
-    assert checks.in_slurm_step() and not checks.in_slurm_batch_script()
+    assert environment.in_slurm_step() and not environment.in_slurm_batch_script()
     slurm_env({"SLURM_JOB_NAME": "interactive"})  # salloc's job: Lightning ignores SLURM there
-    assert checks.started_by_srun() and not checks.in_slurm_step() and not checks.in_slurm_batch_script()
+    assert environment.started_by_srun() and not environment.in_slurm_step() and not environment.in_slurm_batch_script()
 
 
 def test_srun_task_matching_the_devices_passes(slurm_env: Callable[[dict[str, str]], None]) -> None:

@@ -1,0 +1,118 @@
+"""The command line read as written, where the parsed config cannot say it: which ``--config`` file set an option
+(jsonargparse keeps no record of where a value came from), the files' YAML read once and checked, and the class a
+``class_path`` names. Every reading of the raw arguments is here."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def option_origin(args: Sequence[Any] | None, key: str) -> tuple[str | None, list[str]]:
+    """``(file, earlier flags it overrides)`` when a ``--config`` file sets ``trainer.<key>`` last, else
+    ``(None, [])``; jsonargparse keeps no record of where a value came from, so the arguments are read again."""
+    if not isinstance(args, (list, tuple)):
+        return None, []
+    origin: str | None = None
+    flags: list[str] = []
+    overridden: list[str] = []
+    args = [str(a) for a in args]
+    flag = f"--trainer.{key}"
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") or arg.startswith("--config="):
+            path = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            if key in trainer_section(path):
+                origin, overridden = path, list(flags)
+        elif arg == flag or arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            origin, overridden = None, []
+            flags.append(f"{flag}={value}")
+    return (origin, overridden) if origin is not None else (None, [])
+
+
+def trainer_section(path: str) -> dict[str, Any]:
+    """The ``trainer`` mapping of a YAML config file, or ``{}`` (not a file, not YAML, no such section)."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) if path and Path(path).is_file() else None
+    except (OSError, yaml.YAMLError):
+        return {}
+    section = loaded.get("trainer") if isinstance(loaded, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def given_as(args: Sequence[Any] | None, key: str, value: Any, also: str = "") -> str:
+    """``--trainer.<key>=<value>``, followed by ``(set by FILE ...)`` when a ``--config`` file set it, naming the
+    earlier flags that file overrides; ``also`` adds to the parenthesis."""
+    origin, overridden = option_origin(args, key)
+    shown = f"--trainer.{key}={yaml_value(value)}"
+    if origin is None:
+        return shown
+    notes = [f"set by {origin}"] + ([also] if also else [])
+    if overridden:
+        notes.append(
+            f"which overrides the earlier {' '.join(overridden)}: arguments apply in order and a later one wins,"
+            " so put --config files first"
+        )
+    return f"{shown} ({', '.join(notes)})"
+
+
+def yaml_value(value: Any) -> str:
+    """A value as it is written on the command line: ``4``, ``gpu``, ``[0, 1]``."""
+    if isinstance(value, str):
+        return value
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def import_class(class_path: str) -> type | None:
+    """The class a config's ``class_path`` names, or None where it cannot be imported (jsonargparse says why)."""
+    module_name, _, name = str(class_path).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def config_files(args: Sequence[Any]) -> list[str]:
+    """The values of ``--config`` among the arguments, in order (files, or YAML strings given in their place)."""
+    args = [str(a) for a in args]
+    return [
+        args[i + 1] if a == "--config" else a.split("=", 1)[1]
+        for i, a in enumerate(args)
+        if (a == "--config" and i + 1 < len(args)) or a.startswith("--config=")
+    ]
+
+
+def load_config_file(name: str) -> Any:
+    """A ``--config`` file's contents (raises ``yaml.YAMLError``), read once per process and change."""
+    path = Path(name)
+    return _load_yaml(str(path.resolve()), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_yaml(path: str, mtime_ns: int) -> Any:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def yaml_problem(args: Any) -> str | None:
+    """The first ``--config`` file among the arguments that is not valid YAML, as a one-paragraph error."""
+    if not isinstance(args, (list, tuple)):
+        return None
+    for name in config_files(args):
+        if not Path(name).is_file():
+            continue  # jsonargparse reports a missing file (or a YAML string given in place of a path)
+        try:
+            load_config_file(name)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            return (
+                f"--config {name} is not valid YAML{where}: {problem}. Fix: correct that line (a list is [a, b],"
+                " a mapping is 'key: value' with consistent indentation); nothing was run."
+            )
+    return None

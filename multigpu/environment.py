@@ -1,0 +1,94 @@
+"""What this process can find out about where it runs, before anything is built: how it was launched (srun, an
+sbatch script, torchrun, an interactive job) and which devices it has and was asked for."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+GPU_ACCELERATORS = ("gpu", "cuda")
+#: strategies that run one process per device (the world size is devices x num_nodes)
+MULTIPROCESS_PREFIXES = ("ddp", "fsdp", "deepspeed", "tensor_parallel", "pipeline")
+
+
+#: Lightning ignores SLURM in a job with one of these names (``salloc`` names its job ``interactive``)
+INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+#: SLURM_STEP_ID of steps that srun did not start; the batch script itself has no SLURM_STEP_ID at all (22.05)
+NON_SRUN_STEP_IDS = ("batch", "extern", "interactive", "4294967294", "4294967291", "4294967290")
+
+
+def started_by_srun() -> bool:
+    """True in a task that ``srun`` started (a batch script has even ``SLURM_PROCID=0``, but no step id)."""
+    step = os.environ.get("SLURM_STEP_ID", os.environ.get("SLURM_STEPID"))
+    return "SLURM_JOB_ID" in os.environ and step is not None and step not in NON_SRUN_STEP_IDS
+
+
+def interactive_job() -> bool:
+    """True in a job named ``bash`` or ``interactive``, where Lightning does not take ranks from SLURM."""
+    return os.environ.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process that ``torchrun`` started; Lightning then takes the ranks from torchrun, even in SLURM."""
+    return torch.distributed.is_available() and torch.distributed.is_torchelastic_launched()
+
+
+def in_slurm_step() -> bool:
+    """True inside a task that ``srun`` started, in a job where Lightning takes the ranks from SLURM."""
+    return "SLURM_NTASKS" in os.environ and started_by_srun() and not interactive_job()
+
+
+def in_slurm_batch_script() -> bool:
+    """True in a SLURM job's batch script, where processes were not started by ``srun``."""
+    return "SLURM_JOB_ID" in os.environ and not started_by_srun() and not interactive_job()
+
+
+def resolve_accelerator(accelerator: Any) -> str:
+    """``auto`` -> ``cuda`` or ``cpu``; ``gpu`` -> ``cuda``; other names unchanged."""
+    if not isinstance(accelerator, str):
+        return "custom"
+    accelerator = accelerator.lower()
+    if accelerator == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if accelerator in GPU_ACCELERATORS else accelerator
+
+
+def available_devices(accelerator: str) -> int:
+    """How many devices of this kind the machine has."""
+    if accelerator == "cuda":
+        return torch.cuda.device_count()
+    if accelerator == "cpu":
+        return os.cpu_count() or 1
+    return 0
+
+
+def requested_devices(devices: Any, accelerator: str) -> int | None:
+    """Number of devices ``--trainer.devices`` asks for (``None`` when it cannot be told here)."""
+    if isinstance(devices, str):
+        devices = devices.strip()
+        if devices == "auto":
+            return 1 if accelerator == "cpu" else available_devices(accelerator)
+        if "," in devices:
+            return len([d for d in devices.split(",") if d.strip()])
+        devices = int(devices) if devices.lstrip("-").isdigit() else None
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, int):
+        return available_devices(accelerator) if devices == -1 else devices
+    return None
+
+
+def world_size(strategy: str | None, devices: int, num_nodes: int) -> int:
+    """Processes the run will have: one per device for the multi-process strategies (and ``auto``), else one."""
+    if strategy is None or strategy == "auto" or strategy.startswith(MULTIPROCESS_PREFIXES):
+        return devices * num_nodes
+    return 1  # single_device, dp
+
+
+def process_count(trainer: Mapping[str, Any]) -> int:
+    """Processes the ``trainer`` section asks for (devices per node times nodes; 1 where that cannot be told)."""
+    devices = requested_devices(trainer.get("devices", "auto"), resolve_accelerator(trainer.get("accelerator", "auto")))
+    return (devices or 1) * int(trainer.get("num_nodes") or 1)
