@@ -1,7 +1,7 @@
 """The baselines: a plain PyTorch loop, plain PyTorch DDP (``torch.multiprocessing.spawn``) and bare Lightning.
 
 ``python -m benchmarks.plain --workload image --mode ddp --devices 2 --batch-size 32 --steps 20 --out run.json``
-builds the workload through the template's CLI (``TemplateCLI(run=False)``: the same model class, seed, data
+builds the workload through the template's CLI (``CLI(run=False)``: the same model class, seed, data
 module, optimizer, LR scheduler and gradient clipping as ``python -m src.cli fit``) and trains its ``model.net``
 on the same data: the same global batch order (``GlobalBatchSampler``), per-process batch, augmentation,
 normalisation and precision. ``--mode loop`` runs one process without DDP; ``--mode ddp`` spawns ``--devices``

@@ -1,7 +1,7 @@
 """The benchmark's workloads: named sets of ``python -m src.cli fit`` flags, read by every row through the CLI.
 
 The template rows pass ``cli_flags`` to ``python -m src.cli fit``; the baselines (``benchmarks/plain.py``,
-``benchmarks/bare.py``) pass the same flags to ``TemplateCLI(run=False)`` and take its model, data module,
+``benchmarks/bare.py``) pass the same flags to ``CLI(run=False)`` and take its model, data module,
 optimizer and trainer options. One config system builds all rows, so they train the same network, with the same
 initialisation, optimizer, scheduler, gradient clipping and data.
 
@@ -197,12 +197,12 @@ def build_cli(workload: Workload, quick: bool, batch_size: int | None = None) ->
     The CLI seeds (``seed_everything``) before it builds the model, so every row starts from the same weights.
     Its Trainer is a one-process CPU trainer without a logger: the baselines only read its options.
     """
-    from src.cli import TemplateCLI  # Lightning and the template: only where a workload is built
+    from src.cli import CLI  # Lightning and the engine: only where a workload is built
 
     extra: dict[str, Any] = {"data.init_args.batch_size": batch_size} if batch_size else {}
     flags = cli_flags(workload, quick, extra)
     trainer = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.logger=false"]
-    return TemplateCLI(args=[*flags, *trainer], run=False)
+    return CLI(args=[*flags, *trainer], run=False)
 
 
 def optimizer_and_scheduler(model: Any) -> tuple[Any, Any]:

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+#: the config sections whose class a command line may change
+CLASSES = ("model", "data")
 
 
 def option_origin(args: Sequence[Any] | None, key: str) -> tuple[str | None, list[str]]:
@@ -116,3 +120,73 @@ def yaml_problem(args: Any) -> str | None:
                 " a mapping is 'key: value' with consistent indentation); nothing was run."
             )
     return None
+
+
+def chosen_classes(argv: list[str], subcommand: str | None) -> dict[str, str | None]:
+    """The ``class_path`` of the model and data module that the arguments name (None where they name none), read
+    as jsonargparse reads them: ``--model=X``, ``--model X``, ``--model.class_path=X`` and the sections of
+    ``--config`` files or YAML strings, in order, the last one winning."""
+    chosen: dict[str, str | None] = dict.fromkeys(CLASSES)
+    options = argv[argv.index(subcommand) + 1 :] if subcommand is not None else argv
+    for index, argument in enumerate(options):
+        name, equals, value = str(argument).partition("=")
+        if not equals:
+            value = str(options[index + 1]) if index + 1 < len(options) else ""
+        if name == "--config":
+            try:
+                sections = load_config_file(value) if Path(value).is_file() else yaml.safe_load(value)
+            except yaml.YAMLError:
+                continue  # the parser says what is wrong with it
+            for key in CLASSES if isinstance(sections, dict) else ():
+                section = sections.get(key)
+                class_path = section.get("class_path") if isinstance(section, dict) else section
+                if isinstance(class_path, str):
+                    chosen[key] = class_path
+        for key in CLASSES:
+            if name in (f"--{key}", f"--{key}.class_path") and value and not value.startswith("-"):
+                chosen[key] = value
+    return chosen
+
+
+def unresolved(chosen: dict[str, str | None]) -> bool:
+    """Whether the classes of the run may show only in the parsed config: one given by a short name (which
+    jsonargparse resolves) or an environment variable (``PL_FIT__MODEL``, ...)."""
+    environment = any(key.startswith("PL_") and key.endswith(("__MODEL", "__DATA")) for key in os.environ)
+    return environment or any(name and import_class(name) is None for name in chosen.values())
+
+
+def changes_class(chosen: str, default: Any) -> bool:
+    """Whether the class path ``chosen`` names another class than ``default`` does. Paths are compared first, then
+    the class names, so that the default's class (an example the user replaced) is imported only where it may be
+    the chosen class under another path (``src.models.ImageClassifier`` for ``src.models.image_classifier.``...)."""
+    if chosen == default:
+        return False
+    named = import_class(chosen)
+    if named is None:
+        return False  # not importable as given: the parser resolves it (a short name) or says why not
+    if not isinstance(default, str) or named.__name__ != default.rpartition(".")[2]:
+        return True
+    return named is not import_class(default)
+
+
+def rebased_defaults(chosen: dict[str, Any], default_config: Path | None) -> dict[str, Any] | None:
+    """``default_config`` as the parser's defaults where ``chosen`` changes a class: each such section replaced by
+    its class alone (which then starts from its own defaults, not from the init_args jsonargparse would keep from
+    the default class where the names match), every other section kept; None where ``chosen`` changes none. The
+    file is read only where a class is named; the parser then reads no default config file itself."""
+    if default_config is None or not any(chosen.values()):
+        return None  # no default config, or its classes: configs/default.yaml is the parser's to read
+    defaults = load_config_file(str(default_config)) or {}
+    changed = {
+        key: {"class_path": class_path}
+        for key, class_path in chosen.items()
+        if class_path and changes_class(str(class_path), section_class(defaults.get(key)))
+    }
+    return {**defaults, **changed} if changed else None
+
+
+def section_class(section: Any) -> str | None:
+    """The class a config section names: ``model: pkg.Model`` or ``model: {class_path: pkg.Model, ...}``."""
+    if isinstance(section, dict):
+        return section.get("class_path")
+    return section if isinstance(section, str) else None

@@ -1,13 +1,13 @@
 """The command line a project runs as ``python -m src.cli {fit,validate,test,predict,tune} [--config FILE ...]
-[--key=value ...]``: the project's ``src/cli.py`` subclasses ``TemplateCLI`` with its ``configs/default.yaml`` and
-calls ``run_cli``.
+[--key=value ...]``: the project's ``src/cli.py`` calls ``main`` with its ``configs/default.yaml``.
 
-Every option comes from LightningCLI (README "The command line"); the project's default config is read first (it
-names classes only, so that a ``--model`` or ``--data`` of another class starts from that class's own defaults).
-One road, top to bottom in ``TemplateCLI``:
+Every option comes from LightningCLI (README "The command line"); the project's default config is read first. One
+road, top to bottom in ``TemplateCLI``:
 
 1. parse: the parser of the subcommand named, alone, with the engine's options (``options.py``), parses the
-   arguments once, by jsonargparse's own mechanism;
+   arguments once; a model or data class they name starts from its own defaults, not from those of the default
+   config's class (jsonargparse would carry over every default of that class the new one also takes, e.g. a
+   ``batch_size``): the engine gives the parser the default config with that section replaced by the class alone;
 2. check: everything the options tell before anything is built (``checks.py``; the run directory held for this run
    until the command ends, ``run_lock.py``; the checkpoint resolved and read once, ``checkpoints/resume.py``);
 3. build: the objects of the config (loggers placed in the run directory, ``run_dir.py``), then the Trainer,
@@ -40,9 +40,10 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from torch.multiprocessing import ProcessExitedException
 
+from multigpu.arguments import CLASSES, chosen_classes, rebased_defaults, unresolved
 from multigpu.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
 from multigpu.checks import check_before_launch, check_built
-from multigpu.compat import registered_with
+from multigpu.compat import registered_with, skip_default_config_files, subcommand_parser
 from multigpu.errors import TrainingStopped, report
 from multigpu.launch import strategy_as_class, trainer_arguments
 from multigpu.options import (
@@ -85,6 +86,11 @@ class TemplateCLI(LightningCLI):
         #: whether its parser alone is built: where the arguments start with it (an option of the main parser may
         #: come first, --help listing every subcommand or a --config with sections of several: every one is built)
         self.alone = bool(self.argv) and self.argv[0] == self.named
+        #: whether the arguments are read for the classes they name
+        self.rebasing = self.argv is not None and (self.named is not None or not run)
+        self.classes = chosen_classes(self.argv, self.named) if self.rebasing else {}
+        #: configs/default.yaml with the sections of the classes the arguments change replaced by those classes
+        self.rebased = rebased_defaults(self.classes, self.default_config) if self.rebasing else None
         #: the ``--ckpt_path`` file and its contents, read once before launch for the checks
         self.resumed: tuple[Path, dict[str, Any]] | None = None
         silence_known_noise()  # multigpu/quiet.py: the lines every run printed that say nothing about the run
@@ -96,7 +102,8 @@ class TemplateCLI(LightningCLI):
         if not self.own_trainer_class:
             builds_tune = run and (self.named == "tune" or not self.alone)
             kwargs["trainer_class"] = tuning_trainer() if builds_tune else L.Trainer
-        files = [str(self.default_config)] if self.default_config is not None else []
+        # where the arguments change a class, the template gives the parser configs/default.yaml, rebased
+        files = [str(self.default_config)] if self.default_config is not None and not self.rebased else []
         defaults = {"default_config_files": files, "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         try:
@@ -139,11 +146,11 @@ class TemplateCLI(LightningCLI):
     # -- parse, then check before anything is built -----------------------------------------------------------
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse once (jsonargparse), then check what the options tell before anything is built."""
+        """Parse once (``_parse_once``), then check what the options tell before anything is built."""
         with warnings.catch_warnings():
-            # the arguments are sys.argv's, passed on explicitly by main()
+            # the arguments are sys.argv's, passed on explicitly where --print_config waits for the last parse
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-            super().parse_arguments(parser, args)
+            self._parse_once(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand != "tune" and not self.own_trainer_class:
             self.trainer_class = L.Trainer  # every subcommand's parser was built: fit, ... run on Lightning's own
@@ -153,6 +160,34 @@ class TemplateCLI(LightningCLI):
         self.resumed = check_before_launch(subcommand, self.config[subcommand], self.argv)
         if self.config[subcommand].get("seed_everything") is True:
             self.config[subcommand]["seed_everything"] = shared_random_seed()
+
+    def _parse_once(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse once, from ``self.rebased`` where the arguments name a class plainly. A class they do not name
+        plainly (an environment variable, a short class name) is seen only in the parsed config: where it changes
+        the default config's class, that one case parses again, from the default config rebased."""
+        if self.rebased is not None:
+            self._start_from(self.rebased)
+        late = self.rebasing and unresolved(self.classes)
+        # --print_config prints while parsing: where a class may still show only in the parsed config, it waits
+        printing = [a for a in self.argv if str(a).startswith("--print_config")] if late else []
+        super().parse_arguments(parser, [a for a in self.argv if a not in printing] if printing else args)
+        if not late:
+            return
+        named = {key: (self._chosen().get(key) or Namespace()).get("class_path") for key in CLASSES}
+        rebased = rebased_defaults(named, self.default_config)
+        if rebased != self.rebased or printing:
+            if rebased is not None:
+                skip_default_config_files(self, self.named)  # replaced by the same file, rebased
+                self._start_from(rebased)
+            super().parse_arguments(parser, args)
+
+    def _start_from(self, defaults: dict[str, Any]) -> None:
+        """The subcommand's parser takes ``defaults`` (configs/default.yaml, rebased) as its defaults; what it
+        refuses is an error in that file, said in one paragraph as jsonargparse says it of a default config file."""
+        try:
+            subcommand_parser(self, self.named).set_defaults(defaults)
+        except Exception as error:
+            self.parser.error(f"{self.default_config}: {error.args[0] if error.args else error}")
 
     # -- build: the objects of the config, then the Trainer, once -----------------------------------------------
 

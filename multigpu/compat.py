@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
     from lightning.pytorch.strategies import Strategy
 
 #: the protected hooks that a subclass in ``src/`` overrides (``Base._hook``: the subclass, and why), each run by
@@ -262,6 +263,21 @@ def mid_epoch_resume_warning_module() -> str:
     """The module (a ``warnings`` filter's pattern) of Lightning's training epoch loop, a private class, which warns
     when a fit resumes mid-epoch with a loader that cannot restore its position."""
     return r"lightning\.pytorch\.loops\.training_epoch_loop"
+
+
+# -- jsonargparse and LightningCLI --------------------------------------------------------------------------
+
+
+def subcommand_parser(cli: LightningCLI, subcommand: str | None) -> LightningArgumentParser:
+    """The parser of one subcommand (``fit``, ...), or the only one without subcommands: LightningCLI keeps them in
+    its private ``_parser``."""
+    return cli._parser(subcommand)
+
+
+def skip_default_config_files(cli: LightningCLI, subcommand: str | None) -> None:
+    """Make the next parse of a subcommand's options read none of its ``default_config_files`` (jsonargparse's own
+    property, on the subcommand's parser that LightningCLI keeps to itself)."""
+    subcommand_parser(cli, subcommand).default_config_files = []
 
 
 # -- torch and torchmetrics ---------------------------------------------------------------------------------

@@ -1,11 +1,14 @@
-"""The command line's options on top of LightningCLI's: the engine's own (``--checkpoint.*``, ``--preemption.*``,
-``--callbacks_off``, ``--progress_bar``, ``--compile``, ``--collective_timeout``, ...), ``--config``'s help, and a
-parser whose errors are one paragraph."""
+"""The command line's options on top of LightningCLI's: the template's own (``--checkpoint.*``, ``--preemption.*``,
+``--callbacks_off``, ``--progress_bar``, ``--compile``, ``--collective_timeout``, ...), ``--config``'s help, a parser
+whose errors are one paragraph, and what is read from the arguments before the parser is built: the subcommand
+(whose parser alone is built) and the model and data classes (which start from their own defaults, not from
+``configs/default.yaml``'s section of another class)."""
 
 from __future__ import annotations
 
 import re
 import sys
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -13,7 +16,7 @@ import yaml
 from jsonargparse import ActionConfigFile, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
-from multigpu.arguments import load_config_file, yaml_problem
+from multigpu.arguments import CLASSES, load_config_file, yaml_problem
 from multigpu.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from multigpu.checkpoints.resume import checkpoint_dir
 from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, debug_mode, describe, user_error_of
@@ -22,8 +25,11 @@ from multigpu.strategies.pipeline import PipelineOptions
 
 PROG = "python -m src.cli"
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
-#: the config sections whose class a command line may change
-CLASSES = ("model", "data")
+
+#: while the main parser parses, the defaults each parser with default config files computed: jsonargparse
+#: computes a subcommand's twice in one parse (for its own arguments, and again when the main parser merges the
+#: environment), each time reading configs/default.yaml
+_defaults_of_this_parse: ContextVar[dict[int, tuple[Any, Namespace]] | None] = ContextVar("defaults", default=None)
 
 
 class TemplateArgumentParser(LightningArgumentParser):
@@ -34,10 +40,14 @@ class TemplateArgumentParser(LightningArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` must not silently mean max_epochs
+        #: whether this parser reads default config files (a subcommand's: configs/default.yaml)
+        self.reads_defaults = bool(kwargs.get("default_config_files"))
         super().__init__(*args, **kwargs)
         self.arguments: list[str] = []
 
     def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
+        if _defaults_of_this_parse.get() is not None:  # a subcommand's, within the main parser's parse
+            return super().parse_args(args, *rest, **kwargs)
         listed = isinstance(args, (list, tuple, type(None)))  # else a dict or Namespace, parsed as an object
         self.arguments = [str(a) for a in (sys.argv[1:] if args is None else args)] if listed else []
         # jsonargparse reports a YAML syntax error without the file's name; name it, with the line
@@ -45,7 +55,20 @@ class TemplateArgumentParser(LightningArgumentParser):
         if problem is not None and self.exit_on_error and not debug_mode():
             sys.stderr.write(f"error: {problem}\n")
             self.exit(2)
-        return super().parse_args(args, *rest, **kwargs)
+        token = _defaults_of_this_parse.set({})
+        try:
+            return super().parse_args(args, *rest, **kwargs)
+        finally:
+            _defaults_of_this_parse.reset(token)
+
+    def get_defaults(self, skip_validation: bool = False, **kwargs: Any) -> Namespace:
+        """jsonargparse's defaults, with the default config files read once per parse of the main parser."""
+        computed = _defaults_of_this_parse.get()
+        if computed is None or not self.reads_defaults:
+            return super().get_defaults(skip_validation, **kwargs)
+        if id(self) not in computed:  # the parser itself is kept with its defaults, so that its id stays its own
+            computed[id(self)] = (self, super().get_defaults(skip_validation, **kwargs))
+        return computed[id(self)][1].clone()
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or debug_mode():

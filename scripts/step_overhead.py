@@ -3,7 +3,7 @@ metric updates and logging. One process, in-process timers, so the figures do no
 
     python scripts/step_overhead.py --workload image --batch-size 4 --steps 600
 
-Builds the benchmark's workload with the template's CLI (``TemplateCLI(run=False)``: the default callbacks, the
+Builds the benchmark's workload with the template's CLI (``CLI(run=False)``: the default callbacks, the
 CSV logger, the plain progress bar, ``configs/default.yaml``), wraps every ``on_*`` hook of every callback in a
 timer, and trains. After ``--warmup`` steps it counts, per optimizer step: the time inside each callback's hooks;
 Lightning's cost of calling a callback hook (its dispatch loop timed on a hook no callback overrides, once per
@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from benchmarks.workloads import WORKLOADS, cli_flags  # noqa: E402
-from src.cli import TemplateCLI  # noqa: E402
+from src.cli import CLI  # noqa: E402
 
 #: the callback hooks Lightning calls on every optimizer step of automatic optimization
 STEP_HOOKS = (
@@ -104,7 +104,7 @@ def main() -> None:
         "--trainer.max_epochs=-1", "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
         f"--trainer.default_root_dir={run_dir}", "--progress_bar=plain",
     ]  # fmt: skip
-    cli = TemplateCLI(args=[*flags, *trainer_flags], run=False)
+    cli = CLI(args=[*flags, *trainer_flags], run=False)
     trainer, model = cli.trainer, cli.model
     meter = Meter(args.warmup)
     callbacks = list(trainer.callbacks)

@@ -28,7 +28,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins import Precision
@@ -591,6 +591,42 @@ def test_available_flops_is_lightnings_table_of_device_peaks(monkeypatch):
     assert compat.available_flops(cuda, "tfloat32") == 62.5e12  # the name the template gives TF32
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
     assert compat.available_flops(cuda, torch.bfloat16) is None
+
+
+# -- jsonargparse and LightningCLI --------------------------------------------------------------------------
+
+
+class Parsed(Exception):
+    """Raised by the probes below once the arguments are parsed, before anything is built."""
+
+
+def test_subcommand_parser_is_the_parser_that_read_the_subcommands_options():
+    class Probe(LightningCLI):
+        def before_instantiate_classes(self) -> None:
+            raise Parsed(compat.subcommand_parser(self, self.subcommand), self.parser)
+
+    with pytest.raises(Parsed) as parsed:
+        Probe(BoringModel, args=["fit", "--trainer.max_steps=3"])
+    fit_parser, main_parser = parsed.value.args
+    assert isinstance(fit_parser, LightningArgumentParser) and fit_parser is not main_parser
+    assert fit_parser.get_defaults().trainer.max_steps == -1 and "ckpt_path" in fit_parser.get_defaults()
+
+
+def test_skip_default_config_files_makes_the_next_parse_read_none(tmp_path):
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text("trainer:\n  max_steps: 5\n")
+
+    class Probe(LightningCLI):
+        def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+            super().parse_arguments(parser, args)
+            first = self.config.fit.trainer.max_steps
+            compat.skip_default_config_files(self, "fit")
+            super().parse_arguments(parser, args)
+            raise Parsed(first, self.config.fit.trainer.max_steps)
+
+    with pytest.raises(Parsed) as parsed:
+        Probe(BoringModel, parser_kwargs={"fit": {"default_config_files": [str(defaults)]}}, args=["fit"])
+    assert parsed.value.args == (5, -1)
 
 
 # -- torch and torchmetrics ---------------------------------------------------------------------------------
