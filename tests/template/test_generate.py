@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import re
 import shutil
+import subprocess
 import sys
 import time
 from importlib.util import find_spec
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.template.conftest import REPO, WORKLOADS, copier, generate, git, run
+from tests.template.conftest import REPO, WORKLOADS, copier, env, generate, git, run
+from tests.workflows.test_slurm import TERMINAL_STATES, job_records, slurm  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.xdist_group("template")  # one worker generates the projects once
 
@@ -205,17 +207,27 @@ def test_a_bad_project_name_is_refused_and_nothing_written(template_repo: Path, 
     assert not (tmp_path / "x" / "pyproject.toml").exists()
 
 
-def test_a_template_folder_without_git_follows_the_links_too(
-    template_repo: Path, projects: dict[str, Path], tmp_path: Path
+@pytest.mark.parametrize("source", ["git URL", "folder without git"])
+def test_the_same_project_from_a_git_url_and_from_a_folder_without_git(
+    template_repo: Path, projects: dict[str, Path], tmp_path: Path, source: str
 ) -> None:
-    shutil.copytree(template_repo, tmp_path / "plain", symlinks=True, ignore=shutil.ignore_patterns(".git"))
-    root = generate(tmp_path / "plain", tmp_path / "my-stub")
-    from_git = files(projects["stub"])
-    plain = files(root)
-    assert set(plain) == set(from_git)
-    assert [n for n in plain if n not in OWN and plain[n].read_bytes() != from_git[n].read_bytes()] == []
+    """The links of template/ are followed (their files' bytes, no link) from a git URL as from a checkout's path,
+    and from a folder that is no git repository; the engine's source is where the project was made from."""
+    if source == "git URL":
+        template, engine = (
+            f"git+file://{template_repo}",
+            f"git+file://{template_repo}@{git('rev-parse', 'HEAD', cwd=template_repo)}",
+        )
+    else:
+        template = tmp_path / "plain"
+        shutil.copytree(template_repo, template, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        engine = f"file://{template.resolve()}"
+    root = generate(template, tmp_path / "my-stub")
+    from_path, here = files(projects["stub"]), files(root)
+    assert set(here) == set(from_path)
+    assert [n for n in here if n not in OWN and here[n].read_bytes() != from_path[n].read_bytes()] == []
     assert not any(p.is_symlink() for p in root.rglob("*"))
-    assert f'"lightning-multigpu @ file://{(tmp_path / "plain").resolve()}",' in (root / "pyproject.toml").read_text()
+    assert f'"lightning-multigpu @ {engine}",' in (root / "pyproject.toml").read_text()
 
 
 @pytest.mark.slow
@@ -240,6 +252,9 @@ def test_the_stub_project_trains_and_passes_its_own_tests_in_two_minutes(project
     assert option_keys(root) >= {o.replace(".init_args", "") for o in options_named(root)} - {"model.help"}
     fit = run(sys.executable, "-m", "src.cli", "fit", cwd=root)  # the first command's last part, as written
     assert (root / "runs" / "default" / "checkpoints" / "last.ckpt").is_file(), fit.stdout[-2000:]
+    sweep = run(sys.executable, "-m", "multigpu.sweep", "run", "configs/sweep/model.yaml", "--dir", "runs/sweep",
+                "--trials", "1", cwd=root)  # fmt: skip
+    assert "1 of 1 trials (1 complete)" in sweep.stdout + sweep.stderr, sweep.stderr[-3000:]
     start = time.monotonic()
     tests = run(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", cwd=root, timeout=600)
     took = time.monotonic() - start
@@ -261,3 +276,33 @@ def test_an_example_project_trains_with_its_own_test(projects: dict[str, Path], 
 def options_named(root: Path) -> set[str]:
     """The ``--trainer.*``, ``--model.*``, ``--data.*`` ... options the project's files name."""
     return {option for path in files(root).values() for option in OPTION.findall(path.read_text())}
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.usefixtures("slurm")  # skips, with the reason, without the CI cluster (tests/workflows/test_slurm.py)
+def test_the_stub_projects_sbatch_script_trains_on_the_ci_cluster(projects: dict[str, Path], tmp_path: Path) -> None:
+    root, run_dir = projects["stub"], tmp_path / "run"
+    args = "--trainer.max_steps=8 --trainer.max_epochs=-1 --data.samples=512 --data.batch_size=32 --progress_bar=plain"
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--output={tmp_path}/%x-%j.out", "slurm/cpu.sbatch"],
+        cwd=root,  # as its README says: from the project's folder
+        env=env(RUN_DIR=str(run_dir), EXTRA_ARGS=args),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 240
+    records = job_records(job)
+    while not records or not all(r["JobState"] in TERMINAL_STATES for r in records):
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job], check=False)
+            pytest.fail(f"job {job} did not finish: {records}")
+        time.sleep(1)
+        records = job_records(job)
+    log = "\n".join(p.read_text() for p in tmp_path.glob("*.out"))
+    assert [(r["JobState"], r["ExitCode"]) for r in records] == [("COMPLETED", "0:0")], log[-3000:]
+    assert "--trainer.devices=2 --trainer.num_nodes=1" in log  # one process per task of the allocation
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file(), log[-3000:]
