@@ -44,7 +44,7 @@ _PUBLIC = {
     "network_failure": "multigpu.errors",
     "is_network_error": "multigpu.errors",
 }
-_MODULES: tuple[str, ...] = ()
+_MODULES = ("hooks", "testing")
 
 __all__ = ["__version__", *_PUBLIC, *_MODULES]
 

@@ -22,7 +22,7 @@ status=0
 
 echo "== GPU tests"
 gpu_tests=(tests/workflows/test_gpu.py)
-# the example GPT's fsdp2 / tensor_parallel runs, while the examples are there (scripts/make_it_yours.py removes them)
+# the example GPT's fsdp2 / tensor_parallel runs, where the examples are (a generated project may have none)
 [ -e tests/examples/test_gpu_model_parallel.py ] && gpu_tests+=(tests/examples/test_gpu_model_parallel.py)
 timeout "${TEST_TIMEOUT:-420}" python -m pytest -m gpu -v -p no:cacheprovider -s "${gpu_tests[@]}" 2>&1 | tee "$out/gpu_tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

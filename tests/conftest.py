@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from multigpu.testing import Project, relative_difference  # noqa: F401 (the suite's tests import it from here)
 from tests import prewarmed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,10 +116,8 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
 
 
-def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """||a - b|| / ||a|| over all floating-point tensors of two state dicts (same keys required)."""
-    assert a.keys() == b.keys()
-    keys = [k for k in a if a[k].is_floating_point()]
-    diff = sum(((a[k].double() - b[k].double()) ** 2).sum() for k in keys).sqrt()
-    norm = sum((a[k].double() ** 2).sum() for k in keys).sqrt()
-    return (diff / norm).item()
+@pytest.fixture
+def project(tmp_path: Path, project_args: list[str]) -> Project:
+    """The engine's ``project`` fixture (multigpu/testing.py) with this suite's environment, its commands forked
+    from the prewarmed server (tests/prewarmed.py)."""
+    return Project(REPO, tmp_path, project_args, env=cli_env(), runner=prewarmed.run)

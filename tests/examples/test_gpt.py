@@ -1,6 +1,7 @@
 """The language model example: CausalLanguageModel (a byte-level GPT), TextDataModule and the embedded corpus,
-its bad input, its throughput figures, and that it learns (that ddp trains it as one process does:
-tests/examples/test_gpt_model_parallel.py, with fsdp2 and tensor_parallel)."""
+its bad input, its throughput figures, and that it learns (that ddp trains it as one process does, and that a
+stopped run resumes exactly: tests/examples/test_proofs.py; fsdp2 and tensor_parallel:
+tests/examples/test_gpt_model_parallel.py)."""
 
 from __future__ import annotations
 

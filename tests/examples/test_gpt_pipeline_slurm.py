@@ -9,8 +9,8 @@ the final weights):
   than cores), the first node's 4 processes stage 0, the second's stage 1.
 
 The two jobs are submitted together (the cluster runs them one after the other) and one device trains the
-reference in this process meanwhile. It lives beside the GPT's other tests, which ``scripts/make_it_yours.py``
-removes with the example; the SLURM machinery is test_slurm.py's."""
+reference in this process meanwhile. It lives beside the GPT's other tests; the SLURM machinery is
+test_slurm.py's."""
 
 from __future__ import annotations
 

@@ -139,10 +139,11 @@ def test_bare_fit_trains_the_embedded_default_and_writes_checkpoint_and_metrics(
 
 @pytest.mark.slow
 def test_ddp_trains_the_image_model_as_one_process_and_compiled_recompiles_nothing(run_cli, tmp_path):
-    """GroupNorm, not BatchNorm: splitting the batch over two processes changes nothing (fp64). The ddp run compiles
-    the forward (``--compile=true``, inductor), not the step: Lightning runs a ddp step through the wrapped module's
-    call, and were that compiled, dynamo would trace the step, break its graph in the torchmetrics updates and
-    recompile them on each update until torch's limit. Nothing breaks or recompiles over training, a validation
+    """GroupNorm, not BatchNorm: splitting the batch over two processes changes nothing (fp64; eager, with the
+    engine's helpers: tests/examples/test_proofs.py), nor does compiling it. The ddp run compiles the forward
+    (``--compile=true``, inductor), not the step: Lightning runs a ddp step through the wrapped module's call, and
+    were that compiled, dynamo would trace the step, break its graph in the torchmetrics updates and recompile them
+    on each update until torch's limit. Nothing breaks or recompiles over training, a validation
     and training again; the compiled model trains the eager one's and saves the eager one's keys."""
     common = [*TINY_IMAGE, "--trainer.max_steps=24", "--trainer.precision=64-true", "--progress_bar=none"]
     main(["fit", *common, "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path / 'single'}"])

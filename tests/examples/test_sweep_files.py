@@ -1,5 +1,5 @@
 """The first sweep shipped for the example model, configs/sweep/quick.yaml: it resolves to a fit config that runs on
-the CPU (scripts/make_it_yours.py removes both, since it searches the example model's optimizer options)."""
+the CPU (a project generated with the image example gets it; it searches that model's optimizer options)."""
 
 from __future__ import annotations
 

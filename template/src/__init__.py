@@ -1,0 +1,1 @@
+"""This project: its command line (``python -m src.cli``), models and data modules, on the engine ``multigpu``."""

@@ -1,0 +1,1 @@
+../../../src/models/gpt.py

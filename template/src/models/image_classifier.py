@@ -1,0 +1,1 @@
+../../../src/models/image_classifier.py
