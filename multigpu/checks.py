@@ -49,7 +49,7 @@ def check_strategy(strategy: str | None) -> None:
     names = ", ".join(["auto", *sorted(StrategyRegistry.available_strategies())])
     raise ConfigurationError(
         f"--trainer.strategy={strategy} is not a known strategy. Fix: use one of {names}"
-        " (dp, ddp and ddp_spawn are the usual choices; see the strategy guide in the README)."
+        " (dp, ddp and ddp_spawn are the usual choices; see the engine's docs/strategies.md)."
     )
 
 
@@ -130,7 +130,8 @@ def check_nodes(num_nodes: int, args: Sequence[Any] | None = None) -> None:
         f"{given_as(args, 'num_nodes', num_nodes)} needs the command started on every node (srun in a SLURM job,"
         " torchrun, or NODE_RANK and MASTER_ADDR set on each node), but this is a plain launch on one machine: its"
         " processes would wait forever for the other nodes'. Fix: submit slurm/multi_node.sbatch (it sets the"
-        " numbers from the allocation; see slurm/README.md), or pass --trainer.num_nodes=1 to train on this machine."
+        " numbers from the allocation; see the engine's slurm/README.md), or pass --trainer.num_nodes=1 to train on"
+        " this machine."
     )
 
 

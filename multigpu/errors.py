@@ -236,7 +236,8 @@ def collective_failure_message(exception: BaseException) -> str:
         return report
     return (
         f"a collective of several processes timed out or lost its connection ({describe(exception)}): another rank"
-        ' did not arrive in time, or is gone. Fix: docs/troubleshooting.md, "My multi-GPU job hangs or is slow";'
+        " did not arrive in time, or is gone. Fix: the engine's docs/troubleshooting.md, \"My multi-GPU job hangs or"
+        ' is slow";'
         " `python -m multigpu.stacks RUN_DIR` shows where each live rank is."
     )
 

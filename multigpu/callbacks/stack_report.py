@@ -270,8 +270,8 @@ def hang_report(failed_rank: int, error: str, views: list[RankView], folder: str
     elif not stuck and not gone:
         sentences.append("Every rank is in the same collective: one may be slower than the timeout allows.")
     sentences.append(
-        f"Fix: see what the rank that did not arrive does there that the others do not (docs/troubleshooting.md,"
-        f' "My multi-GPU job hangs or is slow"); every rank\'s stacks are in {folder}'
+        "Fix: see what the rank that did not arrive does there that the others do not (the engine's"
+        f' docs/troubleshooting.md, "My multi-GPU job hangs or is slow"); every rank\'s stacks are in {folder}'
         f" (`python -m multigpu.stacks {Path(folder).parent}`)."
     )
     return " ".join(sentences)

@@ -39,10 +39,11 @@ METADATA_FILE = "meta.pt"
 INDEX_FILE = ".metadata"
 #: a key of every checkpoint Lightning writes, ``meta.pt`` included
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
-#: how to allow what ``weights_only`` refuses in a file one trusts (docs/troubleshooting.md, Checkpoints)
+#: how to allow what ``weights_only`` refuses in a file one trusts (the engine's docs/troubleshooting.md, Checkpoints)
 ALLOW_TRUSTED = (
     "if you trust where the file came from, allow those classes with torch.serialization.add_safe_globals([...])"
-    " in your model's module, or re-save the checkpoint without them (docs/troubleshooting.md, Checkpoints)."
+    " in your model's module, or re-save the checkpoint without them (the engine's docs/troubleshooting.md,"
+    " Checkpoints)."
 )
 FOLDER_FIX = (
     "pass a checkpoint folder a run of this template saved (e.g. runs/NAME/checkpoints/last.ckpt, or an earlier"

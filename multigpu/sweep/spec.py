@@ -162,7 +162,9 @@ def parse(raw: Any, path: Path) -> SweepSpec:
     """Check a sweep file's content (see ``load``)."""
     where = str(path)
     if not isinstance(raw, dict):
-        raise SweepError(f"{where}: a sweep file is a mapping of {', '.join(KEYS)}. Fix: see docs/sweeps.md.")
+        raise SweepError(
+            f"{where}: a sweep file is a mapping of {', '.join(KEYS)}. Fix: see the engine's docs/sweeps.md."
+        )
     unknown = [k for k in raw if k not in KEYS]
     if unknown:
         raise SweepError(
@@ -178,7 +180,7 @@ def parse(raw: Any, path: Path) -> SweepSpec:
     if not isinstance(fit, list) or not all(isinstance(a, (str, int, float)) for a in fit):
         raise SweepError(
             f"{where}: `fit` must be a list of arguments of `python -m src.cli fit`. Fix: e.g."
-            " fit: [--config, configs/experiment/image.yaml, --trainer.max_steps=2000]."
+            " fit: [--config, configs/default.yaml, --trainer.max_steps=2000]."
         )
     metric, mode = _objective(raw["objective"], where)
     trials = raw.get("trials", 20)

@@ -56,9 +56,9 @@ def pipeline_refusal(model_name: str, missing: list[str]) -> ConfigurationError:
     return ConfigurationError(
         f"--trainer.strategy=pipeline needs the model to say how its layers split into stages: {model_name} has no"
         f" {', '.join(missing)}. Fix: add pipeline_stage(index, count) (return the module that runs stage `index`,"
-        " built from the model's own layers), pipeline_loss(output, target) and model_step(batch) (README \"Make it"
-        ' yours", pipeline; src/models/gpt.py has all three), or use --trainer.strategy=fsdp2, which shards any'
-        " model without code."
+        " built from the model's own layers), pipeline_loss(output, target) and model_step(batch) (multigpu.hooks;"
+        " the engine's GPT example, src/models/gpt.py, has all three), or use --trainer.strategy=fsdp2, which"
+        " shards any model without code."
     )
 
 
@@ -159,8 +159,8 @@ def check_stages(model: nn.Module, count: int) -> None:
         raise ConfigurationError(
             f"{kind}.pipeline_stage changed the model (its parameters are not the ones it had): the strategy calls"
             " it for every stage a process holds, and removes the other stages' layers itself. Fix: build the"
-            " stage's module from the model's layers without deleting or replacing any (README \"Make it yours\","
-            " pipeline)."
+            " stage's module from the model's layers without deleting or replacing any (the engine's README, \"Make it"
+            ' yours", pipeline).'
         )
     if not all(isinstance(stage, nn.Module) for stage in stages):
         raise ConfigurationError(
