@@ -4,7 +4,7 @@
   ``weights_only=True``: tensors, numbers, strings and containers. Anything else is refused, its classes named.
 - A folder of shards (``torch.distributed.checkpoint``) is checked whole before torch reads any of it
   (``check_sharded_checkpoint``): its index (``.metadata``, a plain pickle that torch itself reads with
-  ``pickle.load``) unpickled by one that builds only torch's checkpoint metadata classes (``multigpu/compat.py``), every
+  ``pickle.load``) unpickled by one that builds only torch's checkpoint metadata classes (``multigpu/compat/``), every
   shard file it names present and long enough, every entry that is no tensor read with ``weights_only``, and
   ``meta.pt`` Lightning's state. torch then reads the folder through a reader given that checked index
   (``compat.checked_reader``), never the file again.

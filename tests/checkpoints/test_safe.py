@@ -5,8 +5,8 @@ paragraph naming the file: by the check itself, and through the public commands 
 under ddp, an fsdp2 resume, ``python -m src.consolidate``), with exit status 2, the marker absent and the files
 unchanged. A folder a real fsdp2 run saved (the installed torch and Lightning) passes.
 
-The fast checks of the reading pieces are in tests/test_compat.py; the resumes of trained sharded runs in
-tests/strategies/test_model_parallel.py and tests/examples/."""
+The fast checks of the reading pieces are in tests/compat/test_checkpoint_index.py; the resumes of trained sharded runs
+in tests/strategies/test_model_parallel.py and tests/examples/."""
 
 from __future__ import annotations
 

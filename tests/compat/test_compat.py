@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import io
-import pickle
 import re
 import signal
 import socket
@@ -18,7 +16,7 @@ import subprocess
 import sys
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,7 +40,6 @@ from multigpu.strategies import DataParallelStrategy
 from multigpu.strategies.dp import ParallelForward
 from tests.conftest import REPO
 from tests.fixtures.workload import TinyClassifier, TinyData
-from tests.helpers import RUNS_COMMAND_GLOBAL, RunsCommand
 
 BATCHES = 4  # training batches per epoch of the small runs below
 
@@ -291,16 +288,6 @@ def test_overrides_hook_decides_as_lightning_decides_to_validate():
         probe = Hooks(on_validation_start=lambda t, name=name: ran.append(name))
         trainer(max_steps=BATCHES, limit_val_batches=1, callbacks=[probe]).fit(model)
     assert set(ran) == {"BoringModel"}  # Lightning validates the one model that implements the hook
-
-
-@pytest.fixture
-def one_process_group(tmp_path) -> Iterator[None]:
-    """A real (gloo, one process) default process group, as under ddp."""
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class TwoRanks(SingleDeviceStrategy):
@@ -751,127 +738,6 @@ def test_time_stage_work_brackets_each_forward_and_backward_a_schedule_runs_on_t
     assert events == ["start", "forward", "end"] * 2 + ["start", "backward", "end"] * 2
 
 
-# -- torch.distributed.checkpoint: a folder of shards read without running code ------------------------------
-
-
-@pytest.fixture
-def shards(tmp_path, one_process_group) -> Path:
-    """A folder of shards as Lightning's ``ModelParallelStrategy`` saves one (``state_dict`` and ``optimizer_0`` of an
-    FSDP2 model after an Adam step), written by the installed torch."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    model(torch.randn(3, 4)).sum().backward()
-    optimizer.step()
-    folder = tmp_path / "last.ckpt"
-    state = {"state_dict": get_model_state_dict(model), "optimizer_0": get_optimizer_state_dict(model, optimizer)}
-    dcp.save(state, checkpoint_id=folder)
-    return folder
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal nested checkpoints: the same keys, types and values, tensors equal in value and dtype."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    return type(a) is type(b) and a == b
-
-
-def test_an_index_the_installed_torch_writes_holds_only_globals_the_index_unpickler_allows(shards):
-    referenced = set()
-
-    class Recording(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            referenced.add((module, name))
-            return super().find_class(module, name)
-
-    with open(shards / ".metadata", "rb") as handle:
-        plain = Recording(handle).load()
-    assert ("torch.distributed.checkpoint.filesystem", "_StorageInfo") in referenced  # the file's real globals
-    assert ("torch", "float32") in referenced and ("torch", "Size") in referenced
-    refused = {f"{m}.{n}" for m, n in referenced if not compat.index_global_allowed(m, n)}
-    assert not refused, f"add these to compat.CHECKPOINT_INDEX_GLOBALS if torch now writes them: {refused}"
-    index = compat.read_checkpoint_index(shards / ".metadata")
-    assert index == plain and compat.is_checkpoint_index(index)
-    assert compat.shard_extents(index) == {"__0_0.distcp": (shards / "__0_0.distcp").stat().st_size}
-
-
-def test_every_global_the_index_unpickler_allows_is_in_the_installed_torch():
-    from torch.distributed.checkpoint import metadata
-
-    for module, names in compat.CHECKPOINT_INDEX_GLOBALS.items():
-        try:
-            found = importlib.import_module(module)
-        except ImportError:
-            assert module == "pathlib._local" and sys.version_info < (3, 13)
-            continue
-        assert all(hasattr(found, name) for name in names), module
-    # every class of torch's metadata module, and every dtype
-    classes = {n for n, v in vars(metadata).items() if isinstance(v, type) and v.__module__ == metadata.__name__}
-    assert all(compat.index_global_allowed(metadata.__name__, name) for name in classes)
-    assert compat.index_global_allowed("torch", "bfloat16") and compat.index_global_allowed("torch", "int64")
-
-
-def test_the_index_unpickler_refuses_any_other_global_before_it_runs(tmp_path):
-    marker = tmp_path / "ran"
-    for payload, name in (
-        (RunsCommand(marker), RUNS_COMMAND_GLOBAL),
-        (torch.load, "torch.serialization.load"),
-        (subprocess.Popen, "subprocess.Popen"),
-    ):
-        (tmp_path / ".metadata").write_bytes(pickle.dumps(payload))
-        with pytest.raises(compat.RefusedGlobal) as refused:
-            compat.read_checkpoint_index(tmp_path / ".metadata")
-        assert refused.value.name == name
-    assert not marker.exists()
-    assert not compat.index_global_allowed("torch", "load") and not compat.index_global_allowed("torch", "_C")
-    assert not compat.is_checkpoint_index({"state_dict_metadata": {}, "storage_data": {}})
-
-
-def test_a_checked_reader_reads_the_folder_as_torch_does_and_never_unpickles_the_index(shards, monkeypatch):
-    from torch.distributed.checkpoint import filesystem
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(shards, shards.parent / "whole.pt")  # torch's own conversion, with its own reader
-    expected = torch.load(shards.parent / "whole.pt", weights_only=False)
-    index = compat.read_checkpoint_index(shards / ".metadata")
-
-    def unpickled(*args: Any) -> None:
-        raise AssertionError("torch unpickled the index itself")
-
-    monkeypatch.setattr(filesystem.pickle, "load", unpickled)
-    whole = compat.read_whole_checkpoint(compat.checked_reader(shards, index))
-    assert same(whole, expected)
-    assert expected["optimizer_0"]["param_groups"][0]["lr"] == 0.01  # an entry that is no tensor, read too
-    entries = {entry: data for entry, shard, data in compat.non_tensor_entries(shards, index)}
-    assert "optimizer_0.param_groups.0.lr" in entries and "state_dict.0.weight" not in entries
-    assert torch.load(io.BytesIO(entries["optimizer_0.param_groups.0.lr"]), weights_only=True) == 0.01
-
-
-def test_a_checked_reader_loads_an_entry_that_is_no_tensor_with_weights_only(tmp_path):
-    import torch.distributed.checkpoint as dcp
-
-    marker, folder = tmp_path / "ran", tmp_path / "shards"
-    dcp.save({"weight": torch.ones(2), "settings": RunsCommand(marker)}, checkpoint_id=folder, no_dist=True)
-    index = compat.read_checkpoint_index(folder / ".metadata")  # the index itself holds no code
-    [(entry, shard, data)] = compat.non_tensor_entries(folder, index)
-    assert (entry, shard) == ("settings", "__0_0.distcp")
-    with pytest.raises(pickle.UnpicklingError):
-        torch.load(io.BytesIO(data), weights_only=True)
-    with pytest.raises(dcp.CheckpointException, match="weights_only"):
-        dcp.load({"weight": torch.zeros(2), "settings": None}, storage_reader=compat.checked_reader(folder, index))
-    assert not marker.exists()
-
-
 # -- the seam: nothing else in multigpu/ or src/ reaches into a library's internals ------------------------------
 
 #: names of the Python standard library's documented API that start with an underscore (namedtuple's)
@@ -1013,7 +879,7 @@ def reaches(source: str, own: set[str]) -> list[tuple[int, str]]:
 def scanned_files() -> list[Path]:
     """The engine's modules but the seam itself, and this repository's project (the examples)."""
     files = [*sorted((REPO / "multigpu").rglob("*.py")), *sorted((REPO / "src").rglob("*.py"))]
-    return [path for path in files if path != REPO / "multigpu" / "compat.py"]
+    return [path for path in files if not path.is_relative_to(REPO / "multigpu" / "compat")]
 
 
 def test_nothing_outside_compat_uses_a_private_name_of_a_library():
@@ -1025,7 +891,7 @@ def test_nothing_outside_compat_uses_a_private_name_of_a_library():
         for path, source in sources.items()
         for line, what in reaches(source, own)
     ]
-    assert not found, "private names outside multigpu/compat.py (give each a function there):\n" + "\n".join(found)
+    assert not found, "private names outside multigpu/compat/ (give each a function there):\n" + "\n".join(found)
 
 
 def test_the_protected_hooks_overridden_in_the_engine_are_the_ones_compat_lists():

@@ -2,26 +2,23 @@
 document as public, in one place: private attributes and classes, undocumented keys and module paths, and methods
 replaced on one object.
 
-Each is a small function with a one-line reason. Nothing else in ``src/`` reaches into another library's internals,
-with one kind of exception: a subclass may override a protected hook of its own base class (``OVERRIDDEN_HOOKS``
-lists them, with the reason). ``tests/test_compat.py`` runs each function and each hook on real objects (a Trainer
-and its loops, a strategy, a ``ModelCheckpoint``, a parser) and fails when a library release changes the behaviour
-relied on; it also scans ``src/`` and fails on a private name used anywhere else. An upgrade of a library is checked
-by running that one test file.
+Each is a small function with a one-line reason. Nothing else in the engine or the project reaches into another
+library's internals, with one kind of exception: a subclass may override a protected hook of its own base class
+(``OVERRIDDEN_HOOKS`` lists them, with the reason). ``tests/compat/`` runs each function and each hook on real objects
+(a Trainer and its loops, a strategy, a ``ModelCheckpoint``, a parser) and fails when a library release changes the
+behaviour relied on; it also scans ``multigpu/`` and ``src/`` and fails on a private name used anywhere else. The
+reading of torch's distributed-checkpoint index is ``checkpoint_index.py``, re-exported here. An upgrade of a library
+is checked by running ``tests/compat/``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import io
-import pickle
 import signal
 import subprocess
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import timedelta
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -35,7 +32,7 @@ if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
 
 #: the protected hooks that a subclass in ``src/`` overrides (``Base._hook``: the subclass, and why), each run by
-#: ``tests/test_compat.py`` on a real object of the base class
+#: ``tests/compat/test_compat.py`` on a real object of the base class
 OVERRIDDEN_HOOKS = {
     "ModelCheckpoint._save_topk_checkpoint": "RunCheckpoint: ModelCheckpoint's one place that decides on the monitored"
     " metric, called at every save point; a metric the model does not log is reported there once, not raised",
@@ -353,186 +350,6 @@ def time_stage_work(stage: Any, start: Callable[[], None], end: Callable[[], Non
         set_own_method(stage, name, timed(getattr(stage, name)))
 
 
-# -- torch.distributed.checkpoint: a folder of shards read without running code ------------------------------
-
-#: the globals an index of ``torch.distributed.checkpoint`` (a folder's ``.metadata``) refers to, by module: its
-#: metadata classes (the file reader's ``_StorageInfo`` among them, a private class), sizes, the layout (torch
-#: pickles ``torch.strided`` as a call of its private ``_get_layout``), the path it was saved to, and an ordered dict;
-#: a dtype is ``torch.<name>`` (``index_global_allowed``). torch itself unpickles the index with ``pickle.load``
-#: (``FileSystemReader.read_metadata``), which runs whatever the file holds.
-CHECKPOINT_INDEX_GLOBALS: dict[str, frozenset[str]] = {
-    "torch.distributed.checkpoint.metadata": frozenset(
-        {
-            "Metadata",
-            "MetadataIndex",
-            "StorageMeta",
-            "TensorStorageMetadata",
-            "BytesStorageMetadata",
-            "ChunkStorageMetadata",
-            "TensorProperties",
-            "_MEM_FORMAT_ENCODING",
-        }
-    ),
-    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
-    "torch": frozenset({"Size"}),
-    "torch.serialization": frozenset({"_get_layout"}),
-    "collections": frozenset({"OrderedDict"}),
-    # pathlib's classes live in pathlib._local from Python 3.13 on
-    **dict.fromkeys(
-        ("pathlib", "pathlib._local"),
-        frozenset({"PurePath", "PurePosixPath", "PureWindowsPath", "Path", "PosixPath", "WindowsPath"}),
-    ),
-}
-
-
-def index_global_allowed(module: str, name: str) -> bool:
-    """Whether ``module.name`` may be built while an index is unpickled: a name of ``CHECKPOINT_INDEX_GLOBALS`` or a
-    dtype (``torch.float32``), looked up in torch's own namespace (``getattr`` would import lazy submodules)."""
-    if name in CHECKPOINT_INDEX_GLOBALS.get(module, ()):
-        return True
-    return module == "torch" and isinstance(vars(torch).get(name), torch.dtype)
-
-
-class RefusedGlobal(pickle.UnpicklingError):
-    """A global that ``CheckpointIndexUnpickler`` refused, before looking it up; ``name`` is ``module.name``."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"global {name} is not one of torch's checkpoint metadata classes")
-        self.name = name
-
-
-class CheckpointIndexUnpickler(pickle.Unpickler):
-    """An unpickler that builds only what an index of ``torch.distributed.checkpoint`` holds (``find_class``
-    is the one place a pickle names a callable: any other global is refused before it is imported)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if not index_global_allowed(module, name):
-            raise RefusedGlobal(f"{module}.{name}")
-        return super().find_class(module, name)
-
-
-def read_checkpoint_index(file: str | Path) -> Any:
-    """The object a folder's index (``.metadata``) holds, unpickled by ``CheckpointIndexUnpickler``."""
-    with open(file, "rb") as handle:
-        return CheckpointIndexUnpickler(handle).load()
-
-
-def is_checkpoint_index(index: Any) -> bool:
-    """Whether ``index`` has the layout torch's file reader relies on: a ``Metadata`` whose entries map to
-    ``MetadataIndex`` keys, each stored at ``(relative_path, offset, length)`` of a ``_StorageInfo``."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
-
-    if not isinstance(index, Metadata):
-        return False
-    entries, storage = getattr(index, "state_dict_metadata", None), getattr(index, "storage_data", None)
-    if not isinstance(entries, dict) or not isinstance(storage, dict):
-        return False
-    return all(
-        isinstance(key, MetadataIndex)
-        and isinstance(info, _StorageInfo)
-        and isinstance(info.relative_path, str)
-        and all(isinstance(n, int) and n >= 0 for n in (info.offset, info.length))
-        for key, info in storage.items()
-    )
-
-
-def shard_extents(index: Any) -> dict[str, int]:
-    """Each shard file a checked index names (relative to its folder), with the bytes it must hold at least."""
-    extents: dict[str, int] = {}
-    for info in index.storage_data.values():
-        extents[info.relative_path] = max(extents.get(info.relative_path, 0), info.offset + info.length)
-    return extents
-
-
-def non_tensor_entries(folder: str | Path, index: Any) -> list[tuple[str, str, bytes]]:
-    """``(entry, shard file, bytes)`` of every entry of a checked index that is no tensor (``torch.save`` bytes of
-    an optimizer's settings, for one), read as torch's file reader reads them (its slice of the file, through the
-    transforms the index names), without building them."""
-    from torch.distributed.checkpoint import FileSystemReader, LoadPlan, ReadItem
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-    from torch.distributed.checkpoint.planner import LoadItemType
-
-    at, nothing = torch.Size((0,)), torch.Size((0,))
-    items = [
-        ReadItem(LoadItemType.BYTE_IO, key, at, key, at, nothing)
-        for key in index.storage_data
-        if isinstance(index.state_dict_metadata.get(key.fqn), BytesStorageMetadata)
-    ]
-    entries: list[tuple[str, str, bytes]] = []
-
-    class Collect:
-        def load_bytes(self, item: Any, value: io.BytesIO) -> None:
-            entries.append((item.storage_index.fqn, index.storage_data[item.storage_index].relative_path, value.read()))
-
-    reader = FileSystemReader(folder)
-    reader.set_up_storage_reader(index, True)
-    reader.read_data(LoadPlan(items), Collect()).wait()  # type: ignore[arg-type]
-    return entries
-
-
-class WeightsOnlyEntries:
-    """A load planner's stand-in for torch's file reader: each entry that is no tensor is read with
-    ``weights_only=True`` (torch's planners read them with ``weights_only=False``) and handed on re-saved; the
-    tensors, which the reader reads with ``weights_only=True`` itself, pass through."""
-
-    def __init__(self, planner: Any) -> None:
-        self.planner = planner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.planner, name)
-
-    def load_bytes(self, read_item: Any, value: IO[bytes]) -> None:
-        entry = torch.load(value, map_location="cpu", weights_only=True)
-        checked = io.BytesIO()
-        torch.save(entry, checked)
-        checked.seek(0)
-        self.planner.load_bytes(read_item, checked)
-
-
-@functools.cache
-def checked_reader_class() -> type:
-    """``FileSystemReader`` given an index already read and checked: ``read_metadata`` hands torch that object
-    instead of unpickling the file, ``read_data`` reads the entries that are no tensor with ``weights_only``.
-    Relied on: torch reads an index through ``read_metadata`` only, and hands every entry that is no tensor to
-    the planner's ``load_bytes``. Defined when first used: ``torch.distributed.checkpoint`` is imported late."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class CheckedIndexReader(FileSystemReader):
-        def __init__(self, path: str | Path, index: Any) -> None:
-            super().__init__(path)
-            self.index = index
-
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            if getattr(self.index, "storage_meta", None) is None:  # what torch's read_metadata adds
-                self.index.storage_meta = StorageMeta()
-            self.index.storage_meta.load_id = self.load_id
-            return self.index
-
-        def read_data(self, plan: Any, planner: Any) -> Any:
-            return super().read_data(plan, WeightsOnlyEntries(planner))
-
-    return CheckedIndexReader
-
-
-def checked_reader(folder: str | Path, index: Any) -> Any:
-    """A ``StorageReader`` of ``folder`` for ``torch.distributed.checkpoint.load``, given its checked index."""
-    return checked_reader_class()(folder, index)
-
-
-def read_whole_checkpoint(reader: Any) -> dict[str, Any]:
-    """Every entry of a folder of shards in one nested dict, in this process (no process group): what torch's
-    ``dcp_to_torch_save`` writes to a file, read through ``reader``. Its public ``load`` fills only the keys
-    given, so this is its private loader and planner, as ``dcp_to_torch_save`` calls them."""
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
-    return state
-
-
 # -- methods replaced on one object -------------------------------------------------------------------------
 
 
@@ -553,3 +370,32 @@ def drop_own_method(obj: object, name: str) -> None:
     """Let ``obj`` run its class's ``name`` again (nothing to do where it has none of its own)."""
     if name in vars(obj):
         delattr(obj, name)
+
+
+# -- torch.distributed.checkpoint: a folder of shards read without running code (its own module, for its size) --
+
+from multigpu.compat.checkpoint_index import (  # noqa: E402
+    CHECKPOINT_INDEX_GLOBALS,
+    CheckpointIndexUnpickler,
+    RefusedGlobal,
+    checked_reader,
+    index_global_allowed,
+    is_checkpoint_index,
+    non_tensor_entries,
+    read_checkpoint_index,
+    read_whole_checkpoint,
+    shard_extents,
+)
+
+__all__ = [
+    "CHECKPOINT_INDEX_GLOBALS",
+    "CheckpointIndexUnpickler",
+    "RefusedGlobal",
+    "checked_reader",
+    "index_global_allowed",
+    "is_checkpoint_index",
+    "non_tensor_entries",
+    "read_checkpoint_index",
+    "read_whole_checkpoint",
+    "shard_extents",
+]
