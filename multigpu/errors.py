@@ -14,7 +14,6 @@ import contextlib
 import errno
 import http.client
 import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -28,7 +27,7 @@ import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
-from multigpu.compat import release_started_processes, stop_started_processes
+from multigpu.compat import release_started_processes
 
 #: the debug switch jsonargparse already reads; it turns every one-paragraph error back into a traceback
 DEBUG_ENV = "JSONARGPARSE_DEBUG"
@@ -283,7 +282,10 @@ class StopOtherRanksOnError(L.Callback):
             # (their shards and logs), and exit after them, so the job's status is this one's
             atexit.register(wait_for_exit, release_started_processes(trainer), STOPPED_RANKS_GRACE_S)
             return
-        stop_started_processes(trainer, signal.SIGKILL)
+        # out of Lightning's watch first: its observer thread SIGKILLs this process when one of them exits on the
+        # signal, which can come before this process reports and exits with its own status
+        for process in release_started_processes(trainer):
+            process.kill()
 
 
 def wait_for_exit(processes: list[subprocess.Popen], timeout_s: float) -> None:

@@ -40,6 +40,7 @@ from multigpu.callbacks.stack_report import (
     latest_main_stack,
     user_frame,
 )
+from multigpu.compat import release_started_processes
 from multigpu.errors import (
     TrainingStopped,
     attach_collective_report,
@@ -306,9 +307,17 @@ class StackDumps(Callback):
         attach_collective_report(exception, text)  # multigpu/errors.py prints it
         # a rank stuck in its own code never times out: under srun (which leaves the other tasks running when one
         # fails) it would hold the job until its time limit; its stacks are taken, so end it (this host only)
-        for view in views:
-            stuck = view.rank != self.rank and view.frames is not None and collective_of(view.frames) is None
-            if stuck and alive_here(view.state):
+        stuck = [
+            view
+            for view in views
+            if view.rank != self.rank and view.frames is not None and collective_of(view.frames) is None
+        ]
+        if any(alive_here(view.state) for view in stuck):
+            # the ranks this process started leave Lightning's watch first: its observer thread would SIGKILL this
+            # process when one exits on the signal below, before it reports and exits with its own status
+            release_started_processes(trainer)
+        for view in stuck:
+            if alive_here(view.state):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(view.state["pid"]), signal.SIGKILL)
 

@@ -14,7 +14,6 @@ is checked by running ``tests/compat/``.
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import timedelta
@@ -188,14 +187,6 @@ def registered_with(name: Any, options: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         StrategyRegistry[name] = entry
-
-
-def stop_started_processes(trainer: L.Trainer, signum: signal.Signals = signal.SIGKILL) -> None:
-    """Signal the ddp ranks this process started (none where it was started itself): the ``ddp`` launcher's
-    class is private (``_SubprocessScriptLauncher``); its ``kill`` is what Lightning itself calls on Ctrl-C."""
-    launcher = trainer.strategy.launcher
-    if isinstance(launcher, _SubprocessScriptLauncher):
-        launcher.kill(signum)
 
 
 def release_started_processes(trainer: L.Trainer) -> list[subprocess.Popen]:

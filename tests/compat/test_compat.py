@@ -428,15 +428,6 @@ def test_registered_strategy_rebuilds_what_the_trainer_builds_from_the_name():
     assert compat.registered_strategy("no_such_strategy") is None
 
 
-def test_stop_started_processes_kills_the_ranks_the_ddp_launcher_started():
-    fit = L.Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False, enable_checkpointing=False)
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    fit.strategy.launcher.procs = [rank]  # what the launcher records when it starts rank 1
-    compat.stop_started_processes(fit)
-    assert rank.wait(timeout=10) == -signal.SIGKILL
-    compat.stop_started_processes(trainer())  # no launcher: nothing to stop
-
-
 def test_released_ranks_are_no_longer_watched_by_lightnings_observer():
     from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 
