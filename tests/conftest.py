@@ -22,6 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 # Measured on 2 cores: the README's bare fit took 137 s of CPU time in the suite with 2 threads, 82 s with one.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+# Every in-process run sets this (multigpu.cli.run_cli); set from the start, the worker's environment is the same
+# before and after one, so the prewarmed server (started with it) still serves the commands started after it.
+os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 #: the tests' own workload and settings (tests/fixtures/workload.py, tests/configs/tiny.yaml): the tests of the
