@@ -30,6 +30,8 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
 #: computes a subcommand's twice in one parse (for its own arguments, and again when the main parser merges the
 #: environment), each time reading configs/default.yaml
 _defaults_of_this_parse: ContextVar[dict[int, tuple[Any, Namespace]] | None] = ContextVar("defaults", default=None)
+#: the arguments of the command being parsed, which a subcommand's parser (given only its share) names in its errors
+_arguments_of_this_parse: ContextVar[list[str]] = ContextVar("arguments", default=[])  # noqa: B039
 
 
 class TemplateArgumentParser(LightningArgumentParser):
@@ -47,9 +49,11 @@ class TemplateArgumentParser(LightningArgumentParser):
 
     def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
         if _defaults_of_this_parse.get() is not None:  # a subcommand's, within the main parser's parse
+            self.arguments = _arguments_of_this_parse.get()  # its errors are about the command's arguments
             return super().parse_args(args, *rest, **kwargs)
         listed = isinstance(args, (list, tuple, type(None)))  # else a dict or Namespace, parsed as an object
         self.arguments = [str(a) for a in (sys.argv[1:] if args is None else args)] if listed else []
+        _arguments_of_this_parse.set(self.arguments)
         # jsonargparse reports a YAML syntax error without the file's name; name it, with the line
         problem = yaml_problem(sys.argv[1:] if args is None else args)
         if problem is not None and self.exit_on_error and not debug_mode():

@@ -57,3 +57,14 @@ def test_a_config_file_that_is_no_yaml_is_named_with_its_line(tmp_path, capsys):
         parser.parse_args(["--config", str(broken)])
     err = capsys.readouterr().err
     assert f"--config {broken} is not valid YAML at line" in err
+
+
+def test_an_option_the_arguments_give_is_not_blamed_on_the_default_config(tmp_path, capsys):
+    """The subcommand's parser reports a bad ``--model.*`` flag; the key (``model``) is also in the default config,
+    but the flag gave it, so the paragraph names the option, not the file."""
+    cli_class = project_cli(tmp_path, "model: tests.fixtures.workload.TinyClassifier\n")
+    with pytest.raises(SystemExit) as stopped:
+        cli_class(args=["fit", "--data=tests.fixtures.workload.TinyData", "--model.no_such_option=1"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "no_such_option" in err
+    assert "Fix: correct that option." in err and str(tmp_path / "default.yaml") not in err
