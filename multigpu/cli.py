@@ -1,5 +1,6 @@
 """The command line a project runs as ``python -m src.cli {fit,validate,test,predict,tune} [--config FILE ...]
-[--key=value ...]``: the project's ``src/cli.py`` calls ``main`` with its ``configs/default.yaml``.
+[--key=value ...]``: the project's ``src/cli.py`` subclasses ``TemplateCLI`` with its ``configs/default.yaml`` and
+calls ``run_cli``.
 
 Every option comes from LightningCLI (README "The command line"); the project's default config is read first. One
 road, top to bottom in ``TemplateCLI``:
@@ -7,13 +8,14 @@ road, top to bottom in ``TemplateCLI``:
 1. parse: the parser of the subcommand named, alone, with the engine's options (``options.py``), parses the
    arguments once; a model or data class they name starts from its own defaults, not from those of the default
    config's class (jsonargparse would carry over every default of that class the new one also takes, e.g. a
-   ``batch_size``): the engine gives the parser the default config with that section replaced by the class alone;
+   ``batch_size``): the engine gives the parser the default config with that section replaced by the class alone
+   (``arguments.py``, where the command line is read);
 2. check: everything the options tell before anything is built (``checks.py``; the run directory held for this run
    until the command ends, ``run_lock.py``; the checkpoint resolved and read once, ``checkpoints/resume.py``);
 3. build: the objects of the config (loggers placed in the run directory, ``run_dir.py``), then the Trainer,
-   once and complete, with everything the template adds (``multigpu/launch.py``: the callbacks in the order of
-   ``multigpu/callbacks/__init__.py``, the strategy's options, the plugins); the built objects checked;
-4. run: the subcommand, a method of the Trainer (``tune``'s: ``multigpu/tuning/``).
+   once and complete, with everything the engine adds (``launch.py``: the callbacks in the order of
+   ``callbacks/__init__.py``, the strategy's options, the plugins); the built objects checked;
+4. run: the subcommand, a method of the Trainer (``tune``'s: ``tuning/``).
 """
 
 from __future__ import annotations

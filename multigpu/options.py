@@ -1,8 +1,7 @@
-"""The command line's options on top of LightningCLI's: the template's own (``--checkpoint.*``, ``--preemption.*``,
-``--callbacks_off``, ``--progress_bar``, ``--compile``, ``--collective_timeout``, ...), ``--config``'s help, a parser
-whose errors are one paragraph, and what is read from the arguments before the parser is built: the subcommand
-(whose parser alone is built) and the model and data classes (which start from their own defaults, not from
-``configs/default.yaml``'s section of another class)."""
+"""The command line's options on top of LightningCLI's: the engine's own (``--checkpoint.*``, ``--preemption.*``,
+``--callbacks_off``, ``--progress_bar``, ``--compile``, ``--collective_timeout``, ...), ``--config``'s help, and a
+parser whose errors are one paragraph, naming the default config where a key came from it. What is read from the
+arguments before the parser is built (the model and data classes they name) is ``arguments.py``."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
 #: computes a subcommand's twice in one parse (for its own arguments, and again when the main parser merges the
 #: environment), each time reading configs/default.yaml
 _defaults_of_this_parse: ContextVar[dict[int, tuple[Any, Namespace]] | None] = ContextVar("defaults", default=None)
-#: the arguments of the command being parsed, which a subcommand's parser (given only its share) names in its errors
+#: the arguments of the command being parsed: a subcommand's parser, given only its share, judges its errors by them
 _arguments_of_this_parse: ContextVar[list[str]] = ContextVar("arguments", default=[])  # noqa: B039
 
 
@@ -45,15 +44,12 @@ class TemplateArgumentParser(LightningArgumentParser):
         #: whether this parser reads default config files (a subcommand's: configs/default.yaml)
         self.reads_defaults = bool(kwargs.get("default_config_files"))
         super().__init__(*args, **kwargs)
-        self.arguments: list[str] = []
 
     def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
         if _defaults_of_this_parse.get() is not None:  # a subcommand's, within the main parser's parse
-            self.arguments = _arguments_of_this_parse.get()  # its errors are about the command's arguments
             return super().parse_args(args, *rest, **kwargs)
         listed = isinstance(args, (list, tuple, type(None)))  # else a dict or Namespace, parsed as an object
-        self.arguments = [str(a) for a in (sys.argv[1:] if args is None else args)] if listed else []
-        _arguments_of_this_parse.set(self.arguments)
+        _arguments_of_this_parse.set([str(a) for a in (sys.argv[1:] if args is None else args)] if listed else [])
         # jsonargparse reports a YAML syntax error without the file's name; name it, with the line
         problem = yaml_problem(sys.argv[1:] if args is None else args)
         if problem is not None and self.exit_on_error and not debug_mode():
@@ -100,7 +96,7 @@ class TemplateArgumentParser(LightningArgumentParser):
         except (OSError, yaml.YAMLError):
             return None
         for key in re.findall(r"['\"]([\w.]+)['\"]", message):
-            given = any(a.lstrip("-").startswith(key) for a in self.arguments)
+            given = any(a.lstrip("-").startswith(key) for a in _arguments_of_this_parse.get())
             if key in keys and not given:
                 return key
         return None
