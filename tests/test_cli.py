@@ -135,8 +135,30 @@ class ParseOnly(CLI):
         raise Parsed(self)
 
 
-def test_a_run_builds_its_subcommands_parser_alone_and_reads_the_default_config(capsys, monkeypatch, tmp_path):
-    default = yaml.safe_load(DEFAULT_CONFIG.read_text())  # what the run must find in it
+def class_named(section) -> str:
+    """The class path a config section names, in any form jsonargparse reads: ``model: pkg.Model``, or a mapping
+    with ``class_path`` (block or flow style, with or without ``init_args``)."""
+    return section["class_path"] if isinstance(section, dict) else section
+
+
+def default_config_in(form: str, tmp_path: Path) -> Path:
+    """The project's configs/default.yaml as it is, or with its model named in another valid form."""
+    if form == "as the project has it":
+        return DEFAULT_CONFIG
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    model = class_named(config.pop("model"))
+    named = {"flow mapping": f"model: {{class_path: {model}}}\n", "block mapping": f"model:\n  class_path: {model}\n"}
+    path = tmp_path / "configs" / DEFAULT_CONFIG.name
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(config, sort_keys=False) + named[form])
+    return path
+
+
+@pytest.mark.parametrize("form", ["as the project has it", "flow mapping", "block mapping"])
+def test_a_run_builds_its_subcommands_parser_alone_and_reads_the_default_config(form, capsys, monkeypatch, tmp_path):
+    default_config = default_config_in(form, tmp_path)
+    monkeypatch.setattr(ParseOnly, "default_config", default_config)
+    default = yaml.safe_load(default_config.read_text())  # what the run must find in it
     opened, real_open = [], builtins.open
 
     def counted_open(file, *args, **kwargs):
@@ -153,7 +175,10 @@ def test_a_run_builds_its_subcommands_parser_alone_and_reads_the_default_config(
     # jsonargparse reads configs/default.yaml for the subcommand's arguments and again when the main parser merges
     # the environment (a few milliseconds each); no other reader
     assert len(ParseOnly.built) == 1 and 1 <= len(opened) <= 2
-    assert cli.config.fit.trainer.max_steps == 3 and cli.config.fit.model.class_path == default["model"]
+    named, resolved = class_named(default["model"]), cli.config.fit.model.class_path
+    # a class path as it is, or a short name (`model: MyModel`) as the parser resolved it
+    assert resolved == named or ("." not in named and resolved.endswith(f".{named}"))
+    assert cli.config.fit.trainer.max_steps == 3
     assert cli.config.fit.trainer.max_epochs == default["trainer"]["max_epochs"]  # read from configs/default.yaml
     # the main parser's help lists every subcommand: each one's parser is built for it
     ParseOnly.built.clear()

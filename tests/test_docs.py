@@ -126,7 +126,7 @@ def test_a_broken_link_anchor_path_or_fence_is_found(tmp_path):
     page.write_text(
         "# Page\n\n"
         "[fine](other.md#its-code-a-part) [fine](other.md#its-code-a-part-1) [fine](#page) [web](https://x.org/y)\n"
-        "`python -m src.cli --config src/cli.py`, `runs/default/last.ckpt`, `src/<module>.py`, `src/models/my_model.py`\n"
+        "`python -m src.cli --config src/cli.py`, `runs/default/last.ckpt`, `src/<module>.py`, `src/data/my_data.py`\n"
         "[gone](missing.md) [no heading](other.md#nowhere) [fenced](#a-comment-not-a-heading) `src/gone.py`\n"
         "a first sweep takes minutes:```bash\n"
         "```\n# a comment, not a heading\n```\n"
