@@ -2,7 +2,7 @@
 [--key=value ...]``: the project's ``src/cli.py`` subclasses ``TemplateCLI`` with its ``configs/default.yaml`` and
 calls ``run_cli``.
 
-Every option comes from LightningCLI (README "The command line"); the project's default config is read first. One
+Every option comes from LightningCLI (docs/command_line.md); the project's default config is read first. One
 road, top to bottom in ``TemplateCLI``:
 
 1. parse: the parser of the subcommand named, alone, with the engine's options (``options.py``), parses the

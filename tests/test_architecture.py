@@ -6,8 +6,9 @@ Layers of the engine, bottom to top: the libraries' private names, errors, quiet
 before launch, the run directory and its lock, and ``tune`` (3); the command line (4); the commands built on it (5); the
 public interface and the test helpers (6). A new module of the engine must be given its layer here.
 
-The engine's tests mirror its code (README "Tests"): every module of ``multigpu/`` with a function or class has its
-test file. The rule is the engine's: a project's own modules (``src/``) may have their tests anywhere.
+The engine's tests mirror its code (docs/development.md, "Where a test goes"): every module of ``multigpu/`` with a
+function or class has its test file. The rule is the engine's: a project's own modules (``src/``) may have their tests
+anywhere.
 """
 
 from __future__ import annotations

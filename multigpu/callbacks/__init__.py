@@ -5,7 +5,7 @@ them at each hook).
 your own ``--trainer.callbacks`` first, then these; Lightning moves ``ModelCheckpoint`` to the end, after LightningCLI's
 ``SaveConfigCallback``, and nothing is added once the Trainer is built. Leave an optional one out with
 ``--callbacks_off=[name, ...]`` (or ``callbacks_off:`` in a config); the always-on ones make a run correct and do
-nothing where they do not apply. README "The training step" tells the hooks each runs at.
+nothing where they do not apply. docs/engine.md ("What runs around your training step") tells the hooks each runs at.
 
 - ``progress_bar``: ``PlainProgressBar`` or Rich (progress.py): a line every 50 steps and after each validation.
 - ``model_summary``: ``ModelSummary`` (summary.py): the parameter table at fit start, FLOPs only where known.

@@ -1,9 +1,9 @@
 """Stop cleanly on a signal: save ``last.ckpt`` at a step boundary on every rank, exit non-zero, requeue on SLURM.
 
-The README's "Stopping" has the signals and exit statuses. The handler only sets a flag (Lightning's own save
-inside the handler, possibly mid-step and under DDP while the other ranks sit in a collective); at each
-optimizer-step boundary the ranks agree on it (``AnyRankVote``) and save together, after the validation that step
-triggers, if any, so that the resumed run neither skips nor repeats it.
+docs/checkpoints.md ("Stopping and preemption") has the signals and exit statuses. The handler only sets a flag
+(Lightning's own save inside the handler, possibly mid-step and under DDP while the other ranks sit in a collective);
+at each optimizer-step boundary the ranks agree on it (``AnyRankVote``) and save together, after the validation that
+step triggers, if any, so that the resumed run neither skips nor repeats it.
 """
 
 from __future__ import annotations

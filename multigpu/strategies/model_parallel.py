@@ -6,7 +6,7 @@ Both are Lightning's ``ModelParallelStrategy`` (FSDP2 and tensor parallelism on 
 - ``fsdp2`` shards parameters, gradients and optimizer state over every process (``data_parallel`` = world size,
   ``tensor_parallel`` = 1). A model needs no code for it: without a ``configure_model`` hook the default policy
   (``multigpu/strategies/sharding.py``) shards each child module that holds parameters. A large transformer should
-  shard per block in its own ``configure_model`` (README, "Make it yours"; the example GPT does it).
+  shard per block in its own ``configure_model`` (docs/models.md, "Large models"; the example GPT does it).
 - ``tensor_parallel`` splits each layer's matrices within a node (``tensor_parallel`` = processes per node) and
   shards with FSDP2 across nodes (``data_parallel`` = nodes), Lightning's default split. The model says how its
   layers split in ``configure_model`` (a ``parallelize_module`` plan); ``--trainer.strategy.tensor_parallel_size``

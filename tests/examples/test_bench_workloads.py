@@ -74,7 +74,7 @@ def test_quick_benchmark_runs_all_three_implementations(tmp_path):
     assert "the template over bare Lightning" in report and "`python -m src.cli fit --help`" in report
 
 
-#: a project's own model in configs/default.yaml (README, Make it yours, step 6), the examples kept: a plain
+#: a project's own model in configs/default.yaml (docs/models.md, step 6), the examples kept: a plain
 #: LightningModule, and a TemplateModule whose optimizer, scheduler and options share names with the examples'
 USER_MODELS = {
     "plain LightningModule": {

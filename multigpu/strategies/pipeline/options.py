@@ -159,8 +159,8 @@ def check_stages(model: nn.Module, count: int) -> None:
         raise ConfigurationError(
             f"{kind}.pipeline_stage changed the model (its parameters are not the ones it had): the strategy calls"
             " it for every stage a process holds, and removes the other stages' layers itself. Fix: build the"
-            " stage's module from the model's layers without deleting or replacing any (the engine's README, \"Make it"
-            ' yours", pipeline).'
+            " stage's module from the model's layers without deleting or replacing any (the engine's docs/models.md,"
+            ' "Layers on different devices: pipeline").'
         )
     if not all(isinstance(stage, nn.Module) for stage in stages):
         raise ConfigurationError(

@@ -15,7 +15,7 @@ model's own ``configure_model`` (the GPT example's), which shards the layers; th
 as the root of its rest (embeddings, head). The global batch (``--data.batch_size``) keeps its meaning: the
 samples of one optimizer step, split over the data-parallel ranks, then into ``micro_batches``.
 
-A model is pipelined through three methods, which the GPT example has (README "Make it yours", pipeline):
+A model is pipelined through three methods, which the GPT example has (docs/models.md, "pipeline"):
 
 - ``pipeline_stage(index, count)``: the module that runs stage ``index`` of ``count``, built from the model's own
   layers (shared, not copied; the model itself unchanged), from the previous stage's output (the batch's inputs
