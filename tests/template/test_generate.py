@@ -59,10 +59,10 @@ EXAMPLE_FILES = {
     ],
     "gpt": ["src/models/gpt.py", "src/data/text.py", "src/data/corpus.py", "configs/experiment/gpt.yaml"],
 }  # fmt: skip
-#: what the stub project never names: the examples' classes, data and files
+#: what the stub project never names: the examples' classes, data, files and layers (its model has no GroupNorm)
 EXAMPLE_NAMES = re.compile(
     r"ImageClassifier|CompactResNet|CIFAR|CausalLanguageModel|TextDataModule|\bGPT\b|\bgpt\b|image_classifier"
-    r"|images\.py|text\.py|corpus|configs/experiment"
+    r"|images\.py|text\.py|corpus|configs/experiment|GroupNorm|LayerNorm"
 )
 #: a path the project names: a folder of its own (or of the engine) and what follows, also after $REPO/ in scripts
 PATH = re.compile(
