@@ -142,7 +142,11 @@ class TemplateCLI(LightningCLI):
         add_config_option(parser)
         return parser
 
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Lightning's ``--trainer``, ``--model`` and ``--data``, then the engine's options (``options.py``): here,
+        not in ``add_arguments_to_parser``, which is the project's to override (docs/engine.md, "Extending the
+        command line"), with or without ``super()``."""
+        super().add_core_arguments_to_parser(parser)
         add_template_options(parser)
 
     # -- parse, then check before anything is built -----------------------------------------------------------

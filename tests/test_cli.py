@@ -283,6 +283,34 @@ def test_resumed_run_reuses_its_directory_and_keeps_earlier_logs(tmp_path):
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
 
 
+class WithTags(CLI):
+    """A project's command line with an option of its own, added as Lightning's docs show (no ``super()``), and a
+    linked argument: the contract of docs/engine.md, "Extending the command line"."""
+
+    seen: dict = {}
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--tags", type=list[str], default=[], help="labels of this run")
+        parser.link_arguments("trainer.max_steps", "model.init_args.hidden")
+
+    def before_fit(self) -> None:
+        WithTags.seen = {"tags": self.config.fit.tags, "hidden": self.model.hparams.hidden}
+
+
+def test_a_project_subclass_adds_an_option_and_keeps_every_option_of_the_engine(tmp_path):
+    from multigpu import run_cli
+
+    run_dir = tmp_path / "run"
+    args = [*TINY, f"--trainer.default_root_dir={run_dir}", "--trainer.max_steps=3", "--progress_bar=none"]
+    # --checkpoint.* and --callbacks_off are the engine's: they are there although the subclass calls no super()
+    run_cli(["fit", *args, "--tags=[a,b]", "--checkpoint.save_top_k=0", "--callbacks_off=[run_plan]"], WithTags)
+    assert WithTags.seen == {"tags": ["a", "b"], "hidden": 3}
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and not (run_dir / "run_plan.json").exists()
+    with pytest.raises(SystemExit) as refused:  # a wrong value of the project's option: jsonargparse's error
+        run_cli(["fit", *args, "--tags=7"], WithTags)
+    assert refused.value.code == 2
+
+
 def test_cli_builds_the_objects_without_running_for_notebooks_and_scripts():
     from src.cli import CLI
     from tests.fixtures.workload import TinyClassifier, TinyData
