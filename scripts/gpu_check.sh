@@ -9,6 +9,7 @@
 #
 # Usage: bash scripts/gpu_check.sh [OUTPUT_DIR]           (default: gpu_check/; every output goes there)
 #        GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh DIR (every part on the CPU, tiny sizes: the plumbing only)
+#        GPU_CHECK_PARTS="mfu stall" bash scripts/gpu_check.sh DIR   (only those parts, after the setup)
 #
 # Parts, each under its own timeout (seconds; the variable overrides it), about 8 to 9.5 minutes in all:
 #   setup       (30)  the wheels, the machine and versions: machine.txt
@@ -30,6 +31,7 @@
 # summary.txt lists each part's exit status and seconds; the script's exit status is 1 if any part failed.
 # Each part's log is OUTPUT_DIR/<part>.log; the whole console output is OUTPUT_DIR/console.log.
 set -uo pipefail
+{ # the whole script is read before it runs (an edit during a run changes nothing of it); the `exit` at its end
 cd "$(dirname "$0")/.."
 out=$(mkdir -p "${1:-gpu_check}" && cd "${1:-gpu_check}" && pwd)
 repo=$PWD
@@ -47,6 +49,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 part() {
   local name=$1 limit=$2 start=$SECONDS rc state
   shift 2
+  [[ " ${GPU_CHECK_PARTS:-$name} " == *" $name "* ]] || return 0
   state="$(declare -p py out repo dry accel gpus test_workers half user_steps sync_size bench_size mfu_size \
     mfu_batches mfu_steps stall_size); $(declare -f gpu_tests users syncs bench mfu stall)"
   echo "== $name (at most ${limit}s)"
@@ -191,3 +194,5 @@ part bench_image "${BENCH_IMAGE_TIMEOUT:-90}" bench image
 echo "== summary ($SECONDS s in all; outputs in $out)"
 cat "$summary"
 ! grep -v ' rc=0 ' "$summary" | grep -q .
+exit
+}

@@ -89,7 +89,7 @@ class SyncCounter(Callback):
 
     def start(self) -> None:
         self._saved = (warnings.filters[:], warnings.showwarning)
-        warnings.simplefilter("always")  # every call, not once per call site
+        warnings.filterwarnings("always", message=SYNC_WARNING)  # every call, not once per call site
         warnings.showwarning = self._record
         self.per_step.append(0)
         self.switch(True)

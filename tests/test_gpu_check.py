@@ -16,6 +16,7 @@ import lightning as L
 import pytest
 import torch
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from benchmarks.__main__ import parse_args, plan
 from tests.conftest import REPO
@@ -27,29 +28,48 @@ import sync_count  # noqa: E402
 ON_THE_GPU_MACHINE = {"torch", "lightning", "torchmetrics", "rich", "tensorboard", "matplotlib", "pytest"}
 #: imported only where a config names its logger (configs/logger/wandb.yaml), which the check does not
 NOT_NEEDED = {"wandb"}
+WHEELS = REPO / "scripts" / "gpu_wheels"
 PARTS = ["setup", "gpu_tests", "users", "syncs", "bench_gpt", "mfu", "stall", "bench_image"]
 
 
 def wheel_names() -> set[str]:
-    return {path.name.split("-")[0].lower().replace("_", "-") for path in (REPO / "scripts/gpu_wheels").glob("*.whl")}
+    return {canonicalize_name(path.name.split("-")[0]) for path in WHEELS.glob("*.whl")}
+
+
+def requirements(name: str, extras: set[str] = frozenset()) -> set[Requirement]:
+    """What the installed distribution ``name`` requires with these extras, on the GPU machine's Python 3.12."""
+    found = set()
+    for text in requires(name) or []:
+        requirement = Requirement(text)
+        markers = [{"python_version": "3.12", "extra": extra} for extra in extras or {""}]
+        if requirement.marker is None or any(requirement.marker.evaluate(env) for env in markers):
+            found.add(requirement)
+    return found
+
+
+def provided() -> set[str]:
+    """The GPU machine's packages and everything they require (lightning brings PyYAML, fsspec, ...)."""
+    names, todo = set(), [*ON_THE_GPU_MACHINE]
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name not in names:
+            names.add(name)
+            todo += [r.name for r in requirements(name)]
+    return names
 
 
 def test_the_wheels_hold_every_dependency_the_gpu_machine_lacks():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    needed = {Requirement(text) for text in project["project"]["dependencies"]}
-    needed = {r for r in needed if r.name not in ON_THE_GPU_MACHINE | NOT_NEEDED}
-    for requirement in [*needed]:  # and what each needs with its extras, on the machine's Python 3.12
-        for text in requires(requirement.name) or []:
-            dependency = Requirement(text)
-            for extra in requirement.extras or {""}:
-                if dependency.marker is None or dependency.marker.evaluate({"python_version": "3.12", "extra": extra}):
-                    needed.add(dependency)
-    missing = {r.name for r in needed if r.name not in ON_THE_GPU_MACHINE} - wheel_names()
-    assert not missing
+    direct = [Requirement(text) for text in project["project"]["dependencies"]]
+    direct = [r for r in direct if r.name not in NOT_NEEDED]
+    needed = {canonicalize_name(r.name) for r in direct}
+    for requirement in direct:  # with what each needs under its extras (jsonargparse[signatures])
+        needed |= {canonicalize_name(r.name) for r in requirements(requirement.name, requirement.extras)}
+    assert needed - provided() - wheel_names() == set()
     assert {"jsonargparse", "docstring-parser", "typeshed-client"} <= wheel_names()
     # the GPU tests run under pyproject's addopts (-n, timeout), and the project builds with no index
     assert {"pytest-xdist", "execnet", "pytest-timeout", "setuptools"} <= wheel_names()
-    assert all(path.name.endswith("-py3-none-any.whl") for path in (REPO / "scripts/gpu_wheels").glob("*.whl"))
+    assert all(path.name.endswith("-py3-none-any.whl") for path in WHEELS.glob("*.whl"))  # any Python 3
 
 
 class ItemsPerStep(L.LightningModule):
