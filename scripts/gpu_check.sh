@@ -24,7 +24,8 @@
 #   bench_gpt   (130) python -m benchmarks, the gpt workload, 32-true and bf16-mixed, single and dp, against
 #                     bare Lightning and the plain PyTorch loop: bench_gpt/results.md
 #   mfu         (110) configs/experiment/gpt_gpu.yaml (86M parameters, 1024 tokens, batch 256) in bf16-mixed for
-#                     40 steps, and in 32-true at batch 64 for 20: tokens/s and perf/mfu, mfu/*.json
+#                     40 steps (at batch 128 if that fails, the part then failed), and in 32-true at batch 64 for
+#                     20: tokens/s and perf/mfu, mfu/*.json
 #   stall       (60)  the stall of an asynchronous checkpoint save of state in GPU memory, by
 #                     scripts/checkpoint_stall.py where this copy has it (a line saying it is absent otherwise)
 #   bench_image (90)  as bench_gpt for the image workload (a run cut by its timeout still writes its report)
@@ -51,7 +52,7 @@ part() {
   shift 2
   [[ " ${GPU_CHECK_PARTS:-$name} " == *" $name "* ]] || return 0
   state="$(declare -p py out repo dry accel gpus test_workers half user_steps sync_size bench_size mfu_size \
-    mfu_batches mfu_steps stall_size); $(declare -f gpu_tests users syncs bench mfu stall)"
+    mfu_batches mfu_steps stall_size); $(declare -f gpu_tests users syncs bench gpt_gpu mfu stall)"
   echo "== $name (at most ${limit}s)"
   timeout --kill-after=15 "$limit" bash -c "$state"'; "$@"' "$name" "$@" >"$out/$name.log" 2>&1
   rc=$?
@@ -67,14 +68,16 @@ needed = {"jsonargparse": "jsonargparse", "docstring_parser": "docstring-parser"
           "xdist": "pytest-xdist", "execnet": "execnet", "pytest_timeout": "pytest-timeout"}
 print(" ".join(wheel for module, wheel in needed.items() if importlib.util.find_spec(module) is None))')
 export PYTHONPATH="$site:$repo${PYTHONPATH:+:$PYTHONPATH}"
+setup_rc=0
 if [ -n "$missing" ]; then
   echo "== setup: installing $missing from $wheels into $site"
-  timeout 30 "$py" -m pip install --quiet --no-index --no-deps --find-links "$wheels" --target "$site" $missing ||
-    echo "setup: pip install of $missing failed"
+  # shellcheck disable=SC2086  # $missing is a word list
+  timeout "${SETUP_TIMEOUT:-30}" "$py" -m pip install --quiet --no-index --no-deps --find-links "$wheels" \
+    --target "$site" $missing || { setup_rc=1 && echo "setup: pip install of $missing failed"; }
 fi
 if ! "$py" -c 'import importlib.metadata as m; m.distribution("lightning-multigpu")' 2>/dev/null; then
-  timeout 60 "$py" -m pip install --quiet --no-index --no-deps --find-links "$wheels" --target "$site" -e . ||
-    echo "setup: pip install -e . failed"
+  timeout "${SETUP_TIMEOUT:-30}" "$py" -m pip install --quiet --no-index --no-deps --find-links "$wheels" \
+    --target "$site" -e . || { setup_rc=1 && echo "setup: pip install -e . failed"; }
 fi
 {
   echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname), dry run: $dry"
@@ -87,7 +90,8 @@ print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', t
 print('gpus', torch.cuda.device_count(), *(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))
 print('bf16', torch.cuda.is_available() and torch.cuda.is_bf16_supported())"
 } 2>&1 | tee "$out/machine.txt"
-printf '%-12s rc=%-4s %4ss\n' setup "${PIPESTATUS[0]}" "$SECONDS" >>"$summary"
+[ "${PIPESTATUS[0]}" -eq 0 ] || setup_rc=1
+printf '%-12s rc=%-4s %4ss\n' setup "$setup_rc" "$SECONDS" >>"$summary"
 
 if [ "$dry" = 1 ]; then
   accel=cpu gpus=1 test_workers=0 half=bf16-mixed    # a CPU has no 16-mixed (Lightning refuses it): bf16 twice
@@ -98,7 +102,8 @@ if [ "$dry" = 1 ]; then
   stall_size=(--accelerator cpu --repeats 1 --steps 2 --threads 1 --n-layer 1 --n-embd 32 --n-head 2 --batch-size 2)
 else
   if ! "$py" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
-    echo "PyTorch sees no CUDA GPU: nothing to check (GPU_CHECK_DRY_RUN=1 runs the plumbing on a CPU)" | tee -a "$summary"
+    echo "PyTorch sees no CUDA GPU: nothing checked (GPU_CHECK_DRY_RUN=1 runs the plumbing on a CPU)" >>"$summary"
+    tail -n 1 "$summary"
     exit 2
   fi
   accel=gpu gpus=$("$py" -c 'import torch; print(torch.cuda.device_count())') test_workers=4 half=16-mixed
@@ -155,18 +160,20 @@ bench() {  # bench WORKLOAD: template single and dp against bare Lightning and t
   "$py" -m benchmarks "${args[@]}"
 }
 
-mfu() {
-  local rc=0 i precision
-  for i in 0 1; do
-    precision=$([ "$i" = 0 ] && echo bf16-mixed || echo 32-true)
-    local run=$out/mfu/gpt_gpu-$precision
-    echo "-- gpt_gpu, $precision, batch ${mfu_batches[$i]}, ${mfu_steps[$i]} steps: $run"
-    "$py" -m src.cli fit --config configs/experiment/gpt_gpu.yaml "${mfu_size[@]}" --trainer.accelerator="$accel" \
-      --trainer.devices=1 --trainer.precision="$precision" --data.init_args.batch_size="${mfu_batches[$i]}" \
-      --trainer.max_steps="${mfu_steps[$i]}" --trainer.limit_val_batches=0 --trainer.num_sanity_val_steps=0 \
-      --trainer.default_root_dir="$run" --progress_bar=plain &&
-      "$py" scripts/last_metrics.py "$run" --out "$run.json" || rc=1
-  done
+gpt_gpu() { # gpt_gpu PRECISION BATCH STEPS: the GPU preset, without validation; its last metrics in RUN.json
+  local run=$out/mfu/gpt_gpu-$1-b$2
+  echo "-- gpt_gpu, $1, batch $2, $3 steps: $run"
+  "$py" -m src.cli fit --config configs/experiment/gpt_gpu.yaml "${mfu_size[@]}" --trainer.accelerator="$accel" \
+    --trainer.devices=1 --trainer.precision="$1" --data.init_args.batch_size="$2" --trainer.max_steps="$3" \
+    --trainer.limit_val_batches=0 --trainer.num_sanity_val_steps=0 --trainer.default_root_dir="$run" \
+    --progress_bar=plain && "$py" scripts/last_metrics.py "$run" --out "$run.json"
+}
+
+mfu() { # bf16-mixed at the preset's batch (half of it if that fails, e.g. out of memory), then 32-true
+  local rc=0
+  gpt_gpu bf16-mixed "${mfu_batches[0]}" "${mfu_steps[0]}" ||
+    { rc=1 && gpt_gpu bf16-mixed "$((mfu_batches[0] / 2))" "${mfu_steps[0]}"; }
+  gpt_gpu 32-true "${mfu_batches[1]}" "${mfu_steps[1]}" || rc=1
   return $rc
 }
 

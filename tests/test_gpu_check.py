@@ -147,3 +147,15 @@ def test_the_dry_run_starts_every_part_and_writes_its_outputs(tmp_path):
     assert len(mfu) == 2 and all(m["perf/tokens_per_s"] > 0 for m in mfu)
     stall = (out / "stall.log").read_text()
     assert ("skipped" in stall) != (REPO / "scripts" / "checkpoint_stall.py").exists()
+
+
+def test_without_a_gpu_the_check_says_so_and_runs_nothing(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_SITE": str(tmp_path / "site")}
+    env.pop("GPU_CHECK_DRY_RUN", None)
+    result = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert "PyTorch sees no CUDA GPU" in result.stdout and "GPU_CHECK_DRY_RUN=1" in result.stdout
+    assert [line.split()[0] for line in (tmp_path / "summary.txt").read_text().splitlines()] == ["setup", "PyTorch"]
+    assert not (tmp_path / "gpu_tests.log").exists()
