@@ -113,7 +113,7 @@ def test_the_dry_run_starts_every_part_and_writes_its_outputs(tmp_path):
     out = tmp_path / "check"
     env = {**os.environ, "GPU_CHECK_DRY_RUN": "1", "PYTHON": sys.executable, "GPU_CHECK_SITE": str(tmp_path / "site")}
     result = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        ["bash", "scripts/gpu_check.sh", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=850
     )
     assert result.returncode == 0, result.stdout[-4000:]
     summary = (out / "summary.txt").read_text().splitlines()
