@@ -63,12 +63,12 @@ part() {
 }
 
 # -- setup: the wheels the python lacks, and the project ---------------------------------------------------------------
+export PYTHONPATH="$site:$repo${PYTHONPATH:+:$PYTHONPATH}"
 missing=$("$py" -c '
 import importlib.util
 needed = {"jsonargparse": "jsonargparse", "docstring_parser": "docstring-parser", "typeshed_client": "typeshed-client",
           "xdist": "pytest-xdist", "execnet": "execnet", "pytest_timeout": "pytest-timeout"}
 print(" ".join(wheel for module, wheel in needed.items() if importlib.util.find_spec(module) is None))')
-export PYTHONPATH="$site:$repo${PYTHONPATH:+:$PYTHONPATH}"
 setup_rc=0
 if [ -n "$missing" ]; then
   echo "== setup: installing $missing from $wheels into $site"
