@@ -17,7 +17,7 @@ EXPERIMENTS = sorted((REPO / "configs" / "experiment").glob("*.yaml"))
 
 
 def test_every_preset_is_tested():
-    assert [p.name for p in EXPERIMENTS] == ["gpt.yaml", "image.yaml", "image_synthetic.yaml"]
+    assert [p.name for p in EXPERIMENTS] == ["gpt.yaml", "gpt_gpu.yaml", "image.yaml", "image_synthetic.yaml"]
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
