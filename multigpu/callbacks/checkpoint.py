@@ -25,7 +25,8 @@ def missing_monitor_message(monitor: str, logged: list[str], from_validation: li
     example = (from_validation or logged or ["<your metric>"])[0]
     return (
         f"--checkpoint.monitor={monitor} is not logged by this model (logged metrics: {shown}), so no best-*.ckpt"
-        f" is kept; last.ckpt is still written at every validation and at the end of training."
+        f" is kept; last.ckpt is still written at every validation, at every interval of"
+        " --checkpoint.every_n_train_steps / train_time_interval and at the end of training."
         f" Fix: pass --checkpoint.monitor={example} (and --checkpoint.mode=min or max), or log {monitor!r}"
         " with self.log in your validation step."
     )
