@@ -25,6 +25,7 @@ import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -126,6 +127,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         if storage_options is not None or "://" in str(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
+        self.clean_once(Path(path).parent)
         try:
             copied = self._snapshot.take(checkpoint)
         except (MemoryError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError

@@ -105,14 +105,32 @@ def with_atomic_io(plugins: Any, atomic_io: CheckpointIO | None = None) -> list[
     return plugins
 
 
+def remove_leftovers(folder: Path) -> None:
+    """Delete the temporary files of checkpoint writes a kill interrupted in ``folder`` (one run writes there)."""
+    for leftover in folder.glob(".*.ckpt.*.tmp"):
+        leftover.unlink(missing_ok=True)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` with atomic, durable local saves (remote URLs keep Lightning's path)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cleaned: set[Path] = set()  # the folders whose leftovers of killed writes are gone
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
+        self.clean_once(Path(path).parent)
         atomic_torch_save(checkpoint, path)
+
+    def clean_once(self, folder: Path) -> None:
+        """At a run's first save into ``folder``, the leftovers of another's killed writes (the run lock keeps one
+        run per directory): a file written again deletes its own, a best file of another step never is."""
+        if folder not in self._cleaned:
+            self._cleaned.add(folder)
+            remove_leftovers(folder)
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
         """A file with ``weights_only=True`` unless the caller says otherwise (Lightning's default for a URL is
