@@ -96,7 +96,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(one_run(args, args.one)))
         return
-    passed = [a for a in sys.argv[1:] if not a.startswith("--repeats")]
+    passed = [
+        f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items() if name not in ("repeats", "one")
+    ]
     results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     load_before = os.getloadavg()
     for _ in range(args.repeats):
