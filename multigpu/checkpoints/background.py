@@ -59,9 +59,12 @@ class HostSnapshot:
         """The checkpoint with every tensor replaced by its copy (the other values are the caller's: Lightning
         builds a new dict of them at each save)."""
         previous, self.buffers, self.on_gpu = self.buffers, [], False
+        copies: dict[int, torch.Tensor] = {}  # a tensor held twice (a tied weight) is copied once, saved once
 
         def copy(tensor: torch.Tensor) -> torch.Tensor:
-            tensor = tensor.detach()
+            if id(tensor) in copies:
+                return copies[id(tensor)]
+            original, tensor = tensor, tensor.detach()
             index = len(self.buffers)
             reuse = previous[index] if index < len(previous) else None
             if tensor.layout != torch.strided:  # sparse: a copy of its own
@@ -73,6 +76,7 @@ class HostSnapshot:
                 reuse.copy_(tensor, non_blocking=tensor.is_cuda)
             self.on_gpu = self.on_gpu or tensor.is_cuda
             self.buffers.append(reuse)
+            copies[id(original)] = reuse
             return reuse
 
         threads = torch.get_num_threads()

@@ -5,6 +5,8 @@ and ``last.ckpt`` of one save written once."""
 from __future__ import annotations
 
 import random
+import re
+import signal
 
 import pytest
 import torch
@@ -107,3 +109,20 @@ def test_a_run_killed_before_its_first_validation_resumes_from_its_last_interval
     assert best_checkpoint(run_dir) == best_checkpoint(straight)
     a, b = load_state(straight / "checkpoints" / "last.ckpt"), load_state(run_dir / "checkpoints" / "last.ckpt")
     assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a), kill_after
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_background_write_is_in_progress_saves_its_step_before_exiting(tmp_path):
+    """Checkpoints of 16 MB and more every step, written in the background: a SIGTERM lands while one is written;
+    the stop's save waits for it, writes its own step, and is on disk when the process exits."""
+    run_dir = tmp_path / "run"
+    ballast = ["--trainer.callbacks+=tests.helpers.Ballast", "--trainer.callbacks.megabytes=16"]
+    process, progress = start(run_dir, "--checkpoint.every_n_train_steps=1", "--trainer.limit_val_batches=0", *ballast)
+    wait_for_lines(progress, 3, process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    step = int(re.search(r"SIGTERM: saved \S+ at step (\d+)", stderr).group(1))
+    folder = run_dir / "checkpoints"
+    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == step >= 3
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]  # no temporary file: every write finished

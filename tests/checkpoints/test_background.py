@@ -21,7 +21,8 @@ from tests.test_quiet import FullDisk
 
 def test_a_save_writes_the_state_of_its_call_while_the_caller_goes_on(tmp_path, monkeypatch):
     """The caller changes the tensors right after the save returns (as the next optimizer step does); the file
-    holds them as they were. The writer is held until the caller has changed them."""
+    holds them as they were, a tensor held twice (a tied weight) once. The writer is held until the caller has
+    changed them."""
     release, writing = threading.Event(), threading.Event()
     write = files.atomic_torch_save
 
@@ -32,13 +33,14 @@ def test_a_save_writes_the_state_of_its_call_while_the_caller_goes_on(tmp_path, 
 
     monkeypatch.setattr(background, "atomic_torch_save", held_write)
     io, weights, path = BackgroundCheckpointIO(), torch.zeros(1000), tmp_path / "last.ckpt"
-    io.save_checkpoint({"state_dict": {"w": weights}, "global_step": 1}, path)
+    io.save_checkpoint({"state_dict": {"w": weights, "tied": weights}, "global_step": 1}, path)
     assert writing.wait(30) and not path.exists()  # returned while the write waits
     weights += 1  # the next step, in place
     release.set()
     io.wait()
     saved = torch.load(path, weights_only=True)
     assert saved["global_step"] == 1 and torch.equal(saved["state_dict"]["w"], torch.zeros(1000))
+    assert saved["state_dict"]["tied"].data_ptr() == saved["state_dict"]["w"].data_ptr()  # saved once, as torch does
     io.teardown()
 
 
