@@ -2,7 +2,8 @@
 (``trainer_arguments``, which the command line builds the Trainer with, once): the callbacks in their order
 (``multigpu/callbacks/__init__.py``), the strategy (``auto`` named where Lightning would pick ddp, an import path as its
 class), the options a strategy given by name gets (``--collective_timeout``, ddp's ``find_unused_parameters``,
-``--pipeline.*``), and the plugins (atomic checkpoints, SLURM's environment without Lightning's requeue)."""
+``--pipeline.*``), and the plugins (atomic checkpoints written in the background, SLURM's environment without
+Lightning's requeue)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Str
 from multigpu.arguments import import_class
 from multigpu.callbacks import template_callbacks
 from multigpu.callbacks.stacks import STACKS_DIR
+from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import with_atomic_io
 from multigpu.compat import registered_strategy
 from multigpu.environment import requested_devices, resolve_accelerator
@@ -56,7 +58,9 @@ def trainer_arguments(built: Any, options: Any, model: L.LightningModule) -> tup
         strategy_settings.update(options.pipeline.as_dict())  # --pipeline.*
     callbacks, switches = template_callbacks(trainer, options, built, strategy)
     off = switches.pop("off")
-    plugins = checkpoint_plugins(trainer.get("plugins"), slurm_requeue="preemption" in off)
+    checkpoint = None if "checkpoint" in off else built.get("checkpoint")
+    background = bool(getattr(checkpoint, "async_save", False))  # --checkpoint.async_save
+    plugins = checkpoint_plugins(trainer.get("plugins"), slurm_requeue="preemption" in off, background=background)
     arguments = {"strategy": strategy} if strategy_settings else {}
     return {**arguments, **switches, "callbacks": callbacks, "plugins": plugins}, strategy_settings
 
@@ -122,10 +126,11 @@ def strategy_options(strategy: Any, seconds: float | None, model: L.LightningMod
     return options
 
 
-def checkpoint_plugins(plugins: Any, slurm_requeue: bool = False) -> list[Any]:
-    """The user's ``--trainer.plugins`` with atomic checkpoint saving (``multigpu/checkpoints/files.py``); under SLURM
-    without Lightning's save-and-requeue in its signal handler unless ``slurm_requeue`` (preemption off)."""
-    plugins = with_atomic_io(plugins)
+def checkpoint_plugins(plugins: Any, slurm_requeue: bool = False, background: bool = False) -> list[Any]:
+    """The user's ``--trainer.plugins`` with atomic checkpoint saving (``multigpu/checkpoints/files.py``), written on a
+    background thread with ``background`` (``multigpu/checkpoints/background.py``); under SLURM without Lightning's
+    save-and-requeue in its signal handler unless ``slurm_requeue`` (preemption off)."""
+    plugins = with_atomic_io(plugins, BackgroundCheckpointIO() if background else None)
     # the environment Lightning would pick itself, with one switch changed: SLURM's, unless torchrun started the
     # processes (Lightning detects TorchElastic first, since torchrun also runs inside SLURM jobs)
     slurm = SLURMEnvironment.detect() and not TorchElasticEnvironment.detect()

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import AtomicCheckpointIO
 from multigpu.launch import checkpoint_plugins, strategy_name, strategy_options
 from src.cli import TemplateCLI
@@ -83,3 +85,12 @@ def test_checkpoints_are_saved_atomically_and_slurms_environment_comes_without_l
     assert checkpoint_plugins(own) == own  # the user's checkpoint IO and cluster environment stand
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")  # torchrun inside the SLURM job started the processes
     assert [type(plugin) for plugin in checkpoint_plugins(None)] == [AtomicCheckpointIO]
+
+
+def test_checkpoints_are_written_in_the_background_unless_switched_off():
+    def checkpoint_io(*args: str) -> Any:
+        return TemplateCLI(args=[*TINY, *args], run=False).trainer.strategy.checkpoint_io
+
+    assert type(checkpoint_io()) is BackgroundCheckpointIO
+    assert type(checkpoint_io("--checkpoint.async_save=false")) is AtomicCheckpointIO
+    assert type(checkpoint_io("--callbacks_off=[checkpoint]")) is AtomicCheckpointIO  # a stop's save: synchronous

@@ -1,9 +1,12 @@
-"""``ModelCheckpoint`` that works with any model: ``last.ckpt`` always holds the final step of a fit, and a
-monitored metric the model does not log is reported once instead of stopping the run."""
+"""``ModelCheckpoint`` that works with any model: ``last.ckpt`` at every interval of its schedule and at the final
+step of a fit, one file's bytes under both names where ``best-<step>.ckpt`` and ``last.ckpt`` are one save, and a
+monitored metric the model does not log reported once instead of stopping the run."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+from weakref import proxy
 
 import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
@@ -12,6 +15,8 @@ from torch import Tensor
 
 from multigpu import compat
 from multigpu.callbacks.continuation import epoch_interrupted
+from multigpu.checkpoints.background import BackgroundCheckpointIO, wait_for_checkpoints
+from multigpu.checkpoints.files import AtomicCheckpointIO, link_checkpoint
 
 
 def missing_monitor_message(monitor: str, logged: list[str], from_validation: list[str]) -> str:
@@ -20,22 +25,36 @@ def missing_monitor_message(monitor: str, logged: list[str], from_validation: li
     example = (from_validation or logged or ["<your metric>"])[0]
     return (
         f"--checkpoint.monitor={monitor} is not logged by this model (logged metrics: {shown}), so no best-*.ckpt"
-        f" is kept; last.ckpt is still written at every validation and at the end of training."
+        f" is kept; last.ckpt is still written at every validation, at every interval of"
+        " --checkpoint.every_n_train_steps / train_time_interval and at the end of training."
         f" Fix: pass --checkpoint.monitor={example} (and --checkpoint.mode=min or max), or log {monitor!r}"
         " with self.log in your validation step."
     )
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint``, plus two things any user's model needs.
+    """Lightning's ``ModelCheckpoint``, plus what any user's model needs.
 
+    - ``every_n_train_steps`` and ``train_time_interval`` write ``last.ckpt`` at every interval, whether or not the
+      monitored metric exists yet (stock ``ModelCheckpoint`` saves nothing until the first validation logged it);
+      the ``best-*`` files wait for the metric. A save due at a step that a validation follows is made after it.
     - ``last.ckpt`` is rewritten when training ends (stock ``ModelCheckpoint`` keeps one from an earlier step if it
       wrote one), and nothing is decided at the epoch end Lightning adds to a mid-epoch stop.
+    - ``best-<step>.ckpt`` and ``last.ckpt`` of one save are one file under two names (a hard link), written once.
     - A ``monitor`` that the model does not log gives one warning naming the logged metrics, instead of an error.
+
+    Args:
+        async_save: Write each checkpoint in a background thread while training goes on: a save costs the loop a copy
+            of the state in host memory (``multigpu/checkpoints/background.py``). ``false``: every save is written
+            before training continues. Sharded checkpoints (fsdp2, tensor_parallel, pipeline) are written
+            synchronously either way.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, async_save: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.async_save = async_save  # read by multigpu/launch.py, which picks the checkpoint IO
+        self._link_source: str | None = None  # the top-k file of this save, which last.ckpt may name
+        self._save_after_validation = False  # a save waits for the next validation's end
         self._missing_monitor_reported = False
         self._logged_before_validation: set[str] = set()
         self._validated = False  # a validation ran (not the sanity check): its metrics are known
@@ -49,6 +68,28 @@ class RunCheckpoint(ModelCheckpoint):
             compat.save_last_checkpoint(self, trainer, compat.monitor_candidates(self, trainer))
         else:
             super().on_train_end(trainer, pl_module)
+        wait_for_checkpoints(trainer)  # the final checkpoint is on disk when fit returns
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # replaces ModelCheckpoint's, which saves nothing (not even last.ckpt) while the monitored metric is absent
+        if not compat.checkpoint_interval_due(self, trainer) or compat.checkpoint_not_due(self, trainer):
+            return
+        if compat.validation_follows(trainer):
+            # saved once that validation is done: its metric decides the top-k, and the resumed run does not skip it
+            self._save_after_validation = True
+            return
+        candidates = compat.monitor_candidates(self, trainer)
+        if self.monitor is not None and self.monitor not in candidates:
+            self._save_after_validation = True  # the top-k waits for the metric; last.ckpt is written now
+        self._save_pair(trainer)
+
+    def _save_pair(self, trainer: L.Trainer) -> None:
+        """The top-k decision and last.ckpt, as ModelCheckpoint saves at each of its save points."""
+        candidates = compat.monitor_candidates(self, trainer)
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if epoch_interrupted(trainer):
@@ -61,11 +102,30 @@ class RunCheckpoint(ModelCheckpoint):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._validated = self._validated or not trainer.sanity_checking
-        super().on_validation_end(trainer, pl_module)
+        if self._save_after_validation and not compat.checkpoint_not_due(self, trainer):
+            # the save of the step this validation follows, or the top-k that waited for the metric: here whether
+            # ModelCheckpoint decides at validation ends or at epoch ends (after this validation, with no top-k)
+            self._save_after_validation = False
+            self._save_pair(trainer)
+        super().on_validation_end(trainer, pl_module)  # finds this step saved
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
         # ModelCheckpoint's one place that decides on the monitored metric (a protected hook, multigpu.compat's
         # OVERRIDDEN_HOOKS): skip the best-k when the metric is absent, say so once
+        self._link_source = None
+        last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        # a last.ckpt of a name that stays (no step in it) can be a second name of this save's top-k file: the state
+        # that file holds names last.ckpt as the last checkpoint, as last.ckpt's own would
+        linkable = self.save_last and self.last_model_path in ("", last) and self._can_link(trainer)
+        if linkable:
+            self.last_model_path = last
+        before = compat.last_checkpoint_written(self)
+        self._save_topk_or_report(trainer, monitor_candidates)
+        written = compat.last_checkpoint_written(self)
+        if linkable and written != before and written[0] == trainer.global_step and written[1] != last:
+            self._link_source = written[1]
+
+    def _save_topk_or_report(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
         if self.monitor is not None and self.save_top_k != 0 and self.monitor not in monitor_candidates:
             # before the first validation a validation metric is missing because it was not computed yet
             module = trainer.lightning_module
@@ -88,4 +148,33 @@ class RunCheckpoint(ModelCheckpoint):
         if self._last_just_saved:
             self._last_just_saved = False
             return
-        super()._save_last_checkpoint(trainer, monitor_candidates)
+        try:  # the top-k file of this save, if it wrote one, becomes last.ckpt (_save_checkpoint)
+            super()._save_last_checkpoint(trainer, monitor_candidates)
+        finally:
+            self._link_source = None  # a later save of this step (the end of training) holds another state
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        # ModelCheckpoint's one place that writes a file (protected, like the two above): last.ckpt of the save that
+        # just wrote best-<step>.ckpt is that file again, under its name
+        source = self._link_source
+        if source is None or Path(source).name == Path(filepath).name:
+            super()._save_checkpoint(trainer, filepath)
+            return
+        self._link_source = None
+        if trainer.is_global_zero:
+            io = trainer.strategy.checkpoint_io
+            if isinstance(io, BackgroundCheckpointIO):
+                io.link_checkpoint(source, filepath)  # once the file is written
+            else:
+                link_checkpoint(source, filepath)
+        trainer.strategy.barrier("RunCheckpoint.link")
+        compat.record_checkpoint_written(self, trainer, filepath)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    def _can_link(self, trainer: L.Trainer) -> bool:
+        """Whether last.ckpt can be a second name of the top-k file: written by this engine's atomic saves (which
+        replace a file, never change it, so the other name keeps its bytes), a name without a version counter."""
+        atomic = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)  # sharded folders: replaced likewise
+        return atomic and "://" not in str(self.dirpath) and not compat.versions_checkpoint_names(self)

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from multigpu.callbacks.steps import EveryNSteps
+from multigpu.checkpoints.background import wait_for_checkpoints
 from multigpu.compat import skip_per_step_sigterm_broadcast, validation_follows
 from multigpu.errors import Preempted
 
@@ -218,9 +219,11 @@ class PreemptionCheckpoint(Callback):
         # every rank calls it; rank 0 writes. weights_only=False (a full, resumable checkpoint) said explicitly:
         # left unset, Lightning logs that it defaulted to it at every save
         trainer.save_checkpoint(self._saved_path, weights_only=False)
+        wait_for_checkpoints(trainer)  # written in the background: on disk before any rank goes on
         trainer.strategy.barrier("preemption")  # every rank is done before a requeue can end the job step
 
     def _stop(self, trainer: L.Trainer) -> None:
+        wait_for_checkpoints(trainer)  # ModelCheckpoint's save of the same step too, before the requeue or exit
         preempted = self._stop_signal == self.signal_number
         job_id = os.environ.get("SLURM_JOB_ID")
         if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:  # what scontrol requeue needs

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -19,7 +20,13 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
 
-from multigpu.checkpoints.sharded import fsync_directory, is_sharded_checkpoint, load_sharded_checkpoint
+from multigpu.checkpoints.sharded import (
+    fsync_directory,
+    is_sharded_checkpoint,
+    load_sharded_checkpoint,
+    move_into_place,
+    staging_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,40 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     fsync_directory(path.parent)  # the rename itself survives a power loss
 
 
+def link_checkpoint(source: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Make ``path`` another name of checkpoint ``source`` (``best-<step>.ckpt`` and ``last.ckpt`` of one step): a
+    hard link, which survives the removal of either name, put in place by a rename as a save is; a folder of shards
+    becomes a folder of hard links. Where the file system has no hard links, a copy."""
+    source, path = Path(source), Path(path)
+    if source.resolve() == path.resolve():
+        return
+    if source.is_dir():
+        staging = staging_path(path)
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(source, staging, copy_function=_link_or_copy)
+        move_into_place(staging, path)
+        return
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+        leftover.unlink(missing_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
+    try:
+        _link_or_copy(source, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+
+
+def _link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # no hard links here (some network and FUSE file systems): a copy, made durable
+        shutil.copyfile(source, target)
+        with open(target, "rb+") as file:
+            os.fsync(file.fileno())
+
+
 def _file_error(error: BaseException) -> OSError | None:
     """The file system's error behind a failed save. torch's zip writer reports a failed write of the file as
     ``RuntimeError: ... unexpected pos``, with the ``OSError`` (``ENOSPC``: disk full) only as its context."""
@@ -55,22 +96,41 @@ def _file_error(error: BaseException) -> OSError | None:
     return None
 
 
-def with_atomic_io(plugins: Any) -> list[Any]:
-    """The user's ``--trainer.plugins``, plus ``AtomicCheckpointIO`` unless they chose a ``CheckpointIO``."""
+def with_atomic_io(plugins: Any, atomic_io: CheckpointIO | None = None) -> list[Any]:
+    """The user's ``--trainer.plugins``, plus ``atomic_io`` (default: an ``AtomicCheckpointIO``) unless they chose
+    a ``CheckpointIO``."""
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-        plugins.append(AtomicCheckpointIO())
+        plugins.append(atomic_io or AtomicCheckpointIO())
     return plugins
+
+
+def remove_leftovers(folder: Path) -> None:
+    """Delete the temporary files of checkpoint writes a kill interrupted in ``folder`` (one run writes there)."""
+    for leftover in folder.glob(".*.ckpt.*.tmp"):
+        leftover.unlink(missing_ok=True)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` with atomic, durable local saves (remote URLs keep Lightning's path)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._cleaned: set[Path] = set()  # the folders whose leftovers of killed writes are gone
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
+        self.clean_once(Path(path).parent)
         atomic_torch_save(checkpoint, path)
+
+    def clean_once(self, folder: Path) -> None:
+        """At a run's first save into ``folder``, the leftovers of another's killed writes (the run lock keeps one
+        run per directory): a file written again deletes its own, a best file of another step never is."""
+        if folder not in self._cleaned:
+            self._cleaned.add(folder)
+            remove_leftovers(folder)
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
         """A file with ``weights_only=True`` unless the caller says otherwise (Lightning's default for a URL is

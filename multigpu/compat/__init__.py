@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,8 @@ OVERRIDDEN_HOOKS = {
     " metric, called at every save point; a metric the model does not log is reported there once, not raised",
     "ModelCheckpoint._save_last_checkpoint": "RunCheckpoint: called right after _save_topk_checkpoint when that saved"
     " a checkpoint; skips the last.ckpt that the top-k step just wrote for a metric the model does not log",
+    "ModelCheckpoint._save_checkpoint": "RunCheckpoint: the one place ModelCheckpoint writes a file; last.ckpt of the"
+    " step and state the top-k file just written holds becomes a second name of that file instead of a second write",
     "Strategy._setup_model": "DataParallelStrategy: the strategy's hook that gets the module after it is on its device;"
     " dp puts its parallel forward on the module there instead of wrapping it",
 }
@@ -155,6 +158,43 @@ def save_last_checkpoint(checkpoint: ModelCheckpoint, trainer: L.Trainer, candid
     """Write ``last.ckpt`` now, the way ``ModelCheckpoint`` writes it (its naming, link and removal of the previous
     one), through its protected method (a subclass's override of it included)."""
     checkpoint._save_last_checkpoint(trainer, candidates)
+
+
+def checkpoint_interval_due(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> bool:
+    """Whether ``ModelCheckpoint``'s ``every_n_train_steps`` or ``train_time_interval`` falls on the training batch
+    that just ended, decided as its ``on_train_batch_end`` decides (the clock's decision rank 0's, and its clock
+    restarted when due), from its protected settings."""
+    every = checkpoint._every_n_train_steps
+    due = every >= 1 and trainer.global_step % every == 0
+    interval = checkpoint._train_time_interval
+    if interval is not None:
+        now, previous = time.monotonic(), checkpoint._last_time_checked
+        not_yet = previous is None or now - previous < interval.total_seconds()
+        if not trainer.strategy.broadcast(not_yet):  # ranks' clocks differ: rank 0 decides for all
+            checkpoint._last_time_checked = now
+            due = True
+    return due
+
+
+def checkpoint_not_due(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> bool:
+    """Whether ``ModelCheckpoint`` saves nothing now whatever its schedule: a smoke test, not fitting, the sanity
+    check, or this step already saved (its protected check)."""
+    return checkpoint._should_skip_saving_checkpoint(trainer)
+
+
+def last_checkpoint_written(checkpoint: ModelCheckpoint) -> tuple[int, str]:
+    """The step and path of the file ``ModelCheckpoint`` wrote last (its protected record of them)."""
+    return checkpoint._last_global_step_saved, checkpoint._last_checkpoint_saved
+
+
+def record_checkpoint_written(checkpoint: ModelCheckpoint, trainer: L.Trainer, path: str) -> None:
+    """Record ``path`` as written at this step, as ``ModelCheckpoint._save_checkpoint`` does after writing it."""
+    checkpoint._last_global_step_saved, checkpoint._last_checkpoint_saved = trainer.global_step, path
+
+
+def versions_checkpoint_names(checkpoint: ModelCheckpoint) -> bool:
+    """Whether ``ModelCheckpoint`` adds ``-v1``, ``-v2`` to a name that exists (``enable_version_counter``)."""
+    return checkpoint._enable_version_counter
 
 
 def trained_class_path(hyperparameters: Mapping[str, Any]) -> Any:

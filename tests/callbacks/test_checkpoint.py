@@ -1,12 +1,19 @@
-"""``RunCheckpoint``: ``last.ckpt`` at every validation whatever ``--checkpoint.monitor`` names, so that a crash
-loses at most the steps since the last validation."""
+"""``RunCheckpoint``: ``last.ckpt`` at every validation and every interval of its schedule whatever
+``--checkpoint.monitor`` names, so that a crash loses at most the steps since the last of them; ``best-<step>.ckpt``
+and ``last.ckpt`` of one save written once."""
 
 from __future__ import annotations
+
+import random
+import re
+import signal
 
 import pytest
 import torch
 
 from src.cli import main
+from tests.callbacks.test_preemption import COMMON, best_checkpoint, start, validation_rows, wait_for_lines
+from tests.conftest import TINY, load_state
 
 #: a user's model that logs ``val/mse``, not the default monitor ``val/loss``; 16 optimizer steps per epoch
 REGRESSION = [
@@ -34,3 +41,88 @@ def test_a_run_whose_model_does_not_log_the_monitor_keeps_last_ckpt_of_its_last_
     assert torch.load(last, weights_only=True)["global_step"] == 16  # the first epoch's validation
     main([*args, "--ckpt_path=last"])  # the crashed run resumes from it and finishes
     assert torch.load(last, weights_only=True)["global_step"] == 32
+
+
+# -- on schedule: last.ckpt at every interval, before any validation -------------------------------------------
+
+#: the tests' workload in fp64 with dropout, a checkpoint every 2 steps and the first validation at step 6
+SCHEDULED = [
+    *TINY,
+    "--progress_bar=none",
+    "--trainer.precision=64-true",
+    "--model.init_args.dropout=0.2",
+    "--trainer.max_steps=12",
+    "--trainer.max_epochs=-1",
+    "--trainer.limit_val_batches=2",
+    "--trainer.val_check_interval=6",
+    "--trainer.check_val_every_n_epoch=null",
+    "--checkpoint.every_n_train_steps=2",
+]
+
+
+def crash_at(step: int) -> list[str]:
+    return ["--trainer.callbacks+=tests.helpers.CrashAtStep", f"--trainer.callbacks.step={step}"]
+
+
+def test_every_n_train_steps_writes_last_ckpt_before_any_validation_and_resumes_exactly(tmp_path):
+    """Crashed before the first validation, the run has the last interval's last.ckpt (and no best file: the
+    metric does not exist yet); crashed after it, best-6.ckpt and last.ckpt are one file. Resumed each time, the run
+    ends as an uninterrupted one, bit for bit."""
+    run_dir, straight = tmp_path / "run", tmp_path / "straight"
+    args = ["fit", *SCHEDULED, f"--trainer.default_root_dir={run_dir}"]
+    folder = run_dir / "checkpoints"
+    with pytest.raises(RuntimeError, match="crashed at step 5"):
+        main([*args, *crash_at(5)])
+    assert [p.name for p in folder.iterdir()] == ["last.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 4
+    with pytest.raises(RuntimeError, match="crashed at step 7"):
+        main([*args, "--ckpt_path=last", *crash_at(7)])
+    assert sorted(p.name for p in folder.iterdir()) == ["best-6.ckpt", "last.ckpt"]
+    assert (folder / "best-6.ckpt").stat().st_ino == (folder / "last.ckpt").stat().st_ino  # written once
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 6  # after its validation
+    main([*args, "--ckpt_path=last"])
+    main(["fit", *SCHEDULED, f"--trainer.default_root_dir={straight}"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in (straight / "checkpoints").iterdir())
+    a, b = load_state(straight / "checkpoints" / "last.ckpt"), load_state(folder / "last.ckpt")
+    assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_validation_resumes_from_its_last_interval_exactly(tmp_path):
+    """SIGKILL at a random step of a run that checkpoints every step (in the background) and first validates at
+    step 30: ``--ckpt_path=last`` resumes from a step at most two before the kill, and the finished run equals an
+    uninterrupted one (fp64, dropout on): weights bit for bit, the validation rows, the best checkpoint."""
+    schedule = ["--checkpoint.every_n_train_steps=1", "--trainer.val_check_interval=30",
+                "--trainer.check_val_every_n_epoch=null"]  # fmt: skip
+    kill_after = random.randint(2, 25)
+    run_dir, straight = tmp_path / "run", tmp_path / "straight"
+    process, progress = start(run_dir, *schedule)
+    wait_for_lines(progress, kill_after, process)
+    process.kill()
+    process.wait()
+    reached = len(progress.read_text().splitlines())
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert reached - 2 <= saved <= reached + 1 and saved < 30, (kill_after, reached, saved)
+    main(["fit", *COMMON, *schedule, f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last"])
+    main(["fit", *COMMON, *schedule, f"--trainer.default_root_dir={straight}"])
+    assert validation_rows(run_dir) == validation_rows(straight)  # step 30's, once
+    assert best_checkpoint(run_dir) == best_checkpoint(straight)
+    a, b = load_state(straight / "checkpoints" / "last.ckpt"), load_state(run_dir / "checkpoints" / "last.ckpt")
+    assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a), kill_after
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_background_write_is_in_progress_saves_its_step_before_exiting(tmp_path):
+    """Checkpoints of 16 MB and more every step, written in the background: a SIGTERM lands while one is written;
+    the stop's save waits for it, writes its own step, and is on disk when the process exits."""
+    run_dir = tmp_path / "run"
+    ballast = ["--trainer.callbacks+=tests.helpers.Ballast", "--trainer.callbacks.megabytes=16"]
+    process, progress = start(run_dir, "--checkpoint.every_n_train_steps=1", "--trainer.limit_val_batches=0", *ballast)
+    wait_for_lines(progress, 3, process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    step = int(re.search(r"SIGTERM: saved \S+ at step (\d+)", stderr).group(1))
+    folder = run_dir / "checkpoints"
+    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == step >= 3
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]  # no temporary file: every write finished

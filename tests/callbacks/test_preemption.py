@@ -327,7 +327,8 @@ def test_second_ctrl_c_stops_at_once_without_saving(tmp_path):
 
 @pytest.mark.slow
 def test_kill_during_a_checkpoint_write_leaves_the_previous_one_intact(tmp_path):
-    """SIGKILL while ``last.ckpt`` is being rewritten, with ``$TMPDIR`` on another file system (tmpfs)."""
+    """SIGKILL while the checkpoint after ``last.ckpt`` is being written (``best-<step>.ckpt``, which ``last.ckpt``
+    becomes another name of, written in the background), with ``$TMPDIR`` on another file system (tmpfs)."""
     staging = Path("/dev/shm") / f"ckpt-test-{os.getpid()}"
     staging.mkdir()
     assert os.stat(staging).st_dev != os.stat(tmp_path).st_dev, "needs TMPDIR on another file system"
@@ -344,14 +345,14 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one_intact(tmp_path)
 
     def rewriting_last() -> bool:  # last.ckpt exists and its next version is being written beside it
         names = os.listdir(folder) if folder.is_dir() else []
-        return "last.ckpt" in names and any(name.startswith(".last.ckpt.") for name in names)
+        return "last.ckpt" in names and any(name.startswith(".") and name.endswith(".tmp") for name in names)
 
     while not rewriting_last():
         assert process.poll() is None and time.monotonic() < deadline, "never saw last.ckpt being rewritten in place"
         time.sleep(0.001)
     process.kill()  # a few milliseconds into writing hundreds of megabytes: mid-write
     process.wait()
-    partial = [p for p in folder.iterdir() if p.name.startswith(".last.ckpt.")]
+    partial = [p for p in folder.iterdir() if p.name.endswith(".tmp")]
     assert partial, f"the kill missed the write: {sorted(p.name for p in folder.iterdir())}"
     assert is_intact(folder / "last.ckpt")
     assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 2
@@ -369,7 +370,7 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one_intact(tmp_path)
         ]
     )
     assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 6
-    assert not any(p.name.startswith(".last.ckpt.") for p in folder.iterdir())  # the killed write's file is gone
+    assert not any(p.name.endswith(".tmp") for p in folder.iterdir())  # the killed write's file is gone
 
 
 @pytest.mark.slow

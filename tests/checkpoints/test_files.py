@@ -10,6 +10,7 @@ from multigpu.checkpoints.files import (
     AtomicCheckpointIO,
     atomic_torch_save,
     is_intact,
+    link_checkpoint,
     newest_intact_checkpoint,
     with_atomic_io,
 )
@@ -67,3 +68,25 @@ def test_atomic_io_reads_a_file_weights_only_and_a_folder_checked(tmp_path):
     assert not marker.exists()
     atomic_torch_save({"global_step": 3}, tmp_path / "plain.ckpt")
     assert io.load_checkpoint(tmp_path / "plain.ckpt") == {"global_step": 3}
+
+
+def test_a_second_name_of_a_checkpoint_is_the_same_bytes_and_survives_the_first_names_removal(tmp_path):
+    """``best-<step>.ckpt`` and ``last.ckpt`` of one save: a hard link replacing the old ``last.ckpt`` (a file or a
+    folder of shards, which becomes a folder of links); a later save of either name replaces it, leaving the other."""
+    atomic_torch_save({"global_step": 2}, tmp_path / "last.ckpt")
+    atomic_torch_save({"global_step": 4}, tmp_path / "best-4.ckpt")
+    link_checkpoint(tmp_path / "best-4.ckpt", tmp_path / "last.ckpt")
+    assert (tmp_path / "last.ckpt").stat().st_ino == (tmp_path / "best-4.ckpt").stat().st_ino
+    atomic_torch_save({"global_step": 6}, tmp_path / "last.ckpt")  # the next save: a new file under the name
+    assert torch.load(tmp_path / "best-4.ckpt", weights_only=True) == {"global_step": 4}
+    (tmp_path / "best-4.ckpt").unlink()
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True) == {"global_step": 6}
+    shards = tmp_path / "best-8.ckpt"
+    shards.mkdir()
+    for name in (".metadata", "__0_0.distcp", "meta.pt"):
+        (shards / name).write_bytes(name.encode())
+    link_checkpoint(shards, tmp_path / "last.ckpt")  # a file replaced by a folder, as a resharded run may
+    last = tmp_path / "last.ckpt"
+    assert is_intact(last) and sorted(p.name for p in last.iterdir()) == sorted(p.name for p in shards.iterdir())
+    assert all((last / p.name).stat().st_ino == p.stat().st_ino for p in shards.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-8.ckpt", "last.ckpt"]  # no staging folder left

@@ -392,6 +392,51 @@ def test_monitor_candidates_and_save_last_checkpoint_write_last_as_model_checkpo
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == BATCHES
 
 
+class ScheduleProbe(ModelCheckpoint):
+    """Test-only: at each training batch end, what the compat functions say about ModelCheckpoint's schedule, and
+    each file its one writing hook ``_save_checkpoint`` (which ``RunCheckpoint`` overrides) is called for."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.due: list[tuple[int, bool, bool]] = []
+        self.written: list[tuple[int, str]] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.due.append(
+            (
+                trainer.global_step,
+                compat.checkpoint_interval_due(self, trainer),
+                compat.checkpoint_not_due(self, trainer),
+            )
+        )
+        super().on_train_batch_end(trainer, *args)
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        self.written.append(compat.last_checkpoint_written(self))
+
+
+def test_the_schedule_and_the_record_of_written_files_are_model_checkpoints(tmp_path):
+    """Every 2 steps with no monitor: due at steps 2 and 4 (not yet saved there), and each save passes through
+    ``_save_checkpoint``, which records the step and file; the record can be set, as a link of a file sets it."""
+    probe = ScheduleProbe(dirpath=tmp_path, monitor=None, every_n_train_steps=2, save_last=True, save_top_k=1)
+    fit = trainer(max_steps=BATCHES, enable_checkpointing=True, callbacks=[probe])
+    fit.fit(BoringModel())
+    assert probe.due == [(1, False, False), (2, True, False), (3, False, False), (4, True, False)]
+    assert [(step, Path(path).name) for step, path in probe.written] == [
+        (2, "epoch=0-step=2.ckpt"), (2, "last.ckpt"), (4, "epoch=0-step=4.ckpt"), (4, "last.ckpt")
+    ]  # fmt: skip
+    assert compat.checkpoint_not_due(probe, fit)  # not fitting any more
+    compat.record_checkpoint_written(probe, fit, str(tmp_path / "other.ckpt"))
+    assert compat.last_checkpoint_written(probe) == (BATCHES, str(tmp_path / "other.ckpt"))
+    assert compat.versions_checkpoint_names(probe) and not compat.versions_checkpoint_names(
+        ModelCheckpoint(enable_version_counter=False)
+    )
+    timed = ScheduleProbe(dirpath=tmp_path / "timed", monitor=None, train_time_interval=timedelta(0))
+    trainer(max_steps=2, enable_checkpointing=True, callbacks=[timed]).fit(BoringModel())
+    assert [due for _, due, _ in timed.due] == [True, True]  # the clock: due after every interval (here 0 s)
+
+
 def test_trained_class_path_is_the_class_lightning_cli_built_the_model_as():
     model_path = f"{TinyClassifier.__module__}.{TinyClassifier.__qualname__}"
     cli = LightningCLI(L.LightningModule, subclass_mode_model=True, run=False, args=[f"--model={model_path}",

@@ -1,0 +1,171 @@
+"""Single-file checkpoints written in the background: a save costs the training loop a copy of the state, not a write.
+
+``BackgroundCheckpointIO`` is ``AtomicCheckpointIO`` (``files.py``) with its writes moved to one thread. A save
+copies every tensor of the checkpoint into host memory at the step boundary (pinned where the tensor is on a GPU:
+the copy is queued on the GPU's stream and the writer waits for it), hands the copy to the writer and returns;
+the file appears by the same write, fsync and rename as a synchronous save, so that ``last.ckpt`` is never partial.
+
+- One writer: a save waits for the previous one (and for the removals and links queued behind it) before it copies,
+  so two writes of one file never overlap and the host copy is reused from save to save.
+- Memory: the copy takes as much host memory as the checkpoint's tensors (about the size of ``last.ckpt``), kept for
+  the next save. Where it cannot be allocated, that save is synchronous, with one note.
+- A stop: ``wait_for_checkpoints(trainer)`` (the end of training, a stop signal, the strategy's teardown) returns
+  once every queued write is on disk.
+- A write that fails (a full disk) is raised at the next save or wait, as the synchronous save raises it; the
+  previous file is still there.
+
+Lightning's ``AsyncCheckpointIO`` is not used: it clones tensors where they are (a GPU copy of the state on the
+GPU), queues any number of saves each holding a copy, removes a replaced checkpoint before its successor is
+written, and reports a failed write only at the next save.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
+from lightning_utilities.core.apply_func import apply_to_collection
+
+from multigpu.checkpoints.files import AtomicCheckpointIO, atomic_torch_save, link_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def snapshot_note(error: BaseException) -> str:
+    """The one note for a save that could not copy the state into host memory and wrote synchronously."""
+    return (
+        f"a checkpoint was written synchronously: its copy in host memory could not be allocated ({error})."
+        " Training went on after the write; later saves try the copy again. Fix: free host memory, or pass"
+        " --checkpoint.async_save=false to write every checkpoint synchronously."
+    )
+
+
+class HostSnapshot:
+    """Copies of a checkpoint's tensors in host memory, reused from save to save while their shapes match."""
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor] = []
+        self.on_gpu = False
+        self.ready: Any = None  # a CUDA event recorded after the copies were queued
+
+    def take(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """The checkpoint with every tensor replaced by its copy (the other values are the caller's: Lightning
+        builds a new dict of them at each save)."""
+        previous, self.buffers, self.on_gpu = self.buffers, [], False
+        copies: dict[int, torch.Tensor] = {}  # a tensor held twice (a tied weight) is copied once, saved once
+
+        def copy(tensor: torch.Tensor) -> torch.Tensor:
+            if id(tensor) in copies:
+                return copies[id(tensor)]
+            original, tensor = tensor, tensor.detach()
+            index = len(self.buffers)
+            reuse = previous[index] if index < len(previous) else None
+            if tensor.layout != torch.strided:  # sparse: a copy of its own
+                reuse = tensor.to("cpu", copy=True)
+            else:
+                if reuse is None or reuse.shape != tensor.shape or reuse.dtype != tensor.dtype:
+                    pinned = tensor.is_cuda  # a page-locked buffer: the GPU copies into it while training goes on
+                    reuse = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pinned)
+                reuse.copy_(tensor, non_blocking=tensor.is_cuda)
+            self.on_gpu = self.on_gpu or tensor.is_cuda
+            self.buffers.append(reuse)
+            copies[id(original)] = reuse
+            return reuse
+
+        threads = torch.get_num_threads()
+        # one thread: a copy is bound by memory bandwidth, and where training's threads share the cores, torch's
+        # parallel copy waits on them (measured 5 to 20 times slower on 2 busy cores)
+        torch.set_num_threads(1)
+        try:
+            copied = apply_to_collection(checkpoint, torch.Tensor, copy)
+        finally:
+            torch.set_num_threads(threads)
+        self.ready = torch.cuda.Event() if self.on_gpu else None
+        if self.ready is not None:
+            self.ready.record()  # the copies are queued on this stream; the writer waits for them
+        return copied
+
+    def wait_copied(self) -> None:
+        if self.ready is not None:
+            self.ready.synchronize()
+
+    def free(self) -> None:
+        self.buffers = []
+
+
+class BackgroundCheckpointIO(AtomicCheckpointIO):
+    """``AtomicCheckpointIO`` whose local saves, removals and links run in order on one background thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._executor: ThreadPoolExecutor | None = None
+        self._queued: list[Future] = []
+        self._snapshot = HostSnapshot()
+        self._noted = False
+
+    def _submit(self, work: Callable[..., Any], *args: Any) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._queued.append(self._executor.submit(work, *args))
+
+    def wait(self) -> None:
+        """Return once every queued write, removal and link is done; raise the first that failed (a full disk:
+        ``files.atomic_torch_save``'s error, naming the checkpoint)."""
+        queued, self._queued = self._queued, []
+        failure: BaseException | None = None
+        for future in queued:
+            error = future.exception()
+            failure = failure or error
+        if failure is not None:
+            raise failure
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        self.wait()  # never two writers, and the host copy is free again
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        self.clean_once(Path(path).parent)
+        try:
+            copied = self._snapshot.take(checkpoint)
+        except (MemoryError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            self._snapshot.free()
+            if not self._noted:
+                self._noted = True
+                rank_zero_warn(snapshot_note(error))
+            atomic_torch_save(checkpoint, path)
+            return
+
+        def write() -> None:
+            self._snapshot.wait_copied()
+            atomic_torch_save(copied, path)
+
+        self._submit(write)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self._submit(super().remove_checkpoint, path)  # after the write that replaces it is on disk
+
+    def link_checkpoint(self, source: str | os.PathLike, path: str | os.PathLike) -> None:
+        self._submit(link_checkpoint, source, path)  # once the source is written
+
+    def teardown(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+            self._snapshot.free()
+
+
+def wait_for_checkpoints(trainer: L.Trainer) -> None:
+    """Every checkpoint this process queued is on disk (a no-op for a synchronous checkpoint IO)."""
+    io = trainer.strategy.checkpoint_io
+    if isinstance(io, BackgroundCheckpointIO):
+        io.wait()

@@ -1,0 +1,102 @@
+"""``multigpu/checkpoints/background.py``: a save returns after a host copy; the file appears whole, one writer at a
+time, in the order of the saves, removals and links; a failed write is the synchronous save's error (a run killed
+mid-write is tested in tests/callbacks/test_checkpoint.py)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+import warnings
+
+import pytest
+import torch
+
+from multigpu.checkpoints import background, files
+from multigpu.checkpoints.background import BackgroundCheckpointIO
+from multigpu.errors import user_error_of
+from tests.test_quiet import FullDisk
+
+
+def test_a_save_writes_the_state_of_its_call_while_the_caller_goes_on(tmp_path, monkeypatch):
+    """The caller changes the tensors right after the save returns (as the next optimizer step does); the file
+    holds them as they were, a tensor held twice (a tied weight) once. The writer is held until the caller has
+    changed them."""
+    release, writing = threading.Event(), threading.Event()
+    write = files.atomic_torch_save
+
+    def held_write(obj, path):
+        writing.set()
+        assert release.wait(30)
+        write(obj, path)
+
+    monkeypatch.setattr(background, "atomic_torch_save", held_write)
+    io, weights, path = BackgroundCheckpointIO(), torch.zeros(1000), tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": weights, "tied": weights}, "global_step": 1}, path)
+    assert writing.wait(30) and not path.exists()  # returned while the write waits
+    weights += 1  # the next step, in place
+    release.set()
+    io.wait()
+    saved = torch.load(path, weights_only=True)
+    assert saved["global_step"] == 1 and torch.equal(saved["state_dict"]["w"], torch.zeros(1000))
+    assert saved["state_dict"]["tied"].data_ptr() == saved["state_dict"]["w"].data_ptr()  # saved once, as torch does
+    io.teardown()
+
+
+def test_one_writer_at_a_time_and_removals_after_the_write_that_replaces_them(tmp_path, monkeypatch):
+    active, most, order = [0], [0], []
+    write = files.atomic_torch_save
+
+    def slow_write(obj, path):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        time.sleep(0.05)
+        write(obj, path)
+        order.append(("write", path.name))
+        active[0] -= 1
+
+    monkeypatch.setattr(background, "atomic_torch_save", slow_write)
+    io = BackgroundCheckpointIO()
+    io.save_checkpoint({"global_step": 1, "w": torch.ones(10)}, tmp_path / "best-1.ckpt")
+    io.save_checkpoint({"global_step": 2, "w": torch.ones(10)}, tmp_path / "best-2.ckpt")
+    io.remove_checkpoint(tmp_path / "best-1.ckpt")  # ModelCheckpoint drops the old best once the new one is saved
+    assert (tmp_path / "best-1.ckpt").exists()  # not before best-2.ckpt is on disk
+    io.link_checkpoint(tmp_path / "best-2.ckpt", tmp_path / "last.ckpt")
+    io.teardown()
+    assert most[0] == 1 and order == [("write", "best-1.ckpt"), ("write", "best-2.ckpt")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-2.ckpt", "last.ckpt"]
+    assert os.stat(tmp_path / "best-2.ckpt").st_ino == os.stat(tmp_path / "last.ckpt").st_ino  # one file's bytes
+
+
+def test_a_background_write_on_a_full_disk_is_the_disk_full_error_and_keeps_the_previous_file(tmp_path, monkeypatch):
+    io, path = BackgroundCheckpointIO(), tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"global_step": 1}, path)
+    io.wait()
+    monkeypatch.setattr(files.os, "fdopen", lambda handle, mode: FullDisk(handle, mode.replace("b", "")))
+    io.save_checkpoint({"global_step": 2, "weights": torch.zeros(10_000)}, path)  # returns: the write is queued
+    with pytest.raises(OSError) as raised:
+        io.save_checkpoint({"global_step": 3, "weights": torch.zeros(10_000)}, path)  # the next save reports it
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+    failure = user_error_of(raised.value)
+    assert str(failure).startswith(f"disk full: writing {path} failed (No space left on device)"), failure
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]  # no temporary file left
+    assert torch.load(path, weights_only=True) == {"global_step": 1}
+    io.teardown()
+
+
+def test_a_host_copy_that_cannot_be_allocated_saves_synchronously_with_one_note(tmp_path, monkeypatch):
+    def no_memory(self, checkpoint):
+        raise MemoryError("cannot allocate 130 MB")
+
+    monkeypatch.setattr(background.HostSnapshot, "take", no_memory)
+    io = BackgroundCheckpointIO()
+    with pytest.warns(UserWarning, match="written synchronously: its copy in host memory could not be allocated"):
+        io.save_checkpoint({"global_step": 1}, tmp_path / "last.ckpt")
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True) == {"global_step": 1}  # written before returning
+    with warnings.catch_warnings(record=True) as later:
+        warnings.simplefilter("always")
+        io.save_checkpoint({"global_step": 2}, tmp_path / "last.ckpt")
+    assert later == []  # one note for the run
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True) == {"global_step": 2}
+    io.teardown()
