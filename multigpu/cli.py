@@ -20,6 +20,7 @@ road, top to bottom in ``TemplateCLI``:
 
 from __future__ import annotations
 
+import atexit
 import gc
 import multiprocessing
 import os
@@ -68,6 +69,11 @@ from multigpu.strategies import (
 gc.freeze()  # what the imports created stays: no later collection walks it again
 if _COLLECTING:
     gc.enable()
+# ... until the interpreter exits: its last collections skip frozen objects, so a reference cycle among them would
+# outlive the interpreter, and an extension that counts its objects at exit reports each as leaked (torch's CUDA
+# build imports triton, whose nanobind printed about 30 lines after every command). atexit's handlers run before
+# those collections.
+atexit.register(gc.unfreeze)
 
 __all__ = ["TemplateCLI", "run_cli", "shared_random_seed"]
 
