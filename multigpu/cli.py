@@ -82,7 +82,7 @@ def _thaw_for_nanobind() -> None:
     for module in list(sys.modules.values()):
         origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
         if origin.endswith((".so", ".pyd")) and any(
-            type(value).__name__ == "nb_func" for value in list(vars(module).values())
+            type(getattr(module, name, None)).__name__ == "nb_func" for name in dir(module)
         ):
             gc.unfreeze()
             return
