@@ -52,6 +52,9 @@ class GlobalBatchSampler(DistributedSampler):
     of each micro-batch. ``resume_from`` skips the micro-batches a checkpoint had trained on (a bit-for-bit resume).
     """
 
+    #: what the batch size means, for the run plan
+    meaning = "global batch of one optimizer step (--data.batch_size)"
+
     def __init__(
         self,
         dataset: Sized,
