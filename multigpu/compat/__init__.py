@@ -276,8 +276,8 @@ def request_train_loaders(trainer: L.Trainer) -> Any:
 
 def rebuilt_loader(loader: Any, sampler: Any, **changes: Any) -> Any:
     """``loader`` made again, of its own class with the user's arguments, with ``sampler`` (None for a stream) and
-    ``changes`` (``dataset=``, ``batch_size=``, ...) in place of theirs: how Lightning puts its ``DistributedSampler`` in
-    (``_update_dataloader``), with more arguments replaced."""
+    ``changes`` (``dataset=``, ``batch_size=``, ...) in place of theirs: how Lightning puts its
+    ``DistributedSampler`` in (``_update_dataloader``), with more arguments replaced."""
     from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
     from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import pickle
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,8 +196,28 @@ def per_process(global_batch_size: int, world: World, what: str) -> int:
 
 
 def digest(sample: Any) -> str:
-    """A fingerprint of a sample, to tell whether processes read the same one."""
-    return hashlib.sha256(pickle.dumps(sample)).hexdigest()
+    """A fingerprint of a sample, to tell whether processes read the same one: its tensors by their values (a
+    pickled tensor holds more than its values), anything else pickled."""
+    hasher = hashlib.sha256()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+            hasher.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        elif isinstance(value, Mapping):
+            for key in value:
+                hasher.update(repr(key).encode())
+                walk(value[key])
+        elif isinstance(value, (list, tuple)):
+            hasher.update(f"{type(value).__name__}{len(value)}".encode())
+            for item in value:
+                walk(item)
+        else:
+            hasher.update(pickle.dumps(value))
+
+    walk(sample)
+    return hasher.hexdigest()
 
 
 def first_sample(stream: Any, seed: int) -> str:

@@ -18,13 +18,18 @@ from tests.zoo.text import BagOfWordsClassifier
 
 
 class DropoutGAN(TinyGAN):
-    """The GAN of ``gan.py`` with dropout in its discriminator."""
+    """The GAN of ``gan.py`` with dropout in its discriminator; logs the sum of its losses as ``train_loss`` too."""
 
     def __init__(self, latent: int = 4, hidden: int = 16, lr: float = 0.01, clip: float = 0.5, dropout: float = 0.0):
         super().__init__(latent, hidden, lr, clip)
         self.discriminator = nn.Sequential(
             nn.Linear(2, hidden), nn.LeakyReLU(0.2), nn.Dropout(dropout), nn.Linear(hidden, 1)
         )
+
+    def log_dict(self, metrics, *args, **kwargs) -> None:
+        if "g_loss" in metrics:
+            metrics = {**metrics, "train_loss": metrics["g_loss"] + metrics["d_loss"]}
+        super().log_dict(metrics, *args, **kwargs)
 
 
 class RingTensors(L.LightningDataModule):
