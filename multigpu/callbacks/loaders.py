@@ -71,6 +71,7 @@ class EngineLoaders(Callback):
         self._position: dict[str, int] | None = None  # what a resumed checkpoint saved
         self._engine: list[Any] = []  # the samplers and streams given the engine's sampling
         self._kept: list[tuple[str, str]] = []  # (loader, why) for those left as they are
+        self.fitting: L.Trainer | None = None  # the Trainer of the fit under way, whose position a save holds
 
     # -- building ---------------------------------------------------------------------------------------------
 
@@ -209,7 +210,7 @@ class EngineLoaders(Callback):
                 item.set_position(epoch, skip)
 
     def state_dict(self) -> dict[str, int]:
-        trainer = getattr(self, "_trainer", None)
+        trainer = self.fitting
         if trainer is None:
             return {}
         return training_position(trainer)
@@ -218,7 +219,7 @@ class EngineLoaders(Callback):
         self._position = dict(state_dict) if state_dict else None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._trainer = trainer
+        self.fitting = trainer
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if restarted_mid_epoch(trainer):

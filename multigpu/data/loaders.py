@@ -79,9 +79,9 @@ class EngineSampler(GlobalBatchSampler):
             **kwargs,
         )
 
-    def _epoch_order(self) -> torch.Tensor:
+    def epoch_order(self) -> torch.Tensor:
         if self.source is None:
-            return super()._epoch_order()
+            return super().epoch_order()
         with isolated():
             seed_generators(sample_seed(self.seed, self.epoch, -1))
             if callable(getattr(self.source, "set_epoch", None)):

@@ -98,7 +98,7 @@ class GlobalBatchSampler(DistributedSampler):
         self.set_epoch(epoch)
         self._resume = (epoch, batches_done)
 
-    def _epoch_order(self) -> torch.Tensor:
+    def epoch_order(self) -> torch.Tensor:
         n = self.num_global_batches * self.global_batch_size
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -107,7 +107,7 @@ class GlobalBatchSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         # [global batch, micro-batch, rank, sample] -> this rank's slices, in step order
-        order = self._epoch_order().view(
+        order = self.epoch_order().view(
             self.num_global_batches, self.accumulate_grad_batches, self.num_replicas, self.micro_batch_size
         )
         mine = order[:, :, self.rank].reshape(-1)
