@@ -86,7 +86,7 @@ class Run:
         return rows
 
     def plan(self) -> dict[str, Any]:
-        """The run plan of its first start (``logs/version_0/run_plan.json``), or an empty dict where none was written."""
+        """The run plan of its first start (``logs/version_0/run_plan.json``); empty where none was written."""
         import json
 
         path = self.run_dir / "logs" / "version_0" / "run_plan.json"

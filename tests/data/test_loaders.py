@@ -3,6 +3,8 @@ shares, resumes and one-paragraph errors."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
@@ -24,7 +26,9 @@ def rank_batches(sampler: EngineSampler) -> list[list[int]]:
 def global_steps(make, replicas: int, accumulate: int = 1) -> list[list[int]]:
     """Each micro-batch step's samples over all ranks, sorted."""
     per_rank = [rank_batches(make(world(replicas, rank, accumulate))) for rank in range(replicas)]
-    return [sorted(sum((per_rank[r][s] for r in range(replicas)), [])) for s in range(len(per_rank[0]))]
+    return [
+        sorted(itertools.chain.from_iterable(per_rank[r][s] for r in range(replicas))) for s in range(len(per_rank[0]))
+    ]
 
 
 class Reversed(Sampler):
@@ -47,7 +51,9 @@ def test_the_same_samples_meet_in_every_step_at_any_world_size_and_accumulation(
     assert len(one) == 2  # 20 samples, global batch 8: the short last batch left out
     for replicas, accumulate in ((2, 1), (4, 1), (2, 2)):
         merged = global_steps(make, replicas, accumulate)
-        assert [sorted(sum(merged[i : i + accumulate], [])) for i in range(0, len(merged), accumulate)] == one
+        assert [
+            sorted(itertools.chain.from_iterable(merged[i : i + accumulate])) for i in range(0, len(merged), accumulate)
+        ] == one
     if source is not None:
         assert one == [sorted(range(12, 20)), sorted(range(4, 12))]  # the user's sampler's order
 
