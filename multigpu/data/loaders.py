@@ -36,7 +36,7 @@ from torch.utils.data import (
 )
 
 from multigpu.data.sampling import GlobalBatchSampler
-from multigpu.data.seeding import isolated, sample_seed, seed_generators, seeded_stream
+from multigpu.data.seeding import GeneratorsInUse, in_worker, isolated, sample_seed, seed_generators, seeded_stream
 from multigpu.errors import ConfigurationError
 
 GLOBAL_MEANING = "global batch of one optimizer step"
@@ -111,22 +111,26 @@ class SeededSamples(Dataset):
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset = dataset
         self.seed = seed
+        self.in_use = GeneratorsInUse()  # each worker probes its own copy
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         index, epoch = key
-        with isolated():
-            seed_generators(sample_seed(self.seed, epoch, index))
-            try:
-                return self.dataset[index]
-            except Exception as error:
-                mark_origin(error, f"{type(self.dataset).__name__}.__getitem__({index}), the dataset's own code")
-                raise
+        seed = sample_seed(self.seed, epoch, index)
+        try:
+            if in_worker():  # the worker's generators are its own: seeded in place
+                return self.in_use.load(seed, lambda: self.dataset[index])
+            in_use = self.in_use
+            with isolated(in_use.python or in_use.probing(), in_use.numpy or in_use.probing()):
+                return in_use.load(seed, lambda: self.dataset[index])
+        except Exception as error:
+            mark_origin(error, f"{type(self.dataset).__name__}.__getitem__({index}), the dataset's own code")
+            raise
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("dataset", "seed"):  # unpickling asks before they are set
+        if name.startswith("__") or name in ("dataset", "seed", "in_use"):  # unpickling asks before they are set
             raise AttributeError(name)
         return getattr(self.dataset, name)
 

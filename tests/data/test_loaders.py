@@ -4,7 +4,9 @@ shares, resumes and one-paragraph errors."""
 from __future__ import annotations
 
 import itertools
+import random
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
@@ -68,21 +70,32 @@ def test_the_sampler_yields_the_epoch_with_each_index_and_resumes_past_the_train
 
 
 class RandomCrop(Dataset):
+    """Draws from torch's generator, and from Python's or numpy's where told."""
+
+    def __init__(self, python: bool = False, numpy: bool = False) -> None:
+        self.python, self.numpy = python, numpy
+
     def __len__(self) -> int:
-        return 8
+        return 24
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.rand(()) + index
+        value = torch.rand((), dtype=torch.float64) + index
+        value += random.random() if self.python else 0.0
+        return value + (float(np.random.rand()) if self.numpy else 0.0)
 
 
-def test_a_samples_random_draws_depend_on_the_seed_epoch_and_index_only_not_on_the_workers():
-    keys = [(index, epoch) for epoch in (0, 1) for index in range(8)]
-    seeded = SeededSamples(RandomCrop(), seed=5)
+@pytest.mark.parametrize(("python", "numpy"), [(False, False), (True, False), (False, True)])
+def test_a_samples_random_draws_depend_on_the_seed_epoch_and_index_only_not_on_the_workers(python, numpy):
+    keys = [(index, epoch) for epoch in (0, 1) for index in range(24)]  # past the samples that are probed
+    dataset = RandomCrop(python, numpy)
+    seeded = SeededSamples(dataset, seed=5)
+    torch.manual_seed(0)
     alone = torch.stack([seeded[key] for key in keys])
-    in_workers = torch.cat(list(DataLoader(seeded, sampler=keys, batch_size=4, num_workers=2)))
+    assert torch.equal(torch.rand(1), torch.manual_seed(0) and torch.rand(1))  # the training generator untouched
+    in_workers = torch.cat(list(DataLoader(SeededSamples(dataset, 5), sampler=keys, batch_size=4, num_workers=2)))
     assert torch.equal(alone, in_workers)
-    assert not torch.equal(alone[:8], alone[8:])  # another epoch draws other crops
-    assert len(seeded) == 8
+    assert not torch.equal(alone[:24], alone[24:])  # another epoch draws other crops
+    assert (seeded.in_use.python, seeded.in_use.numpy) == (python, numpy)
 
 
 class Count(IterableDataset):
