@@ -3,9 +3,10 @@ workers, median of repeats run in alternation (so that a busy machine slows both
 
 ``python -m benchmarks.loaders [--repeats 7] [--batches 200] [--workers 2] [--image_size 40]`` from the repository
 root. The dataset crops a random window of 7/8 of an image's side, flips it at random and normalises it in
-``__getitem__`` (torch's global generator), as an augmentation does; the plain loader shuffles it, the engine's loader is the same ``DataLoader`` made again with the engine's
-sampler and per-sample seeding (``multigpu/data/loaders.py``), on one process. The target: the engine's loader
-delivers at least 98% of the plain loader's batches per second.
+``__getitem__`` (torch's global generator), as an augmentation does; the plain loader shuffles it, the engine's
+loader is the same ``DataLoader`` made again with the engine's sampler and per-sample seeding
+(``multigpu/data/loaders.py``), on one process. The target: the engine's loader delivers at least 98% of the plain
+loader's batches per second.
 """
 
 from __future__ import annotations
