@@ -52,7 +52,7 @@ def loaders(batch: int, workers: int, size: int) -> dict[str, DataLoader]:
             sampler=sampler,
             generator=torch.Generator(),
             **common,
-        ),  # fmt: skip
+        ),
     }
 
 
