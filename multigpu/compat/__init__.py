@@ -253,6 +253,19 @@ def mid_epoch_resume_warning_module() -> str:
     return r"lightning\.pytorch\.loops\.training_epoch_loop"
 
 
+def optimizer_count(model: L.LightningModule) -> int | None:
+    """How many optimizers ``model.configure_optimizers()`` returns, read as Lightning reads its every form (an
+    optimizer, a list, a tuple of lists, dicts), through its private ``_configure_optimizers``; None where the
+    method cannot run before the Trainer exists (it reads ``self.trainer``) or returns none."""
+    from lightning.pytorch.core.optimizer import _configure_optimizers
+
+    try:
+        configured = model.configure_optimizers()
+        return len(_configure_optimizers(configured)[0]) if configured is not None else None
+    except Exception:  # anything the method needs a Trainer for: counted once the Trainer runs it
+        return None
+
+
 # -- Lightning: the training loaders ------------------------------------------------------------------------
 
 

@@ -959,3 +959,16 @@ def test_the_training_loaders_are_asked_of_the_data_module_and_rebuilt_with_the_
     assert isinstance(remade, LoaderOfMine) and remade.tag == "kept" and remade.collate_fn is list
     assert remade.sampler is sampler and remade.batch_size == 2 and len(remade.dataset) == 6
     assert [len(batch) for batch in remade] == [2, 2, 2]
+
+
+def test_optimizer_count_reads_every_form_configure_optimizers_returns():
+    from tests.zoo.gan import TinyGAN
+
+    assert compat.optimizer_count(TinyGAN()) == 2  # a tuple of two optimizers
+    assert compat.optimizer_count(BoringModel()) == 1  # an optimizer and a scheduler, as two lists
+
+    class NeedsTheTrainer(BoringModel):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1 / self.trainer.estimated_stepping_batches)
+
+    assert compat.optimizer_count(NeedsTheTrainer()) is None
