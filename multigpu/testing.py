@@ -304,7 +304,8 @@ def batch_cause(one: Mapping[str, Any], many: Mapping[str, Any]) -> str:
 
 def resume_cause(resumed: Run) -> str:
     """Why a resumed run may have ended elsewhere: a loader that said it restarts its epoch first."""
-    restarted = [note for note in resumed.notes() if "cannot resume in the middle of its epoch" in note]
+    restarts = ("cannot resume in the middle of its epoch", "restarts that epoch's data")
+    restarted = [note for note in resumed.notes() if any(text in note for text in restarts)]
     if restarted:
         return f"The resumed run said: {' '.join(restarted)}"
     return (

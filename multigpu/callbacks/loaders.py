@@ -94,6 +94,11 @@ class EngineLoaders(Callback):
 
         set_own_method(source, HOOK, train_dataloader)
 
+    @property
+    def active(self) -> bool:
+        """Whether this fit's training loaders were asked for through this callback."""
+        return self._source is not None
+
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._source is not None:
             drop_own_method(self._source, HOOK)
