@@ -84,6 +84,9 @@ class EngineLoaders(Callback):
         self._source = source
         original = getattr(source, HOOK)
         self._built = self._build(trainer, lambda: request_train_loaders(trainer))
+        if not self._engine:  # every loader left as it is: Lightning asks the hook itself, as without the engine
+            self._built = None
+            return
 
         def train_dataloader() -> Any:
             built, self._built = self._built, None
