@@ -279,3 +279,4 @@ def mark_origin(error: BaseException, where: str) -> None:
     """Say where an error of the user's own code came from, in the line that heads its traceback."""
     if not hasattr(error, "multigpu_origin"):
         error.multigpu_origin = where  # type: ignore[attr-defined]
+        error.add_note(f"(raised in {where})")  # kept in a loader worker's traceback, which torch re-raises

@@ -171,3 +171,10 @@ class CroppedText(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=3, collate_fn=pad)
+
+
+class MissingSplit(CroppedText):
+    """A data module whose ``train_dataloader`` fails in its own code."""
+
+    def train_dataloader(self) -> DataLoader:
+        raise KeyError("no split named 'train'")
