@@ -46,12 +46,14 @@ from multigpu.data.loaders import (
     mark_origin,
     plain_batching,
 )
-from multigpu.data.sampling import global_seed
+from multigpu.data.sampling import BatchedDataset, EvaluationBatches, global_seed
 from multigpu.data.seeding import seed_generators
 from multigpu.errors import ConfigurationError, notice
 from multigpu.topology import data_parallel_world
 
 HOOK = "train_dataloader"
+#: the evaluation hooks whose loaders get the same global batches at any world size
+EVALUATION_HOOKS = ("val_dataloader", "test_dataloader")
 #: where torch's loaders and samplers live: a ValueError raised there refuses an option the user gave
 TORCH_DATA = ("torch/utils/data/", "torch\\utils\\data\\")
 
@@ -72,14 +74,22 @@ class EngineLoaders(Callback):
         self._engine: list[Any] = []  # the samplers and streams given the engine's sampling
         self._kept: list[tuple[str, str]] = []  # (loader, why) for those left as they are
         self.fitting: L.Trainer | None = None  # the Trainer of the fit under way, whose position a save holds
+        self._wrapped: Any = None  # the data module or model whose hooks this callback answers
+        self._evaluated: list[str] = []
 
     # -- building ---------------------------------------------------------------------------------------------
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit" or not uses_distributed_sampler(trainer):
+        if not uses_distributed_sampler(trainer):
             return
         source = train_loader_source(trainer)
-        if not isinstance(source, (L.LightningModule, L.LightningDataModule)) or not overrides_hook(source, HOOK):
+        if not isinstance(source, (L.LightningModule, L.LightningDataModule)):
+            return
+        self._evaluated = [hook for hook in EVALUATION_HOOKS if overrides_hook(source, hook)]
+        for hook in self._evaluated:
+            set_own_method(source, hook, partial(self._evaluation_loaders, trainer, getattr(source, hook), hook))
+        self._wrapped = source
+        if stage != "fit" or not overrides_hook(source, HOOK):
             return
         self._source = source
         original = getattr(source, HOOK)
@@ -103,9 +113,49 @@ class EngineLoaders(Callback):
         return self._source is not None
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self._source is not None:
-            drop_own_method(self._source, HOOK)
-            self._source = self._built = None
+        if self._wrapped is not None:
+            for hook in [HOOK, *self._evaluated]:
+                drop_own_method(self._wrapped, hook)
+        self._source = self._built = self._wrapped = None
+
+    # -- evaluation: the same global batches at any world size --------------------------------------------------
+
+    def _evaluation_loaders(self, trainer: L.Trainer, ask: Any, hook: str) -> Any:
+        loaders = ask()
+        world = self._world(trainer)
+        if world.replicas == 1:  # one process reads the loaders as they are, as Lightning does
+            return loaders
+        owner = f"{type(self._wrapped).__name__}.{hook}()"
+        if isinstance(loaders, CombinedLoader):
+            loaders.flattened = [self._evaluation(loader, world, owner) for loader in loaders.flattened]
+            return loaders
+        if isinstance(loaders, (list, tuple)):
+            return type(loaders)(self._evaluation(loader, world, owner) for loader in loaders)
+        if isinstance(loaders, dict):
+            return {key: self._evaluation(loader, world, owner) for key, loader in loaders.items()}
+        return self._evaluation(loaders, world, owner)
+
+    def _evaluation(self, loader: Any, world: World, owner: str) -> Any:
+        """``GlobalBatchDataModule``'s evaluation order for a plain loader: global batches of its ``batch_size`` in
+        the dataset's order, each process a consecutive slice of each, as many batches on every process, every
+        sample once (Lightning's ``DistributedSampler`` pads the last shard with repeats)."""
+        if (
+            not isinstance(loader, DataLoader)
+            or is_engine_sampled(loader)
+            or isinstance(loader.dataset, IterableDataset)
+        ):
+            return loader
+        if not plain_batching(loader):
+            return loader
+        try:
+            batches = EvaluationBatches(
+                loader.dataset, world.global_batch(int(loader.batch_size)), num_replicas=world.replicas, rank=world.rank
+            )
+        except ValueError as error:
+            raise ConfigurationError(f"the loader of {owner} has batch_size={loader.batch_size}: {error}") from error
+        dataset = BatchedDataset(loader.dataset, loader.collate_fn)
+        # batch_size=None: each index list of the sampler is one batch, collated by BatchedDataset
+        return self._remake_as(loader, owner, batches, dataset, batch_size=None, collate_fn=None)
 
     def _world(self, trainer: L.Trainer) -> World:
         data_parallel = data_parallel_world(trainer.strategy)
@@ -181,13 +231,14 @@ class EngineLoaders(Callback):
         return self._remake(loader, label, None, share, share.micro)
 
     def _remake(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, micro: int) -> DataLoader:
+        return self._remake_as(loader, name, sampler, dataset, batch_size=micro)
+
+    def _remake_as(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, **changes: Any) -> DataLoader:
         # a generator of the loader's own: its workers' base seed is drawn from it, not from the global one the
         # training step draws from (the samples are seeded one by one, so nothing else depends on it)
         generator = loader.generator if loader.generator is not None else torch.Generator()
         try:
-            return rebuilt_loader(
-                loader, sampler, dataset=dataset, batch_size=micro, drop_last=False, generator=generator
-            )
+            return rebuilt_loader(loader, sampler, dataset=dataset, drop_last=False, generator=generator, **changes)
         except Exception as error:
             raise ConfigurationError(
                 f"the training {name} ({type(loader).__name__}) cannot be made again with the engine's sampling:"

@@ -83,3 +83,17 @@ def test_a_batch_sampler_of_the_users_own_is_kept_on_one_process():
     trainer = fit(OwnBatches())
     assert type(trainer.train_dataloader.batch_sampler) is BatchSampler
     assert not isinstance(trainer.train_dataloader.sampler, EngineSampler)
+
+
+def test_an_evaluation_loader_under_several_processes_reads_every_sample_once_in_as_many_batches_on_each():
+    from multigpu.data.loaders import World
+
+    dataset = [{"x": torch.tensor(float(i))} for i in range(13)]
+    loader = DataLoader(dataset, batch_size=4, collate_fn=lambda s: torch.stack([d["x"] for d in s]))
+    shares = [
+        [batch.tolist() for batch in EngineLoaders()._evaluation(loader, World(2, rank, 1, 0), "Data.val_dataloader()")]
+        for rank in (0, 1)
+    ]
+    assert len(shares[0]) == len(shares[1]) == 3  # global batches of 4, the last one of 5 (1 sample joins it)
+    assert sorted(x for share in shares for batch in share for x in batch) == [float(i) for i in range(13)]
+    assert [sorted(a + b) for a, b in zip(*shares, strict=True)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11, 12]]
