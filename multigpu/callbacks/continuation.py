@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import Callback, Timer
 from lightning.pytorch.utilities import CombinedLoader
 
 from multigpu.callbacks.loaders import EngineLoaders
+from multigpu.callbacks.loaders import restores_itself as resumable
 from multigpu.callbacks.steps import EveryNSteps
 from multigpu.compat import (
     batch_progress,
@@ -82,11 +83,6 @@ def samples_training_loaders(trainer: L.Trainer) -> bool:
     """Whether the engine's sampling holds the training loaders (``EngineLoaders``, which says itself which loader
     cannot resume)."""
     return any(isinstance(callback, EngineLoaders) and callback.active for callback in trainer.callbacks)
-
-
-def resumable(loader: Any) -> bool:
-    """Whether Lightning saves and restores this loader's position (it has ``state_dict`` / ``load_state_dict``)."""
-    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
 class ExactContinuation(Callback):

@@ -71,7 +71,8 @@ class EngineLoaders(Callback):
         self._source: Any = None
         self._built: Any = None
         self._position: dict[str, int] | None = None  # what a resumed checkpoint saved
-        self._engine: list[Any] = []  # the samplers and streams given the engine's sampling
+        self._engine: list[tuple[Any, bool]] = []  # the samplers and streams given the engine's sampling, and
+        # whether their loader restores its own position
         self._kept: list[tuple[str, str]] = []  # (loader, why) for those left as they are
         self.fitting: L.Trainer | None = None  # the Trainer of the fit under way, whose position a save holds
         self._wrapped: Any = None  # the data module or model whose hooks this callback answers
@@ -203,8 +204,11 @@ class EngineLoaders(Callback):
             self._kept.append((name, why or "it has batch_size=None"))
             return loader
         sampler = engine_sampler(loader, world, name)
-        self._engine.append(sampler)
-        return self._remake(loader, name, sampler, SeededSamples(loader.dataset, world.seed), sampler.micro_batch_size)
+        remade = self._remake(
+            loader, name, sampler, SeededSamples(loader.dataset, world.seed), sampler.micro_batch_size
+        )
+        self._engine.append((sampler, restores_itself(remade)))
+        return remade
 
     def _stream(self, loader: DataLoader, world: World, name: str) -> DataLoader:
         stream = loader.dataset
@@ -227,8 +231,9 @@ class EngineLoaders(Callback):
             return loader
         share_class = SizedStreamShare if has_length(stream) else StreamShare
         share = share_class(stream, world.global_batch(int(loader.batch_size)), world)
-        self._engine.append(share)
-        return self._remake(loader, label, None, share, share.micro)
+        remade = self._remake(loader, label, None, share, share.micro)
+        self._engine.append((share, restores_itself(remade)))
+        return remade
 
     def _remake(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, micro: int) -> DataLoader:
         return self._remake_as(loader, name, sampler, dataset, batch_size=micro)
@@ -247,7 +252,7 @@ class EngineLoaders(Callback):
             ) from error
 
     def _kept_if_unresumable(self, loader: DataLoader, name: str) -> None:
-        if not callable(getattr(loader, "load_state_dict", None)):
+        if not restores_itself(loader):
             self._kept.append((name, f"its sampler ({type(loader.sampler).__name__}) is its own"))
 
     # -- position ---------------------------------------------------------------------------------------------
@@ -260,13 +265,14 @@ class EngineLoaders(Callback):
             epoch, skip = position["epoch"], position["batches_done"]
             if skip >= position["epoch_length"]:
                 epoch, skip = epoch + 1, 0
-        for item in self._engine:
+        for item, itself in self._engine:
+            done = 0 if itself else skip  # a loader with a state of its own (StatefulDataLoader) skips itself
             if isinstance(item, EngineSampler):
                 item.set_epoch(epoch)
-                if skip:
-                    item.resume_from(epoch, skip)
+                if done:
+                    item.resume_from(epoch, done)
             else:
-                item.set_position(epoch, skip)
+                item.set_position(epoch, done)
 
     def state_dict(self) -> dict[str, int]:
         trainer = self.fitting
@@ -289,7 +295,7 @@ class EngineLoaders(Callback):
                 )
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        for item in self._engine:
+        for item, _ in self._engine:
             if isinstance(item, StreamShare):
                 item.set_position(trainer.current_epoch, 0)  # the workers read it when the epoch's iterator starts
 
@@ -303,6 +309,12 @@ def training_position(trainer: L.Trainer) -> dict[str, int]:
         "batches_done": batch_progress(trainer).current.processed,
         "epoch_length": int(min(trainer.num_training_batches, 2**62)),
     }
+
+
+def restores_itself(loader: Any) -> bool:
+    """Whether Lightning saves and restores the loader's own position (``state_dict``/``load_state_dict``, as
+    torchdata's ``StatefulDataLoader`` has): the engine then does not skip in it a second time."""
+    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
 def kind(source: Any) -> str:
