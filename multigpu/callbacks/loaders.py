@@ -192,22 +192,24 @@ class EngineLoaders(Callback):
         if isinstance(loader.dataset, IterableDataset):
             return self._stream(loader, world, name)
         if not plain_batching(loader):
-            why = "its batch_sampler of its own decides the batches" if loader.batch_size is None else ""
+            own = loader.batch_sampler
+            what = f"a batch_sampler of its own ({type(own).__name__})" if own is not None else "batch_size=None"
             if world.replicas > 1:
                 raise ConfigurationError(
-                    f"the training {name} has a batch_sampler of its own ({type(loader.batch_sampler).__name__}),"
-                    f" whose batches the engine cannot share among the {world.replicas} processes so that they train"
-                    " what one process trains. Fix: give the DataLoader batch_size= and a sampler= instead (the"
-                    " engine keeps a sampler's order), or set --trainer.use_distributed_sampler=false to keep it as it"
-                    " is (every process then reads what it yields, and shards it itself)."
+                    f"the training {name} has {what}, whose batches the engine cannot share among the"
+                    f" {world.replicas} processes so that they train what one process trains. Fix: give the DataLoader"
+                    " batch_size= (and a sampler= for an order of your own: the engine keeps it), or set"
+                    " --trainer.use_distributed_sampler=false to keep it as it is (every process then reads what it"
+                    " yields, and shards it itself)."
                 )
-            self._kept.append((name, why or "it has batch_size=None"))
+            self._kept.append((name, f"it has {what}, which decides the batches"))
             return loader
         sampler = engine_sampler(loader, world, name)
         remade = self._remake(
             loader, name, sampler, SeededSamples(loader.dataset, world.seed), sampler.micro_batch_size
         )
         self._engine.append((sampler, restores_itself(remade)))
+        self._restoring_itself(remade, name)
         return remade
 
     def _stream(self, loader: DataLoader, world: World, name: str) -> DataLoader:
@@ -233,6 +235,7 @@ class EngineLoaders(Callback):
         share = share_class(stream, world.global_batch(int(loader.batch_size)), world)
         remade = self._remake(loader, label, None, share, share.micro)
         self._engine.append((share, restores_itself(remade)))
+        self._restoring_itself(remade, label)
         return remade
 
     def _remake(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, micro: int) -> DataLoader:
@@ -250,6 +253,12 @@ class EngineLoaders(Callback):
                 f" {one_line(error)}. Fix: return a torch.utils.data.DataLoader (or a subclass whose __init__ takes"
                 " DataLoader's arguments), or set --trainer.use_distributed_sampler=false to keep it as it is."
             ) from error
+
+    def _restoring_itself(self, loader: DataLoader, name: str) -> None:
+        if restores_itself(loader):  # its own state decides where it resumes, which the engine does not prove
+            self._kept.append(
+                (name, f"{type(loader).__name__} restores its own position, which the engine leaves to it")
+            )
 
     def _kept_if_unresumable(self, loader: DataLoader, name: str) -> None:
         if not restores_itself(loader):

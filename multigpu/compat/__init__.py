@@ -298,6 +298,8 @@ def rebuilt_loader(loader: Any, sampler: Any, **changes: Any) -> Any:
     names = getattr(loader, "__pl_saved_arg_names", ())
     if len(names) == len(args):  # positional arguments by name, so that changes reach them too
         kwargs, args = {**dict(zip(names, args, strict=True)), **kwargs}, ()
+    if "batch_size" in changes:  # batches made from the new batch size, not by a batch sampler Lightning made again
+        kwargs.update(batch_sampler=None, sampler=sampler, shuffle=False)
     return _reinstantiate_wrapped_cls(loader, *args, **{**kwargs, **changes})
 
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 from torch.utils.data import (
-    BatchSampler,
     DataLoader,
     Dataset,
     DistributedSampler,
@@ -234,9 +233,10 @@ def first_sample(stream: Any, seed: int) -> str:
 
 
 def plain_batching(loader: DataLoader) -> bool:
-    """Whether the loader batches with torch's own ``BatchSampler`` (``batch_size=`` given), which the engine's
-    sampling replaces; a batch sampler of the user's own decides the batches itself."""
-    return loader.batch_size is not None and type(loader.batch_sampler) is BatchSampler
+    """Whether the loader makes its batches from ``batch_size=`` (its own batch sampler, torch's or a loader class's
+    such as torchdata's ``StatefulDataLoader``), which the engine's sampling replaces; a ``batch_sampler=`` of the
+    user's own (``batch_size`` then None) decides the batches itself."""
+    return loader.batch_size is not None
 
 
 def order_source(loader: DataLoader) -> tuple[bool, Any]:
