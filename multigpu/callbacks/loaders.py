@@ -81,8 +81,8 @@ class EngineLoaders(Callback):
     # -- building ---------------------------------------------------------------------------------------------
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if not uses_distributed_sampler(trainer):
-            return
+        if not uses_distributed_sampler(trainer) or trainer.overfit_batches:
+            return  # overfit_batches: Lightning reads the first batches in order, with a sampler of its own
         source = train_loader_source(trainer)
         if not isinstance(source, (L.LightningModule, L.LightningDataModule)):
             return

@@ -97,3 +97,8 @@ def test_an_evaluation_loader_under_several_processes_reads_every_sample_once_in
     assert len(shares[0]) == len(shares[1]) == 3  # global batches of 4, the last one of 5 (1 sample joins it)
     assert sorted(x for share in shares for batch in share for x in batch) == [float(i) for i in range(13)]
     assert [sorted(a + b) for a, b in zip(*shares, strict=True)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11, 12]]
+
+
+def test_overfit_batches_leaves_the_loaders_to_lightning():
+    trainer = fit(Vectors(batch_size=8, shuffle=True), overfit_batches=1)
+    assert not isinstance(trainer.train_dataloader.sampler, EngineSampler)
