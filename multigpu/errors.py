@@ -266,6 +266,9 @@ def report(exception: BaseException) -> int:
         # the worker's own traceback, as torch hands it over; the parent's adds only torch.multiprocessing's frames
         print(str(exception).strip(), file=sys.stderr)
         return 1
+    origin = getattr(exception, "multigpu_origin", None)
+    if origin is not None:  # an error of the user's own code keeps its traceback, headed by where it came from
+        print(f"error in {origin}; its traceback follows.", file=sys.stderr, flush=True)
     raise exception
 
 

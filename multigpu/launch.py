@@ -23,7 +23,7 @@ from multigpu.callbacks import template_callbacks
 from multigpu.callbacks.stacks import STACKS_DIR
 from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import with_atomic_io
-from multigpu.compat import registered_strategy
+from multigpu.compat import optimizer_count, registered_strategy
 from multigpu.environment import requested_devices, resolve_accelerator
 from multigpu.strategies.pipeline import PipelineStrategy
 
@@ -121,9 +121,21 @@ def strategy_options(strategy: Any, seconds: float | None, model: L.LightningMod
     if seconds is not None and issubclass(strategy_class, (DDPStrategy, ModelParallelStrategy)):
         options["timeout"] = timedelta(seconds=seconds)
     ddp = issubclass(strategy_class, DDPStrategy)
-    if ddp and not model.automatic_optimization and "find_unused_parameters" not in init_params:
+    if ddp and "find_unused_parameters" not in init_params and steps_networks_apart(model):
         options["find_unused_parameters"] = True  # a GAN backpropagates one network at a time: some get no grad
     return options
+
+
+def steps_networks_apart(model: L.LightningModule) -> bool:
+    """Whether a backward of ``model`` leaves parameters without a gradient, as far as can be told before the
+    Trainer: manual optimization with several optimizers (a GAN steps one network at a time), or whose optimizers
+    cannot be counted yet (``configure_optimizers`` asks for the Trainer). DDP's search for unused parameters costs a
+    traversal of the autograd graph at every backward and a warning on every rank where it finds none; a model that
+    has unused parameters otherwise says so with ``--trainer.strategy=ddp_find_unused_parameters_true``."""
+    if model.automatic_optimization:
+        return False
+    count = optimizer_count(model)
+    return count is None or count > 1
 
 
 def checkpoint_plugins(plugins: Any, slurm_requeue: bool = False, background: bool = False) -> list[Any]:

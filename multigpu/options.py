@@ -151,6 +151,15 @@ def add_template_options(parser: LightningArgumentParser) -> None:
         " ddp_spawn (other strategies are refused before launch); checkpoints keep their keys. For a mode or"
         " backend, add multigpu.callbacks.compile.CompileModel to --trainer.callbacks instead.",
     )
+    parser.add_argument(
+        "--batch_size_per_process",
+        type=bool,
+        default=False,
+        help="What the batch_size of a training DataLoader that a data module or model returns means: false (the"
+        " default), the global batch of one optimizer step over all processes and accumulated micro-batches, as"
+        " GlobalBatchDataModule's --data.batch_size; true, each process's micro-batch (Lightning's meaning, so the"
+        " global batch grows with the device count). docs/engine.md, 'Your own DataLoader'.",
+    )
     parser.add_class_arguments(PipelineOptions, "pipeline")  # for --trainer.strategy=pipeline
     parser.add_argument(
         "--collective_timeout",

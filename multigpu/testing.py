@@ -85,6 +85,17 @@ class Run:
                 rows += csv.DictReader(handle)
         return rows
 
+    def plan(self) -> dict[str, Any]:
+        """The run plan of its first start (``logs/version_0/run_plan.json``); empty where none was written."""
+        import json
+
+        path = self.run_dir / "logs" / "version_0" / "run_plan.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def notes(self) -> list[str]:
+        """The ``note:`` lines of its stderr."""
+        return [line for line in self.stderr.splitlines() if line.startswith("note:")]
+
     def checkpoint(self, name: str = "last.ckpt") -> dict[str, Any]:
         """``checkpoints/<name>``, loaded with ``torch.load(..., weights_only=True)`` on the CPU."""
         import torch
@@ -210,9 +221,7 @@ class Project:
             raise AssertionError(
                 f"ddp on {devices} processes trained another model than one device: the weights after step"
                 f" {got['global_step']} differ by {difference:.3g} relative (tolerance {tolerance:g}); the largest"
-                f" relative differences: {largest} ({where}). A layer that computes over the batch (BatchNorm),"
-                " random draws in training (dropout), or a data module whose batches or shards depend on the"
-                " process count make this differ."
+                f" relative differences: {largest} ({where}). {batch_cause(one.plan(), many.plan())}"
             )
 
     def assert_exact_resume(self, *args: str, stop_at_step: int = 2, tolerance: float = 0.0) -> None:
@@ -251,9 +260,7 @@ class Project:
             raise AssertionError(
                 f"a run stopped after step {stop_at_step} and resumed ended with another state than the"
                 f" uninterrupted one ({len(found)} difference(s), largest first): {listed} (uninterrupted:"
-                f" {straight.run_dir}, resumed: {resumed.run_dir}). A random generator of the model's or data's own"
-                " that the checkpoint does not hold, or state kept outside the model's state dict, makes this"
-                " differ."
+                f" {straight.run_dir}, resumed: {resumed.run_dir}). {resume_cause(resumed)}"
             )
 
     def assert_refuses(self, *args: str, option: str) -> str:
@@ -272,6 +279,40 @@ class Project:
         written = sorted(str(p.relative_to(run.run_dir)) for p in run.run_dir.rglob("*") if not p.is_dir())
         assert not written, f"the refused run wrote {written} into {run.run_dir}"
         return paragraph
+
+
+def batch_cause(one: Mapping[str, Any], many: Mapping[str, Any]) -> str:
+    """Why ddp may have trained another model, from the two run plans: the training loader's batches first."""
+    meaning = many.get("batch_size_means") or ""
+    if one.get("global_batch") != many.get("global_batch"):
+        return (
+            f"The global batch differs: {one.get('global_batch')} on one device, {many.get('global_batch')} under ddp"
+            f" (the training loader's batch_size means: {meaning or 'unknown'}); a loader whose batch_size is per"
+            " process (--batch_size_per_process=true, or a stream that shards itself) steps on more samples with"
+            " more processes."
+        )
+    if meaning.startswith("per process"):
+        return (
+            f"The training loader's batch_size means: {meaning}: the engine does not sample it, so which samples"
+            " meet in a step depends on the process count (its sampler or a stream's own sharding)."
+        )
+    return (
+        "A layer that computes over the batch (BatchNorm), random draws in training (dropout), or a data module"
+        " whose batches or shards depend on the process count make this differ."
+    )
+
+
+def resume_cause(resumed: Run) -> str:
+    """Why a resumed run may have ended elsewhere: a loader that said it restarts its epoch first."""
+    restarts = ("cannot resume in the middle of its epoch", "restarts that epoch's data")
+    restarted = [note for note in resumed.notes() if any(text in note for text in restarts)]
+    if restarted:
+        return f"The resumed run said: {' '.join(restarted)}"
+    return (
+        "A random generator of the model's or data's own that the checkpoint does not hold, state kept outside the"
+        " model's state dict, or a training loader whose position the checkpoint does not hold (a sampler or"
+        " stream the engine does not sample) makes this differ."
+    )
 
 
 def split_configs(args: Sequence[str]) -> tuple[list[str], list[str]]:

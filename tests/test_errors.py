@@ -354,6 +354,14 @@ def test_an_exception_of_the_users_own_code_keeps_its_traceback(tmp_path, user_m
             main(["fit", *user_module, f"--trainer.default_root_dir={tmp_path}", failing])
 
 
+def test_an_exception_of_a_data_modules_own_loader_code_is_headed_by_where_it_came_from(tmp_path, capsys):
+    args = ["fit", "--model=tests.zoo.loaders.DropoutClassifier", "--data=tests.zoo.loaders.MissingSplit"]
+    with pytest.raises(KeyError, match="no split named"):
+        main([*args, "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"])
+    heading = "error in MissingSplit.train_dataloader(), the data module's own code; its traceback follows."
+    assert heading in capsys.readouterr().err
+
+
 def test_debug_switch_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv(DEBUG_ENV, "true")
     args = ["fit", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", "--data.init_args.val_size=0"]

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import torch
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -37,6 +38,23 @@ def test_a_model_that_optimizes_by_hand_gets_find_unused_parameters_under_a_ddp_
     assert strategy_options("ddp_find_unused_parameters_false", 60, TinyGAN()) == {"timeout": minute}  # as named
     assert strategy_options("fsdp2", None, TinyGAN()) == {}  # ddp's option only; null: no timeout
     assert strategy_options("dp", 60, TinyGAN()) == {}  # one process: no collectives
+
+
+def test_find_unused_parameters_is_on_only_for_a_model_that_steps_several_optimizers_by_hand():
+    from tests.zoo.loaders import StreamRegressor
+
+    class OneOptimizerByHand(StreamRegressor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+    class AsksForTheTrainer(OneOptimizerByHand):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1 / self.trainer.estimated_stepping_batches)
+
+    assert "find_unused_parameters" not in strategy_options("ddp", 60, OneOptimizerByHand())  # every weight a gradient
+    assert "find_unused_parameters" not in strategy_options("ddp", 60, StreamRegressor())  # automatic optimization
+    assert strategy_options("ddp", None, AsksForTheTrainer()) == {"find_unused_parameters": True}  # cannot tell yet
 
 
 def test_nccls_flight_recorder_is_on_for_several_cuda_processes_only_and_a_users_setting_wins(tmp_path, monkeypatch):

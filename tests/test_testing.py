@@ -56,8 +56,12 @@ def test_assert_same_model_under_ddp_passes(project):
 
 @pytest.mark.slow
 def test_assert_same_model_under_ddp_fails_on_data_sharded_with_the_batch_per_process(project):
-    with pytest.raises(AssertionError, match=r"trained another model than one device.*differences: net\.\d\.\w+: "):
-        project.assert_same_model_under_ddp(NO_DROPOUT, "--data=tests.fixtures.mistakes.PerProcessBatchData")
+    data = ("--data=tests.fixtures.mistakes.PerProcessBatchData", "--batch_size_per_process=true")
+    with pytest.raises(
+        AssertionError, match=r"trained another model than one device.*differences: net\.\d\.\w+: "
+    ) as e:
+        project.assert_same_model_under_ddp(NO_DROPOUT, *data)
+    assert "The global batch differs: 32 on one device, 64 under ddp" in str(e.value)
 
 
 @pytest.mark.slow
@@ -70,6 +74,12 @@ def test_assert_exact_resume_fails_when_a_generator_is_not_saved(project):
     with pytest.raises(AssertionError, match=r"resumed ended with another state.*\['state_dict'\]\['net\.") as failed:
         project.assert_exact_resume(NO_DROPOUT, "--model=tests.fixtures.mistakes.UnsavedNoiseClassifier")
     assert "['optimizer_states'][0]" in str(failed.value)
+
+
+@pytest.mark.slow
+def test_assert_exact_resume_names_a_loader_that_restarts_its_epoch(project):
+    with pytest.raises(AssertionError, match=r"The resumed run said: note: the training loader of OwnBatchSamplerData"):
+        project.assert_exact_resume("--data=tests.fixtures.mistakes.OwnBatchSamplerData")
 
 
 def test_assert_refuses_returns_the_paragraph(project):

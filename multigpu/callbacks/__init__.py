@@ -12,6 +12,10 @@ nothing where they do not apply. docs/engine.md ("What runs around your training
 - ``CompileModel`` (compile.py), on with ``--compile=true``: compiles the model's ``forward`` at setup.
 - ``ClipAcrossMeshes`` (multigpu/strategies/model_parallel.py), with a ``ModelParallelStrategy`` given as a class other
   than the template's (Lightning's own): gradient clipping across device meshes, as fsdp2 and tensor_parallel clip.
+- ``EngineLoaders`` (loaders.py), always, acting unless ``--trainer.use_distributed_sampler=false``: the engine's
+  sampling in the training loaders a data module or model returns (the same global order at any world size, samples
+  seeded one by one, an exact resume mid-epoch), a loader's ``batch_size`` the global batch of one optimizer step
+  (``--batch_size_per_process=true``: Lightning's per-process meaning).
 - ``ExactContinuation`` (continuation.py), always: saves a stop as the position it is, so that
   ``--ckpt_path=last`` with larger limits continues exactly.
 - ``RandomState`` (random_state.py), always: every rank's random-number generators in every checkpoint, each
@@ -47,6 +51,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from multigpu.callbacks.checkpoint import RunCheckpoint
 from multigpu.callbacks.compile import CompileModel
 from multigpu.callbacks.continuation import ExactContinuation, RunTimer
+from multigpu.callbacks.loaders import EngineLoaders
 from multigpu.callbacks.nan_guard import NonFiniteLoss, NonFiniteLossGuard
 from multigpu.callbacks.precision import Float64Metrics, PrecisionBeforeRestore
 from multigpu.callbacks.preemption import PreemptionCheckpoint
@@ -117,7 +122,8 @@ def template_callbacks(trainer: Any, options: Any, built: Any, strategy: Any) ->
         callbacks.append(CompileModel())
     if isinstance(strategy, ModelParallelStrategy) and not isinstance(strategy, TEMPLATE_MODEL_PARALLEL):
         callbacks.append(ClipAcrossMeshes())  # e.g. Lightning's class, given as a class_path: torch's clipping
-    callbacks += [ExactContinuation(), RandomState()]
+    callbacks += [EngineLoaders(per_process=bool(options.get("batch_size_per_process"))), ExactContinuation()]
+    callbacks.append(RandomState())
     max_time = trainer.get("max_time")
     if max_time is not None and not any(isinstance(c, Timer) for c in callbacks):
         # the same limit, stopping at a step boundary without an extra validation (continuation.py)

@@ -16,6 +16,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, Timer
 from lightning.pytorch.utilities import CombinedLoader
 
+from multigpu.callbacks.loaders import EngineLoaders
+from multigpu.callbacks.loaders import restores_itself as resumable
 from multigpu.callbacks.steps import EveryNSteps
 from multigpu.compat import (
     batch_progress,
@@ -77,9 +79,10 @@ def restarts_a_finished_epoch(trainer: L.Trainer) -> bool:
     )
 
 
-def resumable(loader: Any) -> bool:
-    """Whether Lightning saves and restores this loader's position (it has ``state_dict`` / ``load_state_dict``)."""
-    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+def samples_training_loaders(trainer: L.Trainer) -> bool:
+    """Whether the engine's sampling holds the training loaders (``EngineLoaders``, which says itself which loader
+    cannot resume)."""
+    return any(isinstance(callback, EngineLoaders) and callback.active for callback in trainer.callbacks)
 
 
 class ExactContinuation(Callback):
@@ -89,7 +92,7 @@ class ExactContinuation(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if restarts_a_finished_epoch(trainer):
             start_next_epoch_afresh(trainer)  # as without max_steps
-        if restarted_mid_epoch(trainer):
+        if restarted_mid_epoch(trainer) and not samples_training_loaders(trainer):
             plain = [
                 type(loader).__name__
                 for loader in CombinedLoader(trainer.train_dataloader).flattened

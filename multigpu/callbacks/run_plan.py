@@ -87,6 +87,18 @@ def batch_norm_note(trainer: L.Trainer, pl_module: L.LightningModule, micro: int
     return f"{count}, statistics over each batch of {micro} samples, as on one device" if micro else count
 
 
+def batch_meaning(loader: Any) -> str | None:
+    """What the training loader's ``batch_size`` means: the global batch of one optimizer step where the engine
+    samples it (``multigpu/data/loaders.py``, ``GlobalBatchDataModule``), else each process's micro-batch."""
+    if loader is None:
+        return None
+    for owner in (getattr(loader, "sampler", None), getattr(loader, "dataset", None)):
+        meaning = getattr(owner, "meaning", None)
+        if isinstance(meaning, str):
+            return meaning
+    return "per process (Lightning's meaning: the engine does not sample this loader)"
+
+
 def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
     """The facts of a fit that is about to start (call it once the data loaders are built, e.g. on_train_start)."""
     loader = trainer.train_dataloader
@@ -113,6 +125,7 @@ def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]
         "world_size": trainer.world_size,
         "precision": str(trainer.precision),
         "global_batch": micro * accumulate * replicas if micro else None,
+        "batch_size_means": batch_meaning(loader),
         "micro_batch_per_process": micro,
         "accumulate_grad_batches": accumulate,
         "steps_per_epoch": _count(steps_per_epoch),

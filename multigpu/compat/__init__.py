@@ -293,6 +293,56 @@ def mid_epoch_resume_warning_module() -> str:
     return r"lightning\.pytorch\.loops\.training_epoch_loop"
 
 
+def optimizer_count(model: L.LightningModule) -> int | None:
+    """How many optimizers ``model.configure_optimizers()`` returns, read as Lightning reads its every form (an
+    optimizer, a list, a tuple of lists, dicts), through its private ``_configure_optimizers``; None where the
+    method cannot run before the Trainer exists (it reads ``self.trainer``) or returns none."""
+    from lightning.pytorch.core.optimizer import _configure_optimizers
+
+    try:
+        configured = model.configure_optimizers()
+        return len(_configure_optimizers(configured)[0]) if configured is not None else None
+    except Exception:  # anything the method needs a Trainer for: counted once the Trainer runs it
+        return None
+
+
+# -- Lightning: the training loaders ------------------------------------------------------------------------
+
+
+def uses_distributed_sampler(trainer: L.Trainer) -> bool:
+    """``Trainer(use_distributed_sampler=...)``, which the Trainer keeps on its private accelerator connector."""
+    return bool(trainer._accelerator_connector.use_distributed_sampler)
+
+
+def train_loader_source(trainer: L.Trainer) -> Any:
+    """What the fit loop asks for its training loaders: the data module, the model, or loaders given to ``fit``."""
+    return trainer.fit_loop._data_source.instance
+
+
+def request_train_loaders(trainer: L.Trainer) -> Any:
+    """The training loaders, asked for as the fit loop asks (``_request_dataloader``): within it, every ``DataLoader``
+    made keeps the arguments it was made with, for ``rebuilt_loader``."""
+    from lightning.pytorch.trainer.connectors.data_connector import _request_dataloader
+
+    return _request_dataloader(trainer.fit_loop._data_source)
+
+
+def rebuilt_loader(loader: Any, sampler: Any, **changes: Any) -> Any:
+    """``loader`` made again, of its own class with the user's arguments, with ``sampler`` (None for a stream) and
+    ``changes`` (``dataset=``, ``batch_size=``, ...) in place of theirs: how Lightning puts its
+    ``DistributedSampler`` in (``_update_dataloader``), with more arguments replaced."""
+    from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
+    from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
+
+    args, kwargs = _get_dataloader_init_args_and_kwargs(loader, sampler)
+    names = getattr(loader, "__pl_saved_arg_names", ())
+    if len(names) == len(args):  # positional arguments by name, so that changes reach them too
+        kwargs, args = {**dict(zip(names, args, strict=True)), **kwargs}, ()
+    if "batch_size" in changes:  # batches made from the new batch size, not by a batch sampler Lightning made again
+        kwargs.update(batch_sampler=None, sampler=sampler, shuffle=False)
+    return _reinstantiate_wrapped_cls(loader, *args, **{**kwargs, **changes})
+
+
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------
 
 

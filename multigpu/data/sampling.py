@@ -52,6 +52,9 @@ class GlobalBatchSampler(DistributedSampler):
     of each micro-batch. ``resume_from`` skips the micro-batches a checkpoint had trained on (a bit-for-bit resume).
     """
 
+    #: what the batch size means, for the run plan
+    meaning = "global batch of one optimizer step (--data.batch_size)"
+
     def __init__(
         self,
         dataset: Sized,
@@ -95,7 +98,7 @@ class GlobalBatchSampler(DistributedSampler):
         self.set_epoch(epoch)
         self._resume = (epoch, batches_done)
 
-    def _epoch_order(self) -> torch.Tensor:
+    def epoch_order(self) -> torch.Tensor:
         n = self.num_global_batches * self.global_batch_size
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -104,7 +107,7 @@ class GlobalBatchSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         # [global batch, micro-batch, rank, sample] -> this rank's slices, in step order
-        order = self._epoch_order().view(
+        order = self.epoch_order().view(
             self.num_global_batches, self.accumulate_grad_batches, self.num_replicas, self.micro_batch_size
         )
         mine = order[:, :, self.rank].reshape(-1)

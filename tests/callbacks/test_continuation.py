@@ -217,9 +217,11 @@ def test_max_time_extended_continues_exactly_where_it_stopped(tmp_path):
 
 
 @pytest.mark.slow
-def test_continuing_with_a_plain_dataloader_says_the_epoch_restarts(tmp_path, capsys):
-    """A user's plain DataLoader has no position to restore: the continued run says, once, that Lightning restarts
-    the interrupted epoch's data."""
+@pytest.mark.parametrize("engine_sampling", [True, False])
+def test_continuing_with_a_plain_dataloader_continues_its_epoch_or_says_it_restarts(tmp_path, capsys, engine_sampling):
+    """A user's plain DataLoader sampled by the engine continues where it stopped; left as it is
+    (``--trainer.use_distributed_sampler=false``) it has no position to restore, and the continued run says, once,
+    that Lightning restarts the interrupted epoch's data."""
     args = [
         "fit",
         "--trainer.accelerator=cpu",
@@ -230,6 +232,7 @@ def test_continuing_with_a_plain_dataloader_says_the_epoch_restarts(tmp_path, ca
         "--data.init_args.batch_size=8",  # 64 samples: 8 steps per epoch
         "--checkpoint.monitor=val/mse",
         "--trainer.max_epochs=-1",
+        f"--trainer.use_distributed_sampler={str(engine_sampling).lower()}",
         f"--trainer.default_root_dir={tmp_path / 'run'}",
     ]
     main([*args, "--trainer.max_steps=3"])
@@ -238,9 +241,12 @@ def test_continuing_with_a_plain_dataloader_says_the_epoch_restarts(tmp_path, ca
         main([*args, "--trainer.max_steps=6", "--ckpt_path=last"])
     assert not [w for w in caught if "dataloader is not resumable" in str(w.message)]  # said once, by the note
     notes = [line for line in capsys.readouterr().err.splitlines() if LOADER_NOTE in line]
+    assert saved(tmp_path / "run")["global_step"] == 6
+    if engine_sampling:
+        assert not notes
+        return
     assert len(notes) == 1 and notes[0].startswith("note: resuming in the middle of epoch 0 (after 3 training")
     assert "restarts that epoch's data" in notes[0] and "GlobalBatchDataModule" in notes[0]
-    assert saved(tmp_path / "run")["global_step"] == 6
 
 
 # -- ddp ----------------------------------------------------------------------------------------------------------

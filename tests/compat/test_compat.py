@@ -967,3 +967,53 @@ params = StrategyRegistry[name]["init_params"]
     assert {line for line, _ in reaches(source, own=set())} == set(range(2, 17))
     fine = "self._own = 1\nself._own\ntype(first)._make(items)\nsuper()._save_topk_checkpoint(trainer, c)\n"
     assert reaches(fine, own={"_own"}) == []
+
+
+# -- the training loaders -----------------------------------------------------------------------------------
+
+
+class LoaderOfMine(DataLoader):
+    """A DataLoader subclass with an argument of its own, given positionally."""
+
+    def __init__(self, dataset, batch_size, tag="mine", **kwargs):
+        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        self.tag = tag
+
+
+class LoadersOfMine(L.LightningDataModule):
+    def train_dataloader(self):
+        return LoaderOfMine(TensorDataset(torch.arange(12.0)), 4, "kept", shuffle=True, collate_fn=list)
+
+
+class AskedLoaders(Callback):
+    """Records, in ``setup``, the compat functions' view of the training loaders."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.source = compat.train_loader_source(trainer)
+        self.loader = compat.request_train_loaders(trainer)
+        self.uses_distributed_sampler = compat.uses_distributed_sampler(trainer)
+
+
+def test_the_training_loaders_are_asked_of_the_data_module_and_rebuilt_with_the_users_class_and_arguments():
+    data, asked = LoadersOfMine(), AskedLoaders()
+    trainer(callbacks=[asked], use_distributed_sampler=False, limit_train_batches=0).fit(BoringModel(), data)
+    assert asked.source is data and not asked.uses_distributed_sampler
+    assert compat.uses_distributed_sampler(trainer())
+    sampler = torch.utils.data.SequentialSampler(range(6))
+    remade = compat.rebuilt_loader(asked.loader, sampler, dataset=TensorDataset(torch.arange(6.0)), batch_size=2)
+    assert isinstance(remade, LoaderOfMine) and remade.tag == "kept" and remade.collate_fn is list
+    assert remade.sampler is sampler and remade.batch_size == 2 and len(remade.dataset) == 6
+    assert [len(batch) for batch in remade] == [2, 2, 2]
+
+
+def test_optimizer_count_reads_every_form_configure_optimizers_returns():
+    from tests.zoo.gan import TinyGAN
+
+    assert compat.optimizer_count(TinyGAN()) == 2  # a tuple of two optimizers
+    assert compat.optimizer_count(BoringModel()) == 1  # an optimizer and a scheduler, as two lists
+
+    class NeedsTheTrainer(BoringModel):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1 / self.trainer.estimated_stepping_batches)
+
+    assert compat.optimizer_count(NeedsTheTrainer()) is None

@@ -1,9 +1,9 @@
 """Workloads written the way users write them (``tests/zoo/``) train under every strategy with the default config.
 
-How the runs are compared. Lightning's own ``DistributedSampler`` (plain ``DataLoader``s) orders the data
-differently for each world size, so those workloads take their whole training set as one batch per epoch
-(``--data.batch_size`` is per process there): the averaged gradient is then the same for any order and any
-split, and a ``ddp`` or ``ddp_spawn`` run must end with the single-device weights up to fp64 rounding. The
+How the runs are compared. A plain ``DataLoader``'s ``batch_size`` is the global batch, sampled by the engine in
+one order at any world size (multigpu/data/loaders.py); those workloads take their whole training set as one batch
+per epoch, and a ``ddp`` or ``ddp_spawn`` run must end with the single-device weights up to fp64 rounding. The GAN's
+stream shards itself by rank, so its ``batch_size`` stays per process. The
 workload on the template's ``GlobalBatchDataModule`` has 16 steps per epoch, because its order does not depend
 on the world size. A ``ddp`` run of a workload whose resume holds state of its own (``ema``: loader workers, the
 EMA teacher, a StepLR; ``gan``: two optimizers of manual optimization, an IterableDataset) is stopped by the
@@ -66,14 +66,14 @@ ZOO = {
     # plain DataLoader with shuffle=True; in-place input scaling and activation; per-step sync_dist + all_gather
     # in validation on a set of 13 (Lightning's sampler pads it to 7 + 7)
     "regression": Workload(
-        "regression.Regressor", "regression.RegressionData", 64, True, 1, "val/mse_epoch", "val/mse"
+        "regression.Regressor", "regression.RegressionData", 64, False, 1, "val/mse_epoch", "val/mse"
     ),
     # EMA teacher copy, a StepLR schedule, loader workers (resumed too)
     "ema": Workload(
         "ema.EMATeacher",
         "regression.RegressionData",
         64,
-        True,
+        False,
         1,
         "teacher_mse",
         "teacher_mse",
@@ -86,7 +86,7 @@ ZOO = {
         "text.BagOfWordsClassifier",
         "text.SentenceData",
         32,
-        True,
+        False,
         1,
         "val_loss/dataloader_idx_1",
         "val_accuracy/dataloader_idx_0",

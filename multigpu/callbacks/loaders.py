@@ -1,0 +1,391 @@
+"""The training loaders a data module or a model returns, given the engine's sampling (``multigpu/data/loaders.py``)
+where Lightning would give them its ``DistributedSampler``: the same samples in the same global order at any world
+size and strategy, augmentations seeded per sample, an exact resume mid-epoch, and one paragraph for a loader that
+refuses its options.
+
+``setup`` asks for the loaders once, before anything is written (a refused option stops the run there, exit 2), and
+makes them again with the engine's sampling; the data module's (or model's) ``train_dataloader`` then hands Lightning
+those loaders, placed at the position a resumed checkpoint saved (this callback's state). A loader the engine leaves
+as it is (``--trainer.use_distributed_sampler=false``, a ``DistributedSampler`` or batch sampler of the user's own, a
+stream that shards itself) gets a note at a resume mid-epoch: it restarts its epoch.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import CombinedLoader
+from torch.utils.data import DataLoader, IterableDataset
+
+from multigpu.compat import (
+    batch_progress,
+    drop_own_method,
+    overrides_hook,
+    rebuilt_loader,
+    request_train_loaders,
+    restarted_mid_epoch,
+    set_own_method,
+    train_loader_source,
+    uses_distributed_sampler,
+)
+from multigpu.data.loaders import (
+    EngineSampler,
+    SeededSamples,
+    SizedStreamShare,
+    StreamShare,
+    World,
+    digest,
+    engine_sampler,
+    first_sample,
+    is_engine_sampled,
+    mark_origin,
+    plain_batching,
+)
+from multigpu.data.sampling import BatchedDataset, EvaluationBatches, global_seed
+from multigpu.data.seeding import seed_generators
+from multigpu.errors import ConfigurationError, notice
+from multigpu.topology import data_parallel_world
+
+HOOK = "train_dataloader"
+#: the evaluation hooks whose loaders get the same global batches at any world size
+EVALUATION_HOOKS = ("val_dataloader", "test_dataloader")
+#: where torch's loaders and samplers live: a ValueError raised there refuses an option the user gave
+TORCH_DATA = ("torch/utils/data/", "torch\\utils\\data\\")
+
+
+class EngineLoaders(Callback):
+    """Put the engine's sampling into the training loaders (see the module docstring).
+
+    Args:
+        per_process: A loader's ``batch_size`` is each process's micro-batch (Lightning's meaning), not the global
+            batch of one optimizer step.
+    """
+
+    def __init__(self, per_process: bool = False) -> None:
+        self.per_process = per_process
+        self._source: Any = None
+        self._built: Any = None
+        self._position: dict[str, int] | None = None  # what a resumed checkpoint saved
+        self._engine: list[tuple[Any, bool]] = []  # the samplers and streams given the engine's sampling, and
+        # whether their loader restores its own position
+        self._kept: list[tuple[str, str]] = []  # (loader, why) for those left as they are
+        self.fitting: L.Trainer | None = None  # the Trainer of the fit under way, whose position a save holds
+        self._wrapped: Any = None  # the data module or model whose hooks this callback answers
+        self._evaluated: list[str] = []
+
+    # -- building ---------------------------------------------------------------------------------------------
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not uses_distributed_sampler(trainer) or trainer.overfit_batches:
+            return  # overfit_batches: Lightning reads the first batches in order, with a sampler of its own
+        source = train_loader_source(trainer)
+        if not isinstance(source, (L.LightningModule, L.LightningDataModule)):
+            return
+        self._evaluated = [hook for hook in EVALUATION_HOOKS if overrides_hook(source, hook)]
+        for hook in self._evaluated:
+            set_own_method(source, hook, partial(self._evaluation_loaders, trainer, getattr(source, hook), hook))
+        self._wrapped = source
+        if stage != "fit" or not overrides_hook(source, HOOK):
+            return
+        self._source = source
+        original = getattr(source, HOOK)
+        self._built = self._build(trainer, lambda: request_train_loaders(trainer))
+        if not self._engine:  # every loader left as it is: Lightning asks the hook itself, as without the engine
+            self._built = None
+            return
+
+        def train_dataloader() -> Any:
+            built, self._built = self._built, None
+            if built is None:  # asked again (reload_dataloaders_every_n_epochs): made again
+                built = self._build(trainer, original)
+            self._place(trainer)
+            return built
+
+        set_own_method(source, HOOK, train_dataloader)
+
+    @property
+    def active(self) -> bool:
+        """Whether this fit's training loaders were asked for through this callback."""
+        return self._source is not None
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._wrapped is not None:
+            for hook in [HOOK, *self._evaluated]:
+                drop_own_method(self._wrapped, hook)
+        self._source = self._built = self._wrapped = None
+
+    # -- evaluation: the same global batches at any world size --------------------------------------------------
+
+    def _evaluation_loaders(self, trainer: L.Trainer, ask: Any, hook: str) -> Any:
+        loaders = ask()
+        world = self._world(trainer)
+        if world.replicas == 1:  # one process reads the loaders as they are, as Lightning does
+            return loaders
+        owner = f"{type(self._wrapped).__name__}.{hook}()"
+        if isinstance(loaders, CombinedLoader):
+            loaders.flattened = [self._evaluation(loader, world, owner) for loader in loaders.flattened]
+            return loaders
+        if isinstance(loaders, (list, tuple)):
+            return type(loaders)(self._evaluation(loader, world, owner) for loader in loaders)
+        if isinstance(loaders, dict):
+            return {key: self._evaluation(loader, world, owner) for key, loader in loaders.items()}
+        return self._evaluation(loaders, world, owner)
+
+    def _evaluation(self, loader: Any, world: World, owner: str) -> Any:
+        """``GlobalBatchDataModule``'s evaluation order for a plain loader: global batches of its ``batch_size`` in
+        the dataset's order, each process a consecutive slice of each, as many batches on every process, every
+        sample once (Lightning's ``DistributedSampler`` pads the last shard with repeats)."""
+        if (
+            not isinstance(loader, DataLoader)
+            or is_engine_sampled(loader)
+            or isinstance(loader.dataset, IterableDataset)
+        ):
+            return loader
+        if not plain_batching(loader):
+            return loader
+        try:
+            batches = EvaluationBatches(
+                loader.dataset, world.global_batch(int(loader.batch_size)), num_replicas=world.replicas, rank=world.rank
+            )
+        except ValueError as error:
+            raise ConfigurationError(f"the loader of {owner} has batch_size={loader.batch_size}: {error}") from error
+        dataset = BatchedDataset(loader.dataset, loader.collate_fn)
+        # batch_size=None: each index list of the sampler is one batch, collated by BatchedDataset
+        return self._remake_as(loader, owner, batches, dataset, batch_size=None, collate_fn=None)
+
+    def _world(self, trainer: L.Trainer) -> World:
+        data_parallel = data_parallel_world(trainer.strategy)
+        replicas, rank = data_parallel or (trainer.world_size, trainer.global_rank)
+        return World(replicas, rank, trainer.accumulate_grad_batches, global_seed(), self.per_process)
+
+    def _build(self, trainer: L.Trainer, ask: Any) -> Any:
+        owner = f"{type(self._source).__name__}.{HOOK}()"
+        try:
+            loaders = ask()
+        except Exception as error:
+            refusal = loader_refusal(error, owner)
+            if refusal is not None:
+                raise refusal from error
+            mark_origin(error, f"{owner}, the {kind(self._source)}'s own code")
+            raise
+        world = self._world(trainer)
+        self._engine, self._kept = [], []
+        if isinstance(loaders, DataLoader):
+            return self._rebuild(loaders, world, f"loader of {owner}")
+        combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders, "max_size_cycle")
+        combined.flattened = [
+            self._rebuild(loader, world, f"loader {index} of {owner}")
+            for index, loader in enumerate(combined.flattened)
+        ]
+        return combined
+
+    def _rebuild(self, loader: Any, world: World, name: str) -> Any:
+        if not isinstance(loader, DataLoader) or is_engine_sampled(loader):
+            if isinstance(loader, DataLoader) and not isinstance(loader.sampler, EngineSampler):
+                self._kept_if_unresumable(loader, name)
+            return loader
+        if isinstance(loader.dataset, IterableDataset):
+            return self._stream(loader, world, name)
+        if not plain_batching(loader):
+            own = loader.batch_sampler
+            what = f"a batch_sampler of its own ({type(own).__name__})" if own is not None else "batch_size=None"
+            if world.replicas > 1:
+                raise ConfigurationError(
+                    f"the training {name} has {what}, whose batches the engine cannot share among the"
+                    f" {world.replicas} processes so that they train what one process trains. Fix: give the DataLoader"
+                    " batch_size= (and a sampler= for an order of your own: the engine keeps it), or set"
+                    " --trainer.use_distributed_sampler=false to keep it as it is (every process then reads what it"
+                    " yields, and shards it itself)."
+                )
+            self._kept.append((name, f"it has {what}, which decides the batches"))
+            return loader
+        sampler = engine_sampler(loader, world, name)
+        remade = self._remake(
+            loader, name, sampler, SeededSamples(loader.dataset, world.seed), sampler.micro_batch_size
+        )
+        self._engine.append((sampler, restores_itself(remade)))
+        self._restoring_itself(remade, name)
+        return remade
+
+    def _stream(self, loader: DataLoader, world: World, name: str) -> DataLoader:
+        stream = loader.dataset
+        label = f"{name} (stream {type(stream).__name__})"
+        if loader.batch_size is None:
+            self._kept.append((label, "it has batch_size=None"))
+            return loader
+        if world.replicas > 1 and len(set(gathered(first_sample(stream, world.seed)))) > 1:
+            self._kept.append((label, "it shards itself by rank and the engine cannot skip in it"))
+            return loader  # the processes read different samples: the stream shards itself, per-process batches
+        if loader.num_workers > 1 and workers_differ(stream, world.seed):
+            if world.replicas > 1:
+                raise ConfigurationError(
+                    f"the training {label} shards itself among loader workers but not among the {world.replicas}"
+                    " processes: every process would train on the same samples. Fix: shard it by rank too"
+                    " (torch.distributed.get_rank() and get_world_size(), or the streaming library's split by node),"
+                    " or let every worker read the whole stream: the engine then gives each process its share."
+                )
+            self._kept.append((label, "it shards itself among loader workers and the engine cannot skip in it"))
+            return loader
+        share_class = SizedStreamShare if has_length(stream) else StreamShare
+        share = share_class(stream, world.global_batch(int(loader.batch_size)), world)
+        remade = self._remake(loader, label, None, share, share.micro)
+        self._engine.append((share, restores_itself(remade)))
+        self._restoring_itself(remade, label)
+        return remade
+
+    def _remake(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, micro: int) -> DataLoader:
+        return self._remake_as(loader, name, sampler, dataset, batch_size=micro)
+
+    def _remake_as(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, **changes: Any) -> DataLoader:
+        # a generator of the loader's own: its workers' base seed is drawn from it, not from the global one the
+        # training step draws from (the samples are seeded one by one, so nothing else depends on it)
+        generator = loader.generator if loader.generator is not None else torch.Generator()
+        try:
+            return rebuilt_loader(loader, sampler, dataset=dataset, drop_last=False, generator=generator, **changes)
+        except Exception as error:
+            raise ConfigurationError(
+                f"the training {name} ({type(loader).__name__}) cannot be made again with the engine's sampling:"
+                f" {one_line(error)}. Fix: return a torch.utils.data.DataLoader (or a subclass whose __init__ takes"
+                " DataLoader's arguments), or set --trainer.use_distributed_sampler=false to keep it as it is."
+            ) from error
+
+    def _restoring_itself(self, loader: DataLoader, name: str) -> None:
+        if restores_itself(loader):  # its own state decides where it resumes, which the engine does not prove
+            self._kept.append(
+                (name, f"{type(loader).__name__} restores its own position, which the engine leaves to it")
+            )
+
+    def _kept_if_unresumable(self, loader: DataLoader, name: str) -> None:
+        if not restores_itself(loader):
+            self._kept.append((name, f"its sampler ({type(loader.sampler).__name__}) is its own"))
+
+    # -- position ---------------------------------------------------------------------------------------------
+
+    def _place(self, trainer: L.Trainer) -> None:
+        """Put every engine loader at the epoch the fit starts in and, on a resume, past what was trained."""
+        epoch, skip = trainer.current_epoch, 0
+        if self._position is not None:
+            position, self._position = self._position, None
+            epoch, skip = position["epoch"], position["batches_done"]
+            if skip >= position["epoch_length"]:
+                epoch, skip = epoch + 1, 0
+        for item, itself in self._engine:
+            done = 0 if itself else skip  # a loader with a state of its own (StatefulDataLoader) skips itself
+            if isinstance(item, EngineSampler):
+                item.set_epoch(epoch)
+                if done:
+                    item.resume_from(epoch, done)
+            else:
+                item.set_position(epoch, done)
+
+    def state_dict(self) -> dict[str, int]:
+        trainer = self.fitting
+        if trainer is None:
+            return {}
+        return training_position(trainer)
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self._position = dict(state_dict) if state_dict else None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.fitting = trainer
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if restarted_mid_epoch(trainer):
+            for name, why in self._kept:
+                notice(
+                    f"the training {name} cannot resume in the middle of its epoch ({why}): it starts the epoch"
+                    " again, so this run trains on other batches than an uninterrupted one would."
+                )
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for item, _ in self._engine:
+            if isinstance(item, StreamShare):
+                item.set_position(trainer.current_epoch, 0)  # the workers read it when the epoch's iterator starts
+
+
+def training_position(trainer: L.Trainer) -> dict[str, int]:
+    """Where the training loop stands in its epoch, as a checkpoint saved now resumes it."""
+    return {
+        "epoch": trainer.current_epoch,
+        # `processed` counts the batch whose step just finished, which `completed` does not yet count while
+        # `on_train_batch_end` callbacks (ModelCheckpoint, preemption) are saving.
+        "batches_done": batch_progress(trainer).current.processed,
+        "epoch_length": int(min(trainer.num_training_batches, 2**62)),
+    }
+
+
+def restores_itself(loader: Any) -> bool:
+    """Whether Lightning saves and restores the loader's own position (``state_dict``/``load_state_dict``, as
+    torchdata's ``StatefulDataLoader`` has): the engine then does not skip in it a second time."""
+    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+
+
+def kind(source: Any) -> str:
+    return "model" if isinstance(source, L.LightningModule) else "data module"
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def loader_refusal(error: BaseException, owner: str) -> ConfigurationError | None:
+    """One paragraph for a ``ValueError`` (or ``TypeError``) that torch's ``DataLoader`` or a sampler raised about
+    an option ``owner`` gave it; None for an error of the user's own code."""
+    if not isinstance(error, (ValueError, TypeError)) or isinstance(error, ConfigurationError):
+        return error if isinstance(error, ConfigurationError) else None
+    frames = []
+    trace = error.__traceback__
+    while trace is not None:
+        frames.append(trace.tb_frame.f_code.co_filename)
+        trace = trace.tb_next
+    if not frames or not any(part in frames[-1] for part in TORCH_DATA):
+        return None
+    option = next((word.split("=")[0] for word in str(error).split() if "=" in word), None)
+    named = f" (--data.{option}, or the argument that sets it)" if option else ""
+    return ConfigurationError(
+        f"{owner} made a loader that torch refused: {one_line(error)}. Fix: change that option{named} to a value"
+        " torch's DataLoader accepts."
+    )
+
+
+def gathered(value: Any) -> list[Any]:
+    """``value`` of every process, in rank order (this process's alone without a process group)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def workers_differ(stream: Any, seed: int) -> bool:
+    """Whether two loader workers, seeded alike, start ``stream`` with different samples: it shards itself among
+    workers (``torch.utils.data.get_worker_info``)."""
+    probe = DataLoader(stream, batch_size=None, num_workers=2, worker_init_fn=partial(seed_worker, seed))
+    return len({digest(sample) for sample in _first(probe, 2)}) > 1
+
+
+def seed_worker(seed: int, worker_id: int) -> None:
+    """A probe's ``worker_init_fn``: every worker seeded alike."""
+    seed_generators(seed)
+
+
+def _first(loader: DataLoader, count: int) -> list[Any]:
+    iterator = iter(loader)
+    try:
+        return [sample for _, sample in zip(range(count), iterator, strict=False)]
+    finally:
+        del iterator
+
+
+def has_length(stream: Any) -> bool:
+    try:
+        len(stream)
+    except TypeError:
+        return False
+    return True

@@ -1,0 +1,282 @@
+"""The engine's sampling put into the training loaders a data module or a model returns (a plain ``DataLoader`` of
+its own, map-style or a stream), where Lightning would put its ``DistributedSampler``; everything else the user set
+(``collate_fn``, workers, persistent workers, pinned memory, the loader's class) is kept.
+
+- A map-style dataset gets an ``EngineSampler``: the global order of ``GlobalBatchSampler`` (the same samples meet in
+  a step at any world size and accumulation), drawn from the loader's own sampler (shuffled, in order, or a sampler of
+  the user's), resumable mid-epoch. Each sample is loaded with the generators seeded from the run's seed, the epoch and
+  the sample's index (``SeededSamples``), so augmentations drawn in ``__getitem__`` are the same at any world size and
+  any number of workers.
+- A stream (``IterableDataset``) that every process reads alike is read by all of them, each keeping its share of
+  every global batch (``StreamShare``), with its generators seeded from the seed and the epoch; a resume skips the
+  micro-batches already trained. A stream that shards itself by rank is kept as it is (its batch is per process).
+
+The loader's ``batch_size`` is the global batch of one optimizer step, as ``GlobalBatchDataModule``'s is, unless the
+run says otherwise (``--batch_size_per_process=true``: Lightning's per-process meaning).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import pickle
+from collections.abc import Iterator, Mapping, Sized
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
+
+from multigpu.data.sampling import GlobalBatchSampler
+from multigpu.data.seeding import GeneratorsInUse, in_worker, isolated, sample_seed, seed_generators, seeded_stream
+from multigpu.errors import ConfigurationError
+
+GLOBAL_MEANING = "global batch of one optimizer step"
+PER_PROCESS_MEANING = "per process (--batch_size_per_process=true)"
+
+
+@dataclass(frozen=True)
+class World:
+    """How the training processes share each optimizer step."""
+
+    replicas: int
+    rank: int
+    accumulate: int
+    seed: int
+    per_process: bool = False
+
+    def shares(self) -> int:
+        return self.replicas * self.accumulate
+
+    def global_batch(self, batch_size: int) -> int:
+        """The global batch a loader's ``batch_size`` makes."""
+        return batch_size * self.shares() if self.per_process else batch_size
+
+
+class EngineSampler(GlobalBatchSampler):
+    """``GlobalBatchSampler``'s order over a user's loader: the permutation of ``seed + epoch`` where the loader
+    shuffles, the dataset's order where it does not, or the order of the user's own ``sampler`` (iterated on every
+    rank with the generators seeded from the seed and the epoch). Yields ``(index, epoch)`` for ``SeededSamples``."""
+
+    def __init__(self, dataset: Sized, global_batch_size: int, world: World, source: Any = None, **kwargs: Any):
+        self.source = source
+        self.meaning = PER_PROCESS_MEANING if world.per_process else GLOBAL_MEANING
+        super().__init__(
+            _Length(len(source) if source is not None else len(dataset)),
+            global_batch_size,
+            num_replicas=world.replicas,
+            rank=world.rank,
+            accumulate_grad_batches=world.accumulate,
+            seed=world.seed,
+            **kwargs,
+        )
+
+    def epoch_order(self) -> torch.Tensor:
+        if self.source is None:
+            return super().epoch_order()
+        with isolated():
+            seed_generators(sample_seed(self.seed, self.epoch, -1))
+            if callable(getattr(self.source, "set_epoch", None)):
+                self.source.set_epoch(self.epoch)
+            count = self.num_global_batches * self.global_batch_size
+            return torch.tensor(list(itertools.islice(iter(self.source), count)), dtype=torch.int64)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
+        epoch = self.epoch
+        return ((index, epoch) for index in super().__iter__())
+
+
+class _Length(Sized):
+    """A stand-in of ``n`` samples for the sampler's counts (a user's sampler may cover part of the dataset)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class SeededSamples(Dataset):
+    """The user's dataset, each sample loaded with the generators seeded from the run's seed, the epoch and its
+    index; other attributes are the dataset's own."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.in_use = GeneratorsInUse()  # each worker probes its own copy
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        index, epoch = key
+        seed = sample_seed(self.seed, epoch, index)
+        try:
+            if in_worker():  # the worker's generators are its own: seeded in place
+                return self.in_use.load(seed, lambda: self.dataset[index])
+            in_use = self.in_use
+            with isolated(in_use.python or in_use.probing(), in_use.numpy or in_use.probing()):
+                return in_use.load(seed, lambda: self.dataset[index])
+        except Exception as error:
+            mark_origin(error, f"{type(self.dataset).__name__}.__getitem__({index}), the dataset's own code")
+            raise
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("dataset", "seed", "in_use"):  # unpickling asks before they are set
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class StreamShare(IterableDataset):
+    """This process's share of every global batch of a stream that all processes read alike: every process (and
+    every loader worker) reads the whole stream, seeded from the run's seed and the epoch, and keeps the samples of
+    its own micro-batches, whole global batches only (a short last one is left out, so every rank runs as many
+    steps); worker ``w`` of ``W`` keeps every ``W``-th micro-batch, the order a loader delivers them in.
+
+    ``position`` (shared with the workers): the epoch and the micro-batches of it already trained, skipped.
+    """
+
+    def __init__(self, stream: IterableDataset, global_batch_size: int, world: World) -> None:
+        self.stream = stream
+        self.world = world
+        self.global_batch_size = global_batch_size
+        self.micro = per_process(global_batch_size, world, f"stream {type(stream).__name__}")
+        self.meaning = PER_PROCESS_MEANING if world.per_process else GLOBAL_MEANING
+        self.position = torch.zeros(2, dtype=torch.int64).share_memory_()
+
+    def set_position(self, epoch: int, skip: int) -> None:
+        self.position[0], self.position[1] = epoch, skip
+
+    def __iter__(self) -> Iterator[Any]:
+        from torch.utils.data import get_worker_info
+
+        epoch, skip = (int(v) for v in self.position.tolist())
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        if callable(getattr(self.stream, "set_epoch", None)):
+            self.stream.set_epoch(epoch)
+        world, micro, size = self.world, self.micro, self.global_batch_size
+        mine: list[tuple[int, Any]] = []
+        for position, sample in enumerate(seeded_stream(self.stream, sample_seed(world.seed, epoch, -1))):
+            step, within = divmod(position, size)
+            slot, in_slot = divmod(within, world.replicas * micro)
+            if in_slot // micro == world.rank:
+                mine.append((step * world.accumulate + slot, sample))
+            if within == size - 1:  # a whole global batch read: this process's micro-batches of it
+                yield from (s for k, s in mine if k >= skip and (k - skip) % workers == worker)
+                mine = []
+
+
+class SizedStreamShare(StreamShare):
+    """A ``StreamShare`` of a stream with a length: this process's samples per epoch."""
+
+    def __len__(self) -> int:
+        steps = len(self.stream) // self.global_batch_size  # type: ignore[arg-type]
+        return steps * self.world.accumulate * self.micro
+
+
+def per_process(global_batch_size: int, world: World, what: str) -> int:
+    """The micro-batch one process loads, or one paragraph naming ``what`` and its batch size."""
+    shares = world.shares()
+    if global_batch_size < 1 or global_batch_size % shares:
+        example = shares * max(1, global_batch_size // shares)
+        raise ConfigurationError(
+            f"the training {what} has batch_size={global_batch_size // (shares if world.per_process else 1)}, the"
+            f" {PER_PROCESS_MEANING if world.per_process else GLOBAL_MEANING}, which must divide evenly among"
+            f" {world.replicas} process(es) x {world.accumulate} accumulated micro-batch(es) = {shares}. Fix: give the"
+            f" loader a batch_size that is a multiple of {shares} (for example {example}; through the data module's"
+            " option, e.g. --data.batch_size, where it has one), or change --trainer.devices / --trainer.num_nodes /"
+            " --trainer.accumulate_grad_batches."
+        )
+    return global_batch_size // shares
+
+
+def digest(sample: Any) -> str:
+    """A fingerprint of a sample, to tell whether processes read the same one: its tensors by their values (a
+    pickled tensor holds more than its values), anything else pickled."""
+    hasher = hashlib.sha256()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+            hasher.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        elif isinstance(value, Mapping):
+            for key in value:
+                hasher.update(repr(key).encode())
+                walk(value[key])
+        elif isinstance(value, (list, tuple)):
+            hasher.update(f"{type(value).__name__}{len(value)}".encode())
+            for item in value:
+                walk(item)
+        else:
+            hasher.update(pickle.dumps(value))
+
+    walk(sample)
+    return hasher.hexdigest()
+
+
+def first_sample(stream: Any, seed: int) -> str:
+    """The fingerprint of the first sample ``stream`` yields in this process, seeded as ``StreamShare`` seeds it
+    (empty for an empty stream); the training process's generators are left as they were."""
+    with isolated():
+        seed_generators(seed)
+        sample = next(iter(stream), None)
+    return digest(sample)
+
+
+def plain_batching(loader: DataLoader) -> bool:
+    """Whether the loader makes its batches from ``batch_size=`` (its own batch sampler, torch's or a loader class's
+    such as torchdata's ``StatefulDataLoader``), which the engine's sampling replaces; a ``batch_sampler=`` of the
+    user's own (``batch_size`` then None) decides the batches itself."""
+    return loader.batch_size is not None
+
+
+def order_source(loader: DataLoader) -> tuple[bool, Any]:
+    """(shuffle, the user's own sampler or None) of a map-style loader."""
+    sampler = loader.sampler
+    if (
+        isinstance(sampler, RandomSampler)
+        and not sampler.replacement
+        and sampler.num_samples == len(sampler.data_source)
+    ):
+        return True, None
+    if isinstance(sampler, SequentialSampler):
+        return False, None
+    return False, sampler
+
+
+def engine_sampler(loader: DataLoader, world: World, name: str) -> EngineSampler:
+    """The engine's sampler for a map-style loader, its batch size checked first."""
+    global_batch = world.global_batch(int(loader.batch_size))
+    per_process(global_batch, world, name)
+    shuffle, source = order_source(loader)
+    total = len(source) if source is not None else len(loader.dataset)  # type: ignore[arg-type]
+    if global_batch > total:
+        raise ConfigurationError(
+            f"the training {name} has batch_size={loader.batch_size}, the"
+            f" {PER_PROCESS_MEANING if world.per_process else GLOBAL_MEANING}, which is more than its {total}"
+            " samples: not one full optimizer step fits in an epoch. Fix: give the loader a smaller batch_size (through"
+            " the data module's option, e.g. --data.batch_size, where it has one), or use fewer devices."
+        )
+    return EngineSampler(loader.dataset, global_batch, world, source=source, shuffle=shuffle)  # type: ignore[arg-type]
+
+
+def is_engine_sampled(loader: Any) -> bool:
+    """Whether a loader's order is already one that does not depend on the world size (a ``DistributedSampler``
+    of the user's own, ``GlobalBatchDataModule``'s), which the engine leaves as Lightning leaves it."""
+    return isinstance(getattr(loader, "sampler", None), DistributedSampler)
+
+
+def mark_origin(error: BaseException, where: str) -> None:
+    """Say where an error of the user's own code came from, in the line that heads its traceback."""
+    if not hasattr(error, "multigpu_origin"):
+        error.multigpu_origin = where  # type: ignore[attr-defined]
+        error.add_note(f"(raised in {where})")  # kept in a loader worker's traceback, which torch re-raises

@@ -1,0 +1,126 @@
+"""Random draws a dataset makes while it loads a sample (an augmentation's crop, a stream's shuffle buffer), made a
+function of the run's seed, the epoch and the sample: the same at any world size and any number of loader workers,
+and again in a resumed run.
+
+Inside a loader worker the generators are the worker's own and are seeded in place. In the training process itself
+(``num_workers=0``) the training step draws from the same generators (dropout), so a sample is loaded between a
+save and a restore of their states: the model's draws do not depend on how many samples were loaded.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils.data import get_worker_info
+
+try:
+    import numpy as np
+except ImportError:  # numpy is optional for torch
+    np = None  # type: ignore[assignment]
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of sample ``index`` in ``epoch`` (distinct for every pair, within the 63 bits torch takes)."""
+    return ((seed * 1_000_003 + epoch) * 2_654_435_761 + index) & (2**63 - 1)
+
+
+def seed_generators(seed: int, python: bool = True, numpy: bool = True) -> None:
+    """Seed the generators a dataset draws from: torch's CPU one, and Python's ``random`` and numpy's unless told
+    the dataset does not draw from them."""
+    torch.default_generator.manual_seed(seed)  # the CPU generator alone: no CUDA state is touched
+    if python:
+        random.seed(seed)
+    if numpy and np is not None:
+        np.random.seed(seed % 2**32)
+
+
+def capture(python: bool = True, numpy: bool = True) -> tuple[Any, ...]:
+    """The states ``seed_generators`` changes (None for one left out)."""
+    return (
+        torch.get_rng_state(),
+        random.getstate() if python else None,
+        np.random.get_state() if numpy and np is not None else None,
+    )
+
+
+def put_back(states: tuple[Any, ...]) -> None:
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        random.setstate(states[1])
+    if states[2] is not None:
+        np.random.set_state(states[2])
+
+
+class GeneratorsInUse:
+    """Which of Python's and numpy's generators a dataset draws from, found on its first ``PROBED`` samples in each
+    process: seeding them costs more than loading a small sample (numpy's state alone is 2.5 kB), so a dataset that
+    draws from torch's generator alone (torchvision's transforms) has only that one seeded per sample."""
+
+    PROBED = 16
+
+    def __init__(self) -> None:
+        self.python = self.numpy = False
+        self.probed = 0
+
+    def probing(self) -> bool:
+        return self.probed < self.PROBED
+
+    def load(self, seed: int, read: Any) -> Any:
+        """``read()`` with the generators it draws from seeded from ``seed``."""
+        if not self.probing():
+            seed_generators(seed, self.python, self.numpy)
+            return read()
+        seed_generators(seed)
+        seeded = random.getstate(), np.random.get_state()[1:] if np is not None else None
+        sample = read()
+        self.probed += 1
+        self.python |= random.getstate() != seeded[0]
+        if np is not None:
+            after = np.random.get_state()[1:]
+            self.numpy |= after[1:] != seeded[1][1:] or not (after[0] == seeded[1][0]).all()
+        return sample
+
+
+def in_worker() -> bool:
+    """Whether this code runs in a loader worker process (whose generators are its own)."""
+    return get_worker_info() is not None
+
+
+@contextmanager
+def isolated(python: bool = True, numpy: bool = True) -> Iterator[None]:
+    """Within the block, draws do not change the training process's generators (nothing to do in a worker);
+    ``python``, ``numpy``: whether the block may draw from those."""
+    if in_worker():
+        yield
+        return
+    saved = capture(python, numpy)
+    try:
+        yield
+    finally:
+        put_back(saved)
+
+
+def seeded_stream(stream: Any, seed: int) -> Iterator[Any]:
+    """Iterate ``stream`` with its generators seeded from ``seed`` at its start; in the training process the
+    stream's generator states are kept apart from the training step's between samples."""
+    if in_worker():
+        seed_generators(seed)
+        yield from stream
+        return
+    with isolated():
+        seed_generators(seed)
+        iterator = iter(stream)
+        own = capture()
+    while True:
+        with isolated():
+            put_back(own)
+            try:
+                sample = next(iterator)
+            except StopIteration:
+                return
+            own = capture()
+        yield sample

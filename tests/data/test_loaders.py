@@ -1,0 +1,134 @@
+"""The engine's sampling of a user's loaders: one global order at any world size, per-sample seeds, a stream's
+shares, resumes and one-paragraph errors."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+from multigpu.data.loaders import EngineSampler, SeededSamples, StreamShare, World, digest, per_process
+from multigpu.errors import ConfigurationError
+
+
+def world(replicas: int = 1, rank: int = 0, accumulate: int = 1, per_process: bool = False) -> World:
+    return World(replicas, rank, accumulate, seed=5, per_process=per_process)
+
+
+def rank_batches(sampler: EngineSampler) -> list[list[int]]:
+    indices = [index for index, _ in sampler]
+    size = sampler.micro_batch_size
+    return [indices[i : i + size] for i in range(0, len(indices), size)]
+
+
+def global_steps(make, replicas: int, accumulate: int = 1) -> list[list[int]]:
+    """Each micro-batch step's samples over all ranks, sorted."""
+    per_rank = [rank_batches(make(world(replicas, rank, accumulate))) for rank in range(replicas)]
+    return [
+        sorted(itertools.chain.from_iterable(per_rank[r][s] for r in range(replicas))) for s in range(len(per_rank[0]))
+    ]
+
+
+class Reversed(Sampler):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("source", [None, Reversed(20)])
+def test_the_same_samples_meet_in_every_step_at_any_world_size_and_accumulation(source):
+    def make(w):
+        return EngineSampler(range(20), 8, w, source=source, shuffle=source is None)
+
+    one = global_steps(make, 1)
+    assert len(one) == 2  # 20 samples, global batch 8: the short last batch left out
+    for replicas, accumulate in ((2, 1), (4, 1), (2, 2)):
+        merged = global_steps(make, replicas, accumulate)
+        assert [
+            sorted(itertools.chain.from_iterable(merged[i : i + accumulate])) for i in range(0, len(merged), accumulate)
+        ] == one
+    if source is not None:
+        assert one == [sorted(range(12, 20)), sorted(range(4, 12))]  # the user's sampler's order
+
+
+def test_the_sampler_yields_the_epoch_with_each_index_and_resumes_past_the_trained_batches():
+    sampler = EngineSampler(range(16), 4, world())
+    sampler.set_epoch(3)
+    full = list(sampler)
+    assert {epoch for _, epoch in full} == {3}
+    sampler.resume_from(3, 2)
+    assert list(sampler) == full[8:]
+
+
+class RandomCrop(Dataset):
+    """Draws from torch's generator, and from Python's or numpy's where told."""
+
+    def __init__(self, python: bool = False, numpy: bool = False) -> None:
+        self.python, self.numpy = python, numpy
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        value = torch.rand((), dtype=torch.float64) + index
+        value += random.random() if self.python else 0.0
+        return value + (float(np.random.rand()) if self.numpy else 0.0)
+
+
+@pytest.mark.parametrize(("python", "numpy"), [(False, False), (True, False), (False, True)])
+def test_a_samples_random_draws_depend_on_the_seed_epoch_and_index_only_not_on_the_workers(python, numpy):
+    keys = [(index, epoch) for epoch in (0, 1) for index in range(24)]  # past the samples that are probed
+    dataset = RandomCrop(python, numpy)
+    seeded = SeededSamples(dataset, seed=5)
+    torch.manual_seed(0)
+    alone = torch.stack([seeded[key] for key in keys])
+    assert torch.equal(torch.rand(1), torch.manual_seed(0) and torch.rand(1))  # the training generator untouched
+    in_workers = torch.cat(list(DataLoader(SeededSamples(dataset, 5), sampler=keys, batch_size=4, num_workers=2)))
+    assert torch.equal(alone, in_workers)
+    assert not torch.equal(alone[:24], alone[24:])  # another epoch draws other crops
+    assert (seeded.in_use.python, seeded.in_use.numpy) == (python, numpy)
+
+
+class Count(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def share_of(replicas: int, rank: int, accumulate: int = 1, workers: int = 0, skip: int = 0) -> list[list[int]]:
+    share = StreamShare(Count(22), 8, world(replicas, rank, accumulate))
+    share.set_position(0, skip)
+    loader = DataLoader(share, batch_size=share.micro, num_workers=workers)
+    return [batch.tolist() for batch in loader]
+
+
+def test_a_stream_is_shared_by_global_batch_among_ranks_and_workers_and_resumes_past_what_was_trained():
+    assert share_of(1, 0) == [list(range(8)), list(range(8, 16))]  # the short last global batch is left out
+    assert share_of(2, 0) == [[0, 1, 2, 3], [8, 9, 10, 11]] and share_of(2, 1) == [[4, 5, 6, 7], [12, 13, 14, 15]]
+    assert share_of(2, 1, accumulate=2) == [[2, 3], [6, 7], [10, 11], [14, 15]]
+    assert share_of(2, 1, accumulate=2, workers=2) == share_of(2, 1, accumulate=2)
+    assert share_of(2, 1, accumulate=2, workers=2, skip=1) == share_of(2, 1, accumulate=2)[1:]
+
+
+def test_a_batch_that_does_not_divide_among_the_processes_gets_one_paragraph():
+    with pytest.raises(ConfigurationError, match=r"batch_size=6, the global batch .* among 4 process\(es\)") as error:
+        per_process(6, world(4), "loader of Data.train_dataloader()")
+    assert "for example 4" in str(error.value) and "\n" not in str(error.value)
+    assert per_process(8, world(2, accumulate=2), "loader") == 2
+
+
+def test_a_samples_fingerprint_is_its_values():
+    value = torch.arange(4.0)
+    assert digest({"x": value, "y": [1, "a"]}) == digest({"x": value.clone(), "y": [1, "a"]})
+    assert digest({"x": value}) != digest({"x": value + 1})
