@@ -12,22 +12,26 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import time
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from tests.template.conftest import env, generate, git, run
 
-pytestmark = [pytest.mark.xdist_group("template"), pytest.mark.slow, pytest.mark.timeout(1800)]
+# a worker of their own: the installations run beside the other template tests
+pytestmark = [pytest.mark.xdist_group("template-install"), pytest.mark.slow, pytest.mark.timeout(1800)]
 
 #: what each venv gets before the README's commands: the newest pip for one (from the package index)
 PIPS = {"bundled": [], "newest": ["install", "--quiet", "--upgrade", "pip"]}
-#: CI only, not the user's: this machine keeps a CPU build of torch on local disk, and the project's `torch` range
-#: would otherwise have pip fetch a multi-GB CUDA build (the README tells a user without a GPU to do the same)
-LOCAL_TORCH = ["install", "--quiet", "torch==2.13.0"]
+#: the tests' own step, not the user's: the torch build this suite runs on, first (here a CPU build on local disk;
+#: GitHub's CI job gets it from PyTorch's CPU index), as the README tells a user without a GPU to do; else the
+#: project's `torch` range would have pip fetch a multi-GB CUDA build
+LOCAL_TORCH = ["install", "--quiet", f"torch=={version('torch')}"]
 
 
 @dataclass
@@ -70,23 +74,23 @@ def published(template_repo: Path, repository: Path, tmp_path_factory: pytest.Te
 
 @pytest.fixture(scope="session")
 def installed(published: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Installed]:
-    """For each pip: the project cloned into a folder of its own, a fresh venv, then the README's commands."""
-    result = {}
+    """For each pip: the project cloned into a folder of its own, a fresh venv, then the README's commands; the two
+    pips' installations at once (each waits on its downloads and its disk half of the time)."""
+    started = {}
     for name, pip in PIPS.items():
         root = tmp_path_factory.mktemp(f"clone-{name}") / "my-stub"
         git("clone", "--quiet", published, root, cwd=root.parent)
-        start = time.monotonic()
-        run("python3", "-m", "venv", ".venv", cwd=root)  # the README's own first step, done early for the two below
-        for step in [LOCAL_TORCH, pip] if pip else [LOCAL_TORCH]:
-            run(root / ".venv" / "bin" / "python", "-m", "pip", *step, cwd=root, timeout=900)
-        done = subprocess.run(
-            ["bash", "-e", "-c", readme_commands(root)],
-            cwd=root,
-            env=env(OMP_NUM_THREADS="1"),
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
+        python = root / ".venv" / "bin" / "python"
+        steps = [f"{python} -m pip {shlex.join(step)}" for step in (LOCAL_TORCH, pip) if step]
+        # the README's own first step, done early for the two above; then its commands as they are written
+        script = "\n".join(["python3 -m venv .venv", *steps, readme_commands(root)])
+        process = subprocess.Popen(["bash", "-e", "-c", script], cwd=root, env=env(OMP_NUM_THREADS="1"),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        started[name] = (root, process, time.monotonic())
+    result = {}
+    for name, (root, process, start) in started.items():
+        stdout, stderr = process.communicate(timeout=1500)
+        done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         result[name] = Installed(root, done, time.monotonic() - start)
     return result
 
@@ -111,15 +115,16 @@ def test_the_project_names_the_templates_repository_and_nothing_of_the_machine(
 
 
 def test_a_project_made_from_a_checkout_alone_says_its_engine_is_on_this_machine(
-    projects: dict[str, Path], template_repo: Path
+    template_repo: Path, tmp_path: Path
 ) -> None:
     """Without the repository answered, the project can name the checkout only; its README says so and what to do."""
-    readme = " ".join((projects["stub"] / "README.md").read_text().split())
+    root = generate(template_repo, tmp_path / "my-stub")
+    readme = " ".join((root / "README.md").read_text().split())
     assert "names the engine's source by a folder of the machine this project was made on" in readme
     assert "copier update --defaults --data template_repository=URL" in readme
     commit = git("rev-parse", "HEAD", cwd=template_repo)
     line = f'"lightning-multigpu @ git+file://localhost{template_repo}@{commit}",'
-    assert line in (projects["stub"] / "pyproject.toml").read_text()
+    assert line in (root / "pyproject.toml").read_text()
 
 
 @pytest.mark.parametrize("pip", list(PIPS))
