@@ -31,7 +31,7 @@ PIPS = {"bundled": [], "newest": ["install", "--quiet", "--upgrade", "pip"]}
 #: the tests' own step, not the user's: the torch build this suite runs on, first (here a CPU build on local disk;
 #: GitHub's CI job gets it from PyTorch's CPU index), as the README tells a user without a GPU to do; else the
 #: project's `torch` range would have pip fetch a multi-GB CUDA build
-LOCAL_TORCH = ["install", "--quiet", f"torch=={version('torch')}"]
+LOCAL_TORCH = ["install", "--quiet", "--no-compile", f"torch=={version('torch')}"]  # imports compile what they use
 
 
 @dataclass
