@@ -21,6 +21,7 @@ from multigpu.arguments import given_as, import_class, option_origin, trainer_se
 from multigpu.callbacks.compile import compile_refusal
 from multigpu.callbacks.run_plan import batch_norm_layers
 from multigpu.checkpoints.resume import resolve_checkpoint
+from multigpu.command import prog
 from multigpu.compat import trained_class_path
 from multigpu.data.base import GlobalBatchDataModule
 from multigpu.data.sampling import per_process_batch_size
@@ -142,13 +143,13 @@ def check_slurm(strategy: str | None, devices: int | None, num_nodes: int, proce
     if in_slurm_batch_script() and processes > 1 and tasks > 1:
         raise ConfigurationError(
             "this runs in a SLURM batch script with several tasks but was not started by srun, so the other ranks"
-            " never start and training would hang. Fix: launch it as `srun python -m src.cli ...` (see slurm/)."
+            f" never start and training would hang. Fix: launch it as `srun {prog()} ...` (see slurm/)."
         )
     if started_by_srun() and interactive_job() and tasks > 1:
         raise ConfigurationError(
             f"srun started {tasks} tasks in a job named '{os.environ['SLURM_JOB_NAME']}' (salloc's default), and"
             " Lightning ignores SLURM's ranks in such a job: each task would start a run of its own. Fix: name the"
-            " job (`salloc -J train ...` or `srun -J train python -m src.cli ...`), or run `python -m src.cli` in the"
+            f" job (`salloc -J train ...` or `srun -J train {prog()} ...`), or run `{prog()}` in the"
             " salloc shell without srun (one node)."
         )
     if not in_slurm_step():
@@ -256,7 +257,7 @@ def check_optimizer(model: Any) -> None:
     except Exception as error:
         raise ConfigurationError(
             f"--model.init_args.optimizer cannot build the optimizer: {describe(error)}. Fix: correct its"
-            " init_args (e.g. --model.init_args.optimizer.init_args.lr=3e-4); `python -m src.cli fit --model.help"
+            f" init_args (e.g. --model.init_args.optimizer.init_args.lr=3e-4); `{prog()} fit --model.help"
             f" CLASS` lists the options; set {DEBUG_ENV}=true to see the traceback."
         ) from error
     scheduler_factory = getattr(model, "lr_scheduler_factory", None)

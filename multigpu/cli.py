@@ -46,11 +46,11 @@ from torch.multiprocessing import ProcessExitedException
 from multigpu.arguments import CLASSES, chosen_classes, rebased_defaults, unresolved
 from multigpu.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
 from multigpu.checks import check_before_launch, check_built
+from multigpu.command import prog, started_by
 from multigpu.compat import registered_with, skip_default_config_files, subcommand_parser
 from multigpu.errors import TrainingStopped, report
 from multigpu.launch import strategy_as_class, trainer_arguments
 from multigpu.options import (
-    PROG,
     SUBCOMMANDS,
     TemplateArgumentParser,
     add_config_option,
@@ -101,6 +101,7 @@ class TemplateCLI(LightningCLI):
     default_config: Path | None = None
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        started_by(type(self))  # the project's module: what --help, the errors and the subprocesses name
         listed = isinstance(args, (list, tuple, type(None)))  # else a dict or Namespace, parsed as an object
         #: the command's arguments (None: given as an object)
         self.argv = list(sys.argv[1:] if args is None else args) if listed else None
@@ -136,7 +137,7 @@ class TemplateCLI(LightningCLI):
                 subclass_mode_model=True,
                 subclass_mode_data=True,
                 # run=False (in a script or notebook) builds one parser without subcommands: it reads the defaults
-                parser_kwargs={"prog": PROG, **(defaults if not run else {"default_env": True})}
+                parser_kwargs={"prog": prog(), **(defaults if not run else {"default_env": True})}
                 | {name: dict(defaults) for name in self.subcommands()},
                 parser_class=TemplateArgumentParser,
                 auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)

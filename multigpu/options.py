@@ -18,11 +18,11 @@ from lightning.pytorch.cli import LightningArgumentParser
 from multigpu.arguments import CLASSES, load_config_file, yaml_problem
 from multigpu.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from multigpu.checkpoints.resume import checkpoint_dir
+from multigpu.command import prog
 from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, debug_mode, describe, user_error_of
 from multigpu.launch import COLLECTIVE_TIMEOUT_S
 from multigpu.strategies.pipeline import PipelineOptions
 
-PROG = "python -m src.cli"
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
 
 #: while the main parser parses, the defaults each parser with default config files computed: jsonargparse
@@ -78,11 +78,11 @@ class TemplateArgumentParser(LightningArgumentParser):
         if in_default is not None:  # jsonargparse names the key, not the file it read it from
             sys.stderr.write(
                 f"error: {self.default_config}: {message}\nFix: correct {in_default!r} in {self.default_config} (read"
-                f" first by every subcommand); `{PROG} fit --help` lists every option.\n"
+                f" first by every subcommand); `{prog()} fit --help` lists every option.\n"
             )
             self.exit(2)
         sys.stderr.write(
-            f"error: {message}\nFix: correct that option. `{PROG} fit --help` (or validate, test, predict, tune)"
+            f"error: {message}\nFix: correct that option. `{prog()} fit --help` (or validate, test, predict, tune)"
             " lists every option; `--model.help CLASS` and `--data.help CLASS` a model's or data module's.\n"
         )
         self.exit(2)
@@ -198,7 +198,7 @@ def building_error(error: Exception, options: Namespace, objects_built: bool) ->
         named = [f"--{k}={c.class_path}" for k, c in chosen.items() if isinstance(c, Namespace) and "class_path" in c]
         what = f"the objects of the config ({', '.join(named)}, the callbacks and loggers)"
     return ConfigurationError(
-        f"building {what} failed: {describe(causes(error)[-1])}. Fix: correct the option this names (`{PROG} fit"
+        f"building {what} failed: {describe(causes(error)[-1])}. Fix: correct the option this names (`{prog()} fit"
         f" --help` lists them, `--model.help CLASS` and `--data.help CLASS` a class's); set {DEBUG_ENV}=true to"
         " see the traceback."
     )

@@ -38,6 +38,8 @@ from typing import Any
 
 import pytest
 
+from multigpu.command import configured
+
 #: the seed of every run (a project's ``seed_everything: true`` would draw a new one per run)
 SEED = 42
 #: optimizer steps of a helper's run: enough for a difference to show, few enough for seconds on 2 CPU cores
@@ -124,7 +126,8 @@ class Project:
         tmp_path: Where the run directories are made.
         args: Arguments of every run (a config file, smaller batches, ...): its config files before the helpers' sizes,
             its flags after them.
-        cli: The module of the command line (``python -m <cli> fit ...``).
+        cli: The module of the command line (``python -m <cli> fit ...``); default: the one the project's
+            ``pyproject.toml`` names (``[tool.multigpu] cli``), else ``src.cli``.
         env: Variables to set for the runs, over this process's environment less the variables of a cluster job
             (``SLURM_*``, ``PL_*``, the rank variables) and with one compute thread per process
             (``OMP_NUM_THREADS=1`` unless set: the ranks of a ddp run share the cores).
@@ -137,14 +140,14 @@ class Project:
         root: Path,
         tmp_path: Path,
         args: Sequence[str] = (),
-        cli: str = "src.cli",
+        cli: str | None = None,
         env: Mapping[str, str] | None = None,
         runner: Callable[..., subprocess.CompletedProcess] | None = None,
     ) -> None:
         self.root = Path(root)
         self.tmp_path = Path(tmp_path)
         self.args = list(args)
-        self.cli = cli
+        self.cli = cli or configured(root)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(JOB_VARIABLES) and k not in JOB_NAMES}
         self.env.setdefault("OMP_NUM_THREADS", "1")
         self.env.update(env or {})
@@ -453,5 +456,6 @@ def project_args() -> list[str]:
 
 @pytest.fixture
 def project(request: pytest.FixtureRequest, tmp_path: Path, project_args: list[str]) -> Project:
-    """This project's command line (``python -m src.cli``, run from pytest's rootdir) with ``project_args``."""
+    """This project's command line (``python -m src.cli``, or the module its ``pyproject.toml`` names), run from
+    pytest's rootdir, with ``project_args``."""
     return Project(request.config.rootpath, tmp_path, project_args)

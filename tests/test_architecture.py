@@ -24,6 +24,7 @@ ENGINE = REPO / "multigpu"
 
 LAYERS = {
     "multigpu.compat": 0,
+    "multigpu.command": 0,
     "multigpu.errors": 0,
     "multigpu.quiet": 0,
     "multigpu.hooks": 0,
@@ -45,6 +46,7 @@ LAYERS = {
     "multigpu.sweep": 5,
     "multigpu.consolidate": 5,
     "multigpu.stacks": 5,
+    "multigpu.docs": 5,
     "multigpu.testing": 6,
 }
 

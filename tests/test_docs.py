@@ -1,14 +1,19 @@
 """The documentation's references hold: every relative link of ``README.md`` and ``docs/*.md`` leads to a file of the
 repository, and its ``#anchor`` to a heading of that file (GitHub's slugs); every repository path the pages name in
-backticks exists; and every code fence opens on a line of its own, so that no text below it renders as code."""
+backticks exists; every code fence opens on a line of its own, so that no text below it renders as code; and
+``python -m multigpu.docs`` lists these pages as the engine installs them."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
+
+from multigpu import docs
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -141,3 +146,12 @@ def test_a_broken_link_anchor_path_or_fence_is_found(tmp_path):
     ]
     (tmp_path / "docs" / "open.md").write_text("text\n```bash\nnever closed\n")
     assert page_problems(tmp_path / "docs" / "open.md", tmp_path)[0] == "docs/open.md: a code fence is never closed"
+
+
+def test_the_engine_lists_its_documentation_as_installed() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "multigpu.docs"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert [line.rsplit("/", 1)[-1] for line in listed] == sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert "engine.md" in {path.name for path in docs.files()}
+    assert all(path.read_bytes() == (ROOT / "docs" / path.name).read_bytes() for path in docs.files())

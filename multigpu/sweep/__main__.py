@@ -7,18 +7,19 @@ import argparse
 import sys
 from pathlib import Path
 
+from multigpu.command import prog
 from multigpu.sweep.spec import SweepError
 
 
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(
-        prog="python -m multigpu.sweep", description="Hyperparameter sweeps over `python -m src.cli fit` runs (Optuna)."
+        prog="python -m multigpu.sweep", description=f"Hyperparameter sweeps over `{prog()} fit` runs (Optuna)."
     )
     commands = main.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run",
         help="run the sweep's trials (resumes a stopped sweep; extends it with a larger --trials)",
-        epilog="Arguments after `--` go to every trial's `python -m src.cli fit`, after the sweep file's `fit`.",
+        epilog=f"Arguments after `--` go to every trial's `{prog()} fit`, after the sweep file's `fit`.",
     )
     run.add_argument("sweep", type=Path, help="the sweep file (configs/sweep/*.yaml)")
     run.add_argument("--dir", type=Path, required=True, help="the sweep directory: journal, one run dir per trial")

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from optuna.trial import TrialState
 
+from multigpu.command import module
 from multigpu.sweep.spec import SweepError, SweepSpec, flag
 from multigpu.sweep.study import Sweep, bind, check_same_sweep, is_sweep_dir, running_elsewhere
 from multigpu.sweep.worker import STOPPED, Worker, say
@@ -40,7 +41,7 @@ def dry_run(spec: SweepSpec, sweep_dir: Path, extra: list[str]) -> dict[str, Any
     """The fit config a trial resolves to (``--print_config``), with each searched option at its first value:
     the CLI checks every argument, and a misspelt ``space`` key fails here, before any trial."""
     values = [flag(p.key, p.choices[0] if p.choices is not None else p.low) for p in spec.space]
-    command = [sys.executable, "-m", "src.cli", "fit", *spec.fit, *extra, *values]
+    command = [sys.executable, "-m", module(), "fit", *spec.fit, *extra, *values]
     command += [f"--trainer.default_root_dir={sweep_dir / 'dry-run'}", "--print_config"]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:

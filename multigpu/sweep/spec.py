@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from multigpu.command import prog
+
 #: Optuna's samplers by the name a sweep file uses
 SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "GridSampler"}
 #: Optuna's pruners by the name a sweep file uses ("none" never prunes)
@@ -179,7 +181,7 @@ def parse(raw: Any, path: Path) -> SweepSpec:
         fit = fit.split()
     if not isinstance(fit, list) or not all(isinstance(a, (str, int, float)) for a in fit):
         raise SweepError(
-            f"{where}: `fit` must be a list of arguments of `python -m src.cli fit`. Fix: e.g."
+            f"{where}: `fit` must be a list of arguments of `{prog()} fit`. Fix: e.g."
             " fit: [--config, configs/default.yaml, --trainer.max_steps=2000]."
         )
     metric, mode = _objective(raw["objective"], where)

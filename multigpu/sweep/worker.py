@@ -29,6 +29,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from multigpu.command import module
 from multigpu.sweep.spec import flag
 from multigpu.sweep.study import (
     ERROR_ATTR,
@@ -146,7 +147,7 @@ class Worker:
             *self.launcher,
             sys.executable,
             "-m",
-            "src.cli",
+            module(),
             "fit",
             *self.sweep.spec.fit,
             *self.extra,

@@ -18,6 +18,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.tuner import Tuner
 
 from multigpu.checkpoints.files import with_atomic_io
+from multigpu.command import prog
 from multigpu.data.base import GlobalBatchDataModule
 from multigpu.errors import ConfigurationError
 from multigpu.hooks import BATCH_SIZE
@@ -195,7 +196,7 @@ def _write_config(path: Path, result: TuneResult, model: L.LightningModule, in_d
         for key in keys[:-1]:
             node = node.setdefault(key, {})
         node[keys[-1]] = value
-    header = "".join(f"# {line}\n" for line in ["Written by `python -m src.cli tune`:", *lines])
+    header = "".join(f"# {line}\n" for line in [f"Written by `{prog()} tune`:", *lines])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(config, sort_keys=False))
 
@@ -204,4 +205,4 @@ def _write_config(path: Path, result: TuneResult, model: L.LightningModule, in_d
 def _print_summary(lines: list[str], path: Path) -> None:
     print("Tuned:", *(f"  {line}" for line in lines), sep="\n")
     print(f"Wrote {path}. Train with it (flags after --config still win):")
-    print(f"  python -m src.cli fit <the options given to tune> --config {path}", flush=True)
+    print(f"  {prog()} fit <the options given to tune> --config {path}", flush=True)

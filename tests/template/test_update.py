@@ -65,8 +65,8 @@ def test_an_update_keeps_the_users_edits_and_brings_the_templates_changes(templa
 
     assert "_commit: v1.1.0" in (project / ".copier-answers.yml").read_text()
     pyproject = (project / "pyproject.toml").read_text()
-    assert f'"lightning-multigpu>={major}.{minor},<{major + 1}",' in pyproject  # the range moved with the engine
-    assert f"@ git+file://{template}@{later}" in pyproject  # and its source to the newer commit
+    assert f'"lightning-multigpu[sweep]>={major}.{minor},<{major + 1}",' in pyproject  # the range moved with the engine
+    assert f'"lightning-multigpu @ git+file://localhost{template}@{later}",' in pyproject  # its source to the commit
     assert '"numpy>=1.26",' in pyproject  # the user's dependency stays
     assert "# (the template, later)" in (project / "configs" / "trainer" / "ddp_cpu.yaml").read_text()
     # the files the user owns are theirs: the template's later changes to them do not come in
