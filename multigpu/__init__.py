@@ -23,7 +23,7 @@ import importlib
 from typing import Any
 
 #: semantic versioning (CHANGELOG.md): a major release may change the public interface, a minor one adds to it
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 #: public name -> the module that defines it, imported when first used (``import multigpu`` stays cheap)
 _PUBLIC = {
