@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from multigpu.callbacks.nan_guard import NonFiniteLoss
+from multigpu.checkpoints.background import wait_for_checkpoints
 from src.cli import main
 from tests.conftest import TINY, load_state
 
@@ -33,6 +34,7 @@ class NaNInputsAtStep(Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         if trainer.global_step + 1 == self.step and self.rank in (None, trainer.global_rank):
             batch[0].fill_(float("nan"))
+            wait_for_checkpoints(trainer)  # the step-8 save may still be writing in the background
             last = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
             NaNInputsAtStep.seen_digest = digest(last) if last.is_file() else None
 
