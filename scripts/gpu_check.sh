@@ -11,7 +11,14 @@
 #        GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh DIR (every part on the CPU, tiny sizes: the plumbing only)
 #        GPU_CHECK_PARTS="mfu stall" bash scripts/gpu_check.sh DIR   (only those parts, after the setup)
 #
-# Parts, each under its own timeout (seconds; the variable overrides it), about 8 to 9.5 minutes in all:
+# Outputs are small (logs, JSON, reports); the runs' own folders (checkpoints of an 86M-parameter model among them)
+# go to GPU_CHECK_SCRATCH (default /tmp/gpu_check_runs), and OUTPUT_DIR/outputs.tgz holds every output in one file.
+#
+# Parts, each under its own timeout (seconds; the variable overrides it). Measured on one H200 (torch 2.11): each
+# training process takes 15 to 19 s before its first step, so the whole check is about 9 to 10 minutes, too close
+# to a device call's 10-minute limit for one call. Run it in two (a warm machine keeps the installed wheels):
+#   GPU_CHECK_PARTS="gpu_tests users syncs mfu" bash scripts/gpu_check.sh DIR    (about 4 minutes)
+#   GPU_CHECK_PARTS="bench_gpt stall bench_image" bash scripts/gpu_check.sh DIR2 (about 6 minutes)
 #   setup       (30)  the wheels, the machine and versions: machine.txt
 #   -- correctness, run side by side (none of them is timed):
 #   gpu_tests   (150) tests/workflows/test_gpu.py and tests/examples/test_gpu_model_parallel.py (-m gpu, 4 workers)
@@ -21,14 +28,14 @@
 #                     torch.cuda.set_sync_debug_mode("warn"), default callbacks, CSV logging, progress bar) under
 #                     single, dp and ddp in 32-true, and single in 16-mixed and bf16-mixed: syncs/*.json
 #   -- timed, one at a time:
-#   bench_gpt   (130) python -m benchmarks, the gpt workload, 32-true and bf16-mixed, single and dp, against
+#   bench_gpt   (200) python -m benchmarks, the gpt workload, 32-true and bf16-mixed, single and dp, against
 #                     bare Lightning and the plain PyTorch loop: bench_gpt/results.md
-#   mfu         (110) configs/experiment/gpt_gpu.yaml (86M parameters, 1024 tokens, batch 256) in bf16-mixed for
+#   mfu         (120) configs/experiment/gpt_gpu.yaml (86M parameters, 1024 tokens, batch 256) in bf16-mixed for
 #                     40 steps (at batch 128 if that fails, the part then failed), and in 32-true at batch 64 for
 #                     20: tokens/s and perf/mfu, mfu/*.json
-#   stall       (60)  the stall of an asynchronous checkpoint save of state in GPU memory, by
+#   stall       (120) the stall of an asynchronous checkpoint save of state in GPU memory, by
 #                     scripts/checkpoint_stall.py where this copy has it (a line saying it is absent otherwise)
-#   bench_image (90)  as bench_gpt for the image workload (a run cut by its timeout still writes its report)
+#   bench_image (170) as bench_gpt for the image workload (a run cut by its timeout still writes its report)
 # summary.txt lists each part's exit status and seconds; the script's exit status is 1 if any part failed.
 # Each part's log is OUTPUT_DIR/<part>.log; the whole console output is OUTPUT_DIR/console.log.
 set -uo pipefail
@@ -39,6 +46,7 @@ repo=$PWD
 dry=${GPU_CHECK_DRY_RUN:-0}
 wheels=$repo/scripts/gpu_wheels
 site=${GPU_CHECK_SITE:-${TMPDIR:-/tmp}/gpu_check_site}
+runs=${GPU_CHECK_SCRATCH:-${TMPDIR:-/tmp}/gpu_check_runs}
 py=${PYTHON:-python3}
 summary=$out/summary.txt
 : >"$summary"
@@ -52,7 +60,7 @@ part() {
   shift 2
   [[ " ${GPU_CHECK_PARTS:-$name} " == *" $name "* ]] || return 0
   [ "$dry" = 1 ] && limit=$((limit * 4)) # a dry run's tiny parts take longer on a shared CPU than real ones on a GPU
-  state="$(declare -p py out repo dry accel gpus test_workers half user_steps sync_size bench_size mfu_size \
+  state="$(declare -p py out runs repo dry accel gpus test_workers half user_steps sync_size bench_size mfu_size \
     mfu_batches mfu_steps stall_size); $(declare -f gpu_tests users syncs bench gpt_gpu mfu stall)"
   echo "== $name (at most ${limit}s)"
   timeout --kill-after=15 "$limit" bash -c "$state"'; "$@"' "$name" "$@" >"$out/$name.log" 2>&1
@@ -110,7 +118,7 @@ else
   accel=gpu gpus=$("$py" -c 'import torch; print(torch.cuda.device_count())') test_workers=4 half=16-mixed
   user_steps=30 sync_size=(--warmup 10 --steps 20) bench_size=(--accelerator gpu --steps 30 --warmup 10)
   mfu_size=() mfu_batches=(256 64) mfu_steps=(40 20)
-  stall_size=(--accelerator gpu --repeats 1 --steps 20 --threads 8)
+  stall_size=(--accelerator gpu --repeats 1 --steps 10 --threads 8)
 fi
 
 # -- the correctness parts (run side by side) --------------------------------------------------------------------------
@@ -130,12 +138,13 @@ users() {
       gan) model=tests.zoo.gan.TinyGAN data=(--data=tests.zoo.gan.RingData) ;;
     esac
     for precision in $(printf '%s\n' "$half" bf16-mixed | uniq); do # on a CPU (dry run) both are bf16-mixed
-      local run=$out/users/$((k += 1))-$name-$precision
+      local run=$runs/users/$((k += 1))-$name-$precision
       echo "-- $name under dp, $precision: $run"
+      mkdir -p "$out/users"
       "$py" -m src.cli fit --model="$model" "${data[@]}" --trainer.accelerator="$accel" --trainer.strategy=dp \
         --trainer.devices="$gpus" --trainer.precision="$precision" --trainer.max_steps="$user_steps" \
         --trainer.max_epochs=-1 --trainer.log_every_n_steps=1 --trainer.default_root_dir="$run" --progress_bar=plain &&
-        "$py" scripts/last_metrics.py "$run" --out "$run.json" || rc=1
+        "$py" scripts/last_metrics.py "$run" --out "$out/users/${run##*/}.json" || rc=1
     done
   done
   return $rc
@@ -145,7 +154,7 @@ syncs() {
   local rc=0 k=0 strategy precision name
   for run in $(printf '%s\n' single:32-true dp:32-true ddp:32-true "single:$half" single:bf16-mixed | uniq); do
     strategy=${run%%:*} precision=${run#*:} name=$((k += 1))-$strategy-$precision
-    "$py" scripts/sync_count.py --strategy "$strategy" "${sync_size[@]}" --run-dir "$out/syncs/$name" \
+    "$py" scripts/sync_count.py --strategy "$strategy" "${sync_size[@]}" --run-dir "$runs/syncs/$name" \
       --out "$out/syncs/$name.json" -- --trainer.accelerator="$accel" --trainer.precision="$precision" || rc=1
   done
   return $rc
@@ -162,12 +171,13 @@ bench() {  # bench WORKLOAD: template single and dp against bare Lightning and t
 }
 
 gpt_gpu() { # gpt_gpu PRECISION BATCH STEPS: the GPU preset, without validation; its last metrics in RUN.json
-  local run=$out/mfu/gpt_gpu-$1-b$2
+  local run=$runs/mfu/gpt_gpu-$1-b$2
+  mkdir -p "$out/mfu"
   echo "-- gpt_gpu, $1, batch $2, $3 steps: $run"
   "$py" -m src.cli fit --config configs/experiment/gpt_gpu.yaml "${mfu_size[@]}" --trainer.accelerator="$accel" \
     --trainer.devices=1 --trainer.precision="$1" --data.init_args.batch_size="$2" --trainer.max_steps="$3" \
     --trainer.limit_val_batches=0 --trainer.num_sanity_val_steps=0 --trainer.default_root_dir="$run" \
-    --progress_bar=plain && "$py" scripts/last_metrics.py "$run" --out "$run.json"
+    --progress_bar=plain && "$py" scripts/last_metrics.py "$run" --out "$out/mfu/${run##*/}.json"
 }
 
 mfu() { # bf16-mixed at the preset's batch (half of it if that fails, e.g. out of memory), then 32-true
@@ -194,13 +204,16 @@ side+=($!)
 part syncs "${SYNCS_TIMEOUT:-150}" syncs &
 side+=($!)
 wait "${side[@]}" # by their ids: a bare `wait` would also wait for the console's tee, which never ends
-part bench_gpt "${BENCH_GPT_TIMEOUT:-130}" bench gpt
-part mfu "${MFU_TIMEOUT:-110}" mfu
-part stall "${STALL_TIMEOUT:-60}" stall
-part bench_image "${BENCH_IMAGE_TIMEOUT:-90}" bench image
+part bench_gpt "${BENCH_GPT_TIMEOUT:-200}" bench gpt
+part mfu "${MFU_TIMEOUT:-120}" mfu
+part stall "${STALL_TIMEOUT:-120}" stall
+part bench_image "${BENCH_IMAGE_TIMEOUT:-170}" bench image
 
-echo "== summary ($SECONDS s in all; outputs in $out)"
+echo "== summary ($SECONDS s in all; outputs in $out, and all of them in $out/outputs.tgz)"
 cat "$summary"
+# written beside the runs, then moved in; console.log grows while it is read (tar's status 1: kept as it was)
+mkdir -p "$runs" && tar czf "$runs/outputs.tgz" --warning=no-file-changed --exclude=./outputs.tgz -C "$out" .
+[ $? -le 1 ] && mv "$runs/outputs.tgz" "$out/outputs.tgz"
 ! grep -v ' rc=0 ' "$summary" | grep -q .
 exit
 }

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from importlib.metadata import requires
 
 import lightning as L
@@ -111,7 +112,8 @@ def test_the_sync_counter_counts_each_step_after_the_warmup():
 @pytest.mark.slow
 def test_the_dry_run_starts_every_part_and_writes_its_outputs(tmp_path):
     out = tmp_path / "check"
-    env = {**os.environ, "GPU_CHECK_DRY_RUN": "1", "PYTHON": sys.executable, "GPU_CHECK_SITE": str(tmp_path / "site")}
+    env = {**os.environ, "GPU_CHECK_DRY_RUN": "1", "PYTHON": sys.executable, "GPU_CHECK_SITE": str(tmp_path / "site"),
+           "GPU_CHECK_SCRATCH": str(tmp_path / "runs")}  # fmt: skip
     result = subprocess.run(
         ["bash", "scripts/gpu_check.sh", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=850
     )
@@ -147,6 +149,11 @@ def test_the_dry_run_starts_every_part_and_writes_its_outputs(tmp_path):
     assert len(mfu) == 2 and all(m["perf/tokens_per_s"] > 0 for m in mfu)
     stall = (out / "stall.log").read_text()
     assert ("skipped" in stall) != (REPO / "scripts" / "checkpoint_stall.py").exists()
+    # the runs' folders (checkpoints) stay out of the outputs, which come back as one archive
+    assert not list(out.rglob("*.ckpt")) and list((tmp_path / "runs").rglob("*.ckpt"))
+    with tarfile.open(out / "outputs.tgz") as archive:
+        names = set(archive.getnames())
+    assert {"./summary.txt", "./console.log", "./bench_gpt/results.md", "./syncs"} <= names
 
 
 def test_without_a_gpu_the_check_says_so_and_runs_nothing(tmp_path):

@@ -17,6 +17,30 @@ from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 from multigpu.callbacks.steps import EveryNSteps
 from multigpu.callbacks.throughput import shown_figures
 
+#: Training metrics the progress output shows, read from ``trainer.callback_metrics`` when it draws. The engine's
+#: models log them without ``prog_bar=True``: Lightning turns every ``prog_bar`` value into a Python number after
+#: every training batch, also on the steps that did not log it (``_LoggerConnector.on_batch_end``), and on a GPU
+#: each such number is a host-device synchronisation per step (``scripts/sync_count.py``).
+SHOWN_TRAINING_METRICS = ("train/loss",)
+
+
+class ShownTrainingMetrics:
+    """``SHOWN_TRAINING_METRICS`` as numbers, read from the device on the steps the logger writes (and once before
+    the first of them): in between, the last numbers read (``callback_metrics`` gives a new tensor at each access,
+    so a value logged steps ago cannot be told from a new one)."""
+
+    def __init__(self) -> None:
+        self._shown: dict[str, float] = {}
+        self._step = -1
+
+    def __call__(self, trainer: L.Trainer) -> dict[str, float]:
+        step = trainer.global_step
+        if step != self._step and (not self._shown or step % max(1, trainer.log_every_n_steps) == 0):
+            metrics = trainer.callback_metrics
+            self._shown.update({key: float(metrics[key]) for key in SHOWN_TRAINING_METRICS if key in metrics})
+            self._step = step if self._shown else -1
+        return dict(self._shown)
+
 
 class PlainProgressBar(ProgressBar):
     """Prints one line every ``every_n_steps`` optimizer steps and one after each validation, on rank 0.
@@ -31,6 +55,7 @@ class PlainProgressBar(ProgressBar):
         self._enabled = True
         self._start = 0.0
         self._every = EveryNSteps(every_n_steps)
+        self._training_metrics = ShownTrainingMetrics()
 
     def disable(self) -> None:
         self._enabled = False
@@ -39,7 +64,8 @@ class PlainProgressBar(ProgressBar):
         self._enabled = True
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float]:
-        return {**super().get_metrics(trainer, pl_module), **shown_figures(trainer)}
+        shown = self._training_metrics(trainer)
+        return {**shown, **super().get_metrics(trainer, pl_module), **shown_figures(trainer)}
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self._enabled:
@@ -76,10 +102,15 @@ class PlainProgressBar(ProgressBar):
 
 
 class TemplateRichProgressBar(RichProgressBar):
-    """Lightning's Rich bar, also showing the throughput figures (``SpeedMonitor``)."""
+    """Lightning's Rich bar, also showing the training loss and the throughput figures (``SpeedMonitor``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._training_metrics = ShownTrainingMetrics()
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float]:
-        return {**super().get_metrics(trainer, pl_module), **shown_figures(trainer)}
+        shown = self._training_metrics(trainer)
+        return {**shown, **super().get_metrics(trainer, pl_module), **shown_figures(trainer)}
 
 
 def progress_bar(mode: str) -> ProgressBar | None:

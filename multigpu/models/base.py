@@ -149,7 +149,7 @@ class Classifier(TemplateModule):
         accuracy = (preds == labels).to(loss.dtype).mean()
         self.train_means.update(torch.stack([loss.detach(), accuracy]), weight=len(labels))
         if self.should_log_step():
-            self.log("train/loss", loss.detach(), prog_bar=True, sync_dist=True)
+            self.log("train/loss", loss.detach(), sync_dist=True)  # shown by the progress output: not prog_bar
         return loss
 
     def on_train_epoch_end(self) -> None:

@@ -264,7 +264,7 @@ class CausalLanguageModel(TemplateModule):
         loss = self.model_step(batch)
         self.train_loss.update(loss.detach(), weight=batch[1].numel())
         if self.should_log_step():
-            self.log("train/loss", loss.detach(), prog_bar=True, sync_dist=True)
+            self.log("train/loss", loss.detach(), sync_dist=True)  # shown by the progress output: not prog_bar
         return loss
 
     def on_train_epoch_end(self) -> None:

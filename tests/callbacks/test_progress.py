@@ -4,9 +4,11 @@ each validation and at the end; Rich on a terminal; both with the throughput fig
 from __future__ import annotations
 
 import re
+import traceback
 
 import lightning as L
 import pytest
+import torch
 
 from multigpu.callbacks.progress import PlainProgressBar, TemplateRichProgressBar, progress_bar
 from multigpu.callbacks.throughput import SpeedMonitor
@@ -40,3 +42,29 @@ def test_both_progress_bars_show_the_throughput_figures(mode):
     trainer = L.Trainer(callbacks=[monitor, bar], logger=False, enable_checkpointing=False)
     monitor.shown = {"perf/samples_per_s": 123.0}
     assert bar.get_metrics(trainer, TinyClassifier())["perf/samples_per_s"] == 123.0
+
+
+@pytest.mark.parametrize("mode", ["plain", "rich"])
+def test_the_training_loss_is_shown_and_read_off_the_device_once_per_logged_value(mode, monkeypatch, capsys):
+    """A ``prog_bar`` loss would be turned into a number by Lightning after every batch: a GPU sync per step."""
+    reads: list[str] = []
+
+    def counting(real):
+        def read(tensor: torch.Tensor):
+            sites = {frame.filename.rsplit("/", 1)[-1] for frame in traceback.extract_stack()}
+            if sites & {"progress.py", "result.py", "logger_connector.py"}:
+                reads.append(real.__name__)
+            return real(tensor)
+
+        return read
+
+    monkeypatch.setattr(torch.Tensor, "item", counting(torch.Tensor.item))
+    monkeypatch.setattr(torch.Tensor, "__float__", counting(torch.Tensor.__float__))
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=6, log_every_n_steps=2, limit_val_batches=0, callbacks=[progress_bar(mode)],
+        logger=False, enable_checkpointing=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(TinyClassifier(), datamodule=TinyData())
+    assert 1 <= len(reads) <= 3, reads  # the losses of steps 2, 4 and 6, each once: not one per step
+    if mode == "plain":
+        assert re.search(r"done +epoch \d step 6/6 .*train/loss=\d", capsys.readouterr().out)
