@@ -245,7 +245,14 @@ class Prewarmed(subprocess.Popen):
 
     def _internal_poll(self, _deadstate: Any = None, **_: Any) -> int | None:
         if self.returncode is None:
-            self._read_status(timeout=0)
+            try:
+                self._read_status(timeout=0)
+            except OSError:
+                # Popen's clean-up of abandoned children (``_deadstate`` given) polls this one from another Popen's
+                # start; a status socket gone bad must not fail that start: the child is forgotten, as Popen does
+                if _deadstate is None:
+                    raise
+                self.returncode = _deadstate
         return self.returncode
 
     def _wait(self, timeout: float | None) -> int:
