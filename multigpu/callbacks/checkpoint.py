@@ -45,9 +45,9 @@ class RunCheckpoint(ModelCheckpoint):
 
     Args:
         async_save: Write each checkpoint in a background thread while training goes on: a save costs the loop a copy
-            of the state in host memory (``multigpu/checkpoints/background.py``). ``false``: every save is written
-            before training continues. Sharded checkpoints (fsdp2, tensor_parallel, pipeline) are written
-            synchronously either way.
+            of the state in host memory (``multigpu/checkpoints/background.py``); sharded checkpoints (fsdp2,
+            tensor_parallel, pipeline) too, by torch's ``dcp.async_save``. ``false``: every save is written before
+            training continues.
     """
 
     def __init__(self, *args: Any, async_save: bool = True, **kwargs: Any) -> None:

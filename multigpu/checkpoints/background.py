@@ -1,18 +1,25 @@
-"""Single-file checkpoints written in the background: a save costs the training loop a copy of the state, not a write.
+"""Checkpoints written in the background: a save costs the training loop a copy of the state, not a write.
 
 ``BackgroundCheckpointIO`` is ``AtomicCheckpointIO`` (``files.py``) with its writes moved to one thread. A save
 copies every tensor of the checkpoint into host memory at the step boundary (pinned where the tensor is on a GPU:
 the copy is queued on the GPU's stream and the writer waits for it), hands the copy to the writer and returns;
 the file appears by the same write, fsync and rename as a synchronous save, so that ``last.ckpt`` is never partial.
 
+Sharded checkpoints (``fsdp2``, ``tensor_parallel``, ``pipeline``) go the same way through ``save_shards``: torch's
+``dcp.async_save`` takes every rank's part, copied by the same host copy (``SnapshotStager``), and writes it on a
+thread, whose collectives run on a gloo group of their own (training's run on the main
+thread); once every rank's shards and the index are written, rank 0 moves the staging folder into place
+(``sharded.move_into_place``) on this writer, in order with the removals and links queued behind it.
+
 - One writer: a save waits for the previous one (and for the removals and links queued behind it) before it copies,
   so two writes of one file never overlap and the host copy is reused from save to save.
-- Memory: the copy takes as much host memory as the checkpoint's tensors (about the size of ``last.ckpt``), kept for
-  the next save. Where it cannot be allocated, that save is synchronous, with one note.
+- Memory: the copy takes as much host memory as the checkpoint's tensors (about the size of ``last.ckpt``; under
+  sharding, this rank's shard), kept for the next save. Where it cannot be allocated, that save is synchronous, with
+  one note.
 - A stop: ``wait_for_checkpoints(trainer)`` (the end of training, a stop signal, the strategy's teardown) returns
   once every queued write is on disk.
-- A write that fails (a full disk) is raised at the next save or wait, as the synchronous save raises it; the
-  previous file is still there.
+- A write that fails (a full disk) is raised at the next save or wait, as the synchronous save raises it (an
+  ``OSError`` naming the checkpoint, for a sharded one whichever rank failed); the previous checkpoint is still there.
 
 Lightning's ``AsyncCheckpointIO`` is not used: it clones tensors where they are (a GPU copy of the state on the
 GPU), queues any number of saves each holding a copy, removes a replaced checkpoint before its successor is
@@ -23,8 +30,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +41,11 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
+from torch.distributed.tensor import DTensor
 
 from multigpu.checkpoints.files import AtomicCheckpointIO, atomic_torch_save, link_checkpoint
+from multigpu.checkpoints.sharded import raise_shard_failure, shard_writer, write_shards
+from multigpu.compat import dtensor_of_local
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +72,14 @@ class HostSnapshot:
         builds a new dict of them at each save)."""
         previous, self.buffers, self.on_gpu = self.buffers, [], False
         copies: dict[int, torch.Tensor] = {}  # a tensor held twice (a tied weight) is copied once, saved once
+        held: list[torch.Tensor] = []  # every tensor copied, alive until the end: a freed one's id could be reused
 
         def copy(tensor: torch.Tensor) -> torch.Tensor:
             if id(tensor) in copies:
+                return copies[id(tensor)]
+            held.append(tensor)
+            if isinstance(tensor, DTensor):  # a shard (fsdp2, tensor_parallel): its local part, in its layout
+                copies[id(tensor)] = dtensor_of_local(tensor, copy(tensor.to_local()))
                 return copies[id(tensor)]
             original, tensor = tensor, tensor.detach()
             index = len(self.buffers)
@@ -100,6 +117,40 @@ class HostSnapshot:
         self.buffers = []
 
 
+class SnapshotStager:
+    """``dcp.async_save``'s copy of the shards into host memory, made by ``HostSnapshot``: torch's ``DefaultStager``
+    deep-copies every DTensor's layout with its shard, which was 60% of a save's stall on the CPU (cProfile of
+    ``scripts/checkpoint_stall.py --strategy fsdp2``); this copies the local shards into the reused buffers and keeps
+    each layout. A GPU's copies are queued on its stream: torch's writer thread waits for them, training does not.
+    (torch's ``AsyncStager`` protocol; not its subclass, so that every run need not import torch's checkpointing.)"""
+
+    def __init__(self) -> None:
+        self.snapshot = HostSnapshot()
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def stage(self, state_dict: dict[str, Any], **kwargs: Any) -> dict[str, Any] | Future:
+        copied = self.snapshot.take(state_dict)
+        if not self.snapshot.on_gpu:
+            return copied
+        staged: Future = Future()  # torch's writer thread takes the copy once the GPU has made it
+
+        def when_copied() -> None:
+            self.snapshot.wait_copied()
+            staged.set_result(copied)
+
+        threading.Thread(target=when_copied, name="checkpoint-copy", daemon=True).start()
+        return staged
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.snapshot.free()
+
+
 class BackgroundCheckpointIO(AtomicCheckpointIO):
     """``AtomicCheckpointIO`` whose local saves, removals and links run in order on one background thread."""
 
@@ -109,6 +160,13 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         self._queued: list[Future] = []
         self._snapshot = HostSnapshot()
         self._noted = False
+        self._shard_group: Any = None  # the gloo group of the sharded writes' collectives
+        self._shard_stager: Any = None  # torch's copy of the shards into host memory, its buffers reused
+
+    def _note_synchronous(self, error: BaseException) -> None:
+        if not self._noted:
+            self._noted = True
+            rank_zero_warn(snapshot_note(error))
 
     def _submit(self, work: Callable[..., Any], *args: Any) -> None:
         if self._executor is None:
@@ -136,9 +194,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
             copied = self._snapshot.take(checkpoint)
         except (MemoryError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
             self._snapshot.free()
-            if not self._noted:
-                self._noted = True
-                rank_zero_warn(snapshot_note(error))
+            self._note_synchronous(error)
             atomic_torch_save(checkpoint, path)
             return
 
@@ -147,6 +203,50 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
             atomic_torch_save(copied, path)
 
         self._submit(write)
+
+    def save_shards(
+        self,
+        shards: dict[str, Any],
+        folder: Path,
+        checkpoint: Path,
+        then: Callable[[], None] | None = None,
+        timeout: timedelta | None = None,
+    ) -> None:
+        """Write this rank's part of a sharded checkpoint (``state_dict``, ``optimizer_N``) into ``folder`` with
+        ``dcp.async_save``; return once it is copied. Every rank calls it, at the same save. ``then`` runs on the
+        writer once every rank's shards and the index are written (rank 0 moves ``folder`` into place);
+        ``checkpoint``: the name a failure reports. ``timeout``: how long the writes' collectives wait for the other
+        ranks."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()  # never two writers; the previous save is in place on every rank before this one is planned
+        if self._shard_group is None:  # a collective: every rank creates it at its first sharded save
+            self._shard_group = dist.new_group(backend="gloo", timeout=timeout)
+        if self._shard_stager is None:
+            self._shard_stager = SnapshotStager()
+        group = self._shard_group
+        try:
+            written = dcp.async_save(
+                shards, storage_writer=shard_writer(folder), process_group=group, async_stager=self._shard_stager
+            )
+        except (MemoryError, RuntimeError) as error:  # the host copy could not be allocated: write from the state
+            # the same collectives on the same group as the other ranks' writers, so a rank that writes this save
+            # synchronously meets the others' background writes
+            self._shard_stager.close()
+            self._note_synchronous(error)
+            write_shards(shards, folder, checkpoint, process_group=group)
+            if then is not None:
+                then()
+            return
+        upload = getattr(written, "upload_completion", written)  # torch's AsyncSaveResponse (a GPU's copy), or a future
+
+        def finish() -> None:
+            raise_shard_failure(upload.result, checkpoint)
+            if then is not None:
+                then()
+
+        self._submit(finish)
 
     def remove_checkpoint(self, path: Any) -> None:
         self._submit(super().remove_checkpoint, path)  # after the write that replaces it is on disk
@@ -162,6 +262,9 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
                 self._executor.shutdown(wait=True)
                 self._executor = None
             self._snapshot.free()
+            if self._shard_stager is not None:
+                self._shard_stager.close()
+                self._shard_stager = None
 
 
 def wait_for_checkpoints(trainer: L.Trainer) -> None:

@@ -84,6 +84,60 @@ def fsync_directory(folder: Path) -> None:
         os.close(descriptor)
 
 
+def shard_writer(folder: Path) -> Any:
+    """torch's ``FileSystemWriter`` for ``folder`` (the writer ``dcp.save`` picks for a path), whose failed write of
+    a file reports the file system's ``OSError`` with its errno: torch's zip writer turns a full disk into
+    ``RuntimeError: ... unexpected pos``, and the failures of other ranks arrive pickled, without the context that
+    held the errno."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class ShardWriter(FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            try:
+                return super().write_data(plan, planner)
+            except Exception as error:
+                cause = file_system_cause(error)
+                if cause is None:
+                    raise
+                raise OSError(cause.errno, cause.strerror) from error
+
+    return ShardWriter(folder)
+
+
+def file_system_cause(error: BaseException) -> OSError | None:
+    """The file system's error (with an errno) behind ``error``: itself, or its context or cause."""
+    for candidate in (error, error.__context__, error.__cause__):
+        if isinstance(candidate, OSError) and candidate.errno is not None:
+            return candidate
+    return None
+
+
+def write_shards(shards: dict[str, Any], folder: Path, checkpoint: Path, process_group: Any = None) -> None:
+    """This rank's part of a sharded checkpoint (``state_dict``, ``optimizer_N``) written into ``folder`` with
+    ``dcp.save``, now; every rank calls it at the same save. A failed write on any rank is raised on every rank as
+    the ``OSError`` naming ``checkpoint`` (``raise_shard_failure``)."""
+    import torch.distributed.checkpoint as dcp
+
+    raise_shard_failure(
+        lambda: dcp.save(shards, storage_writer=shard_writer(folder), process_group=process_group), checkpoint
+    )
+
+
+def raise_shard_failure(write: Any, checkpoint: Path) -> Any:
+    """``write()``; a failure of the file system on any rank (torch gathers every rank's failures into one
+    ``CheckpointException``) raised as that ``OSError``, naming ``checkpoint``, as a single file's save raises it."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    try:
+        return write()
+    except CheckpointException as error:
+        for failure, _ in error.failures.values():
+            cause = file_system_cause(failure)
+            if cause is not None:
+                raise OSError(cause.errno, cause.strerror, str(checkpoint)) from error
+        raise
+
+
 def _optimizer_state_by_position(state: dict[str, Any]) -> dict[str, Any]:
     """``torch.distributed.checkpoint`` keys optimizer state by parameter name; ``Optimizer.load_state_dict``
     wants each parameter's position in the optimizer's groups, in order."""

@@ -453,6 +453,19 @@ def drop_own_method(obj: object, name: str) -> None:
         delattr(obj, name)
 
 
+# -- torch.distributed.tensor ------------------------------------------------------------------------------------
+
+
+def dtensor_of_local(like: Any, local: Tensor) -> Any:
+    """A DTensor of ``like``'s layout (mesh, placements, global shape) whose local shard is ``local``, wherever that
+    lies: the host copy of a shard for an asynchronous checkpoint. ``DTensor.from_local`` moves a shard onto the
+    mesh's device (a GPU's state would go back to the GPU) and checks the layout with collectives; the constructor
+    with ``like``'s spec (``_spec``) does neither, as ``torch.distributed.checkpoint``'s own stager does."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor(local, like._spec, requires_grad=False)
+
+
 # -- torch.distributed.checkpoint: a folder of shards read without running code (its own module, for its size) --
 
 from multigpu.compat.checkpoint_index import (  # noqa: E402

@@ -45,8 +45,17 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from multigpu.checkpoints.sharded import check_sharded_checkpoint, load_shards, move_into_place, staging_path
-from multigpu.compat import overrides_hook, set_mesh_sizes, set_own_method
+from multigpu.checkpoints.background import BackgroundCheckpointIO
+from multigpu.checkpoints.files import atomic_torch_save
+from multigpu.checkpoints.safe import METADATA_FILE
+from multigpu.checkpoints.sharded import (
+    check_sharded_checkpoint,
+    load_shards,
+    move_into_place,
+    staging_path,
+    write_shards,
+)
+from multigpu.compat import collective_timeout, overrides_hook, set_mesh_sizes, set_own_method
 from multigpu.errors import ConfigurationError
 from multigpu.strategies.sharding import DefaultShardingPolicy
 
@@ -118,20 +127,58 @@ class _ModelParallelMixin:
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """Write the shards into a staging folder, then move it over the old checkpoint
-        (``multigpu/checkpoints/sharded.py``): a kill mid-write leaves the previous checkpoint whole."""
-        if not self.sharded_checkpoints or "://" in str(filepath):
+        (``multigpu/checkpoints/sharded.py``): a kill mid-write leaves the previous checkpoint whole. With
+        ``--checkpoint.async_save`` (a ``BackgroundCheckpointIO``) the shards are copied into host memory here and
+        written, then moved, on the writer thread (``multigpu/checkpoints/background.py``)."""
+        if not self.sharded_checkpoints or "://" in str(filepath) or storage_options is not None:
             super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
-            return
+            return  # (Lightning refuses storage_options here)
         final = Path(self.broadcast(str(filepath)))  # type: ignore[attr-defined]
         staging = staging_path(final)
-        if self.global_rank == 0:  # type: ignore[attr-defined]
+        io = self.checkpoint_io  # type: ignore[attr-defined]
+        background = io if isinstance(io, BackgroundCheckpointIO) else None
+        if background is not None:
+            background.wait()  # the previous save is in place before its staging folder can be cleared
+        rank_zero = self.global_rank == 0  # type: ignore[attr-defined]
+        if rank_zero:
             shutil.rmtree(staging, ignore_errors=True)  # a write a kill interrupted
         self.barrier()  # type: ignore[attr-defined]
-        super().save_checkpoint(checkpoint, staging, storage_options)  # type: ignore[misc]
-        self.barrier()  # type: ignore[attr-defined]
-        if self.global_rank == 0:  # type: ignore[attr-defined]
+        # the layout of ModelParallelStrategy.save_checkpoint: the shards by torch.distributed.checkpoint, the rest
+        # (loops, callbacks, random states) in meta.pt by rank 0, written now (it is small)
+        shards = {"state_dict": checkpoint.pop("state_dict")}
+        shards.update({f"optimizer_{i}": state for i, state in enumerate(checkpoint.pop("optimizer_states", []))})
+        if rank_zero:
+            atomic_torch_save(checkpoint, staging / METADATA_FILE)
+        if background is not None:
+            then = (lambda: move_into_place(staging, final)) if rank_zero else None
+            background.save_shards(shards, staging, final, then=then, timeout=collective_timeout(self))
+            return
+        write_shards(shards, staging, final)  # returns on every rank once every rank's shards and the index are written
+        if rank_zero:
             move_into_place(staging, final)
         self.barrier()  # type: ignore[attr-defined]
+
+    @property
+    def offloads_state(self) -> bool:
+        """Whether the state a save collects is copied into host memory first (Lightning's ``cpu_offload``): not for
+        shards written in the background, whose host copy (page-locked, reused) the writer makes; Lightning's would
+        copy a GPU's state synchronously into new memory before it."""
+        return not (self.sharded_checkpoints and isinstance(self.checkpoint_io, BackgroundCheckpointIO))  # type: ignore[attr-defined]
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        if self.offloads_state:
+            return super().lightning_module_state_dict()  # type: ignore[misc]
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(cpu_offload=False))  # type: ignore[attr-defined]
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        if self.offloads_state:
+            return super().optimizer_state(optimizer)  # type: ignore[misc]
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer's
+        return get_optimizer_state_dict(self.model, optimizer, options=StateDictOptions(cpu_offload=False))  # type: ignore[attr-defined]
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Lightning's resume, reading only what ``multigpu/checkpoints/safe.py`` checked: a folder's index through a

@@ -4,6 +4,7 @@ mid-write is tested in tests/callbacks/test_checkpoint.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -12,8 +13,13 @@ import warnings
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter, filesystem
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 
-from multigpu.checkpoints import background, files
+from multigpu.checkpoints import background, files, sharded
 from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.errors import user_error_of
 from tests.test_quiet import FullDisk
@@ -99,4 +105,128 @@ def test_a_host_copy_that_cannot_be_allocated_saves_synchronously_with_one_note(
         io.save_checkpoint({"global_step": 2}, tmp_path / "last.ckpt")
     assert later == []  # one note for the run
     assert torch.load(tmp_path / "last.ckpt", weights_only=True) == {"global_step": 2}
+    io.teardown()
+
+
+# -- sharded checkpoints: torch's dcp.async_save on a writer of its own -------------------------------------------
+
+
+@pytest.fixture
+def process_group(tmp_path):
+    """A real (gloo, one process) default process group, as a sharded run has."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_save_writes_the_state_of_its_call_and_then_moves_it_into_place(tmp_path, monkeypatch, process_group):
+    """``save_shards`` returns once the shards are copied, while torch's writer is held; the caller changes the
+    tensors (the next optimizer step: a plain tensor and a DTensor shard, as fsdp2 saves them); the folder holds them
+    as they were, and ``then`` (rank 0's move into place) runs only once the shards and their index are written. The
+    next save reuses the host copy."""
+    release, writing = threading.Event(), threading.Event()
+    write_data = FileSystemWriter.write_data
+
+    def held(self, plan, planner):
+        writing.set()
+        assert release.wait(30)
+        return write_data(self, plan, planner)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", held)
+    io, weights, moved = BackgroundCheckpointIO(), torch.zeros(1000), []
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("data_parallel",))
+    shard = distribute_tensor(torch.zeros(8, 4), mesh, [Shard(0)])
+    staging, final = tmp_path / ".last.ckpt.partial", tmp_path / "last.ckpt"
+
+    def then():
+        moved.append(sorted(p.name for p in staging.iterdir()))
+        sharded.move_into_place(staging, final)
+
+    io.save_shards({"state_dict": {"w": weights, "shard": shard}}, staging, final, then=then)
+    assert writing.wait(30) and not final.exists() and moved == []  # returned while the write waits
+    weights += 1  # the next step, in place
+    shard.to_local().add_(1)
+    release.set()
+    io.wait()
+    assert moved == [[".metadata", "__0_0.distcp"]]  # the move came after the shard and the index
+    loaded = {
+        "state_dict": {"w": torch.full((1000,), -1.0), "shard": distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])}
+    }
+    dcp.load(loaded, checkpoint_id=final)
+    assert torch.equal(loaded["state_dict"]["w"], torch.zeros(1000))
+    assert torch.equal(loaded["state_dict"]["shard"].full_tensor(), torch.zeros(8, 4))
+    buffers = [b.data_ptr() for b in io._shard_stager.snapshot.buffers]
+    io.save_shards(
+        {"state_dict": {"w": weights, "shard": shard}},
+        staging,
+        final,
+        then=lambda: sharded.move_into_place(staging, final),
+    )
+    io.wait()
+    assert [b.data_ptr() for b in io._shard_stager.snapshot.buffers] == buffers  # the host copy, reused
+    dcp.load(loaded, checkpoint_id=final)
+    assert torch.equal(loaded["state_dict"]["w"], torch.ones(1000))
+    io.teardown()
+
+
+def test_a_sharded_background_write_on_a_full_disk_is_the_disk_full_error_and_keeps_the_previous_checkpoint(
+    tmp_path, monkeypatch, process_group
+):
+    io, final, staging = (
+        BackgroundCheckpointIO(),
+        tmp_path / "checkpoints" / "last.ckpt",
+        tmp_path / "checkpoints" / ".p",
+    )
+    io.save_shards(
+        {"state_dict": {"w": torch.zeros(10)}}, staging, final, then=lambda: sharded.move_into_place(staging, final)
+    )
+    io.wait()
+
+    @contextlib.contextmanager
+    def full_disk(self, path, mode):
+        with FullDisk(path, mode.replace("b", "") or "w") as stream:
+            yield stream
+
+    monkeypatch.setattr(filesystem.FileSystem, "create_stream", full_disk)
+    moved = []
+    io.save_shards({"state_dict": {"w": torch.ones(10_000)}}, staging, final, then=lambda: moved.append(1))
+    with pytest.raises(OSError) as raised:
+        io.wait()  # the next save or the stop reports it
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(final) and moved == []
+    failure = user_error_of(raised.value)
+    assert str(failure).startswith(f"disk full: writing {final} failed (No space left on device)"), failure
+    monkeypatch.undo()
+    loaded = {"state_dict": {"w": torch.ones(10)}}
+    dcp.load(loaded, checkpoint_id=final)
+    assert torch.equal(loaded["state_dict"]["w"], torch.zeros(10))  # the previous checkpoint, intact
+    io.teardown()
+
+
+def test_a_sharded_host_copy_that_cannot_be_allocated_writes_synchronously_with_one_note(
+    tmp_path, monkeypatch, process_group
+):
+    def no_memory(self, checkpoint):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(background.HostSnapshot, "take", no_memory)
+    io, final, staging = BackgroundCheckpointIO(), tmp_path / "last.ckpt", tmp_path / ".last.ckpt.partial"
+    for step in (1, 2):
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always")
+            io.save_shards(
+                {"w": torch.full((10,), float(step))},
+                staging,
+                final,
+                then=lambda: sharded.move_into_place(staging, final),
+            )
+        assert not staging.exists()  # written and moved into place before returning
+        loaded = {"w": torch.zeros(10)}
+        dcp.load(loaded, checkpoint_id=final)
+        assert torch.equal(loaded["w"], torch.full((10,), float(step)))
+        shown = [str(n.message) for n in notes]
+        assert [m for m in shown if "could not be allocated" in m] == ([shown[0]] if step == 1 else []), (
+            shown
+        )  # one note for the run
     io.teardown()

@@ -1017,3 +1017,17 @@ def test_optimizer_count_reads_every_form_configure_optimizers_returns():
             return torch.optim.SGD(self.parameters(), lr=1 / self.trainer.estimated_stepping_batches)
 
     assert compat.optimizer_count(NeedsTheTrainer()) is None
+
+
+def test_a_dtensor_of_a_local_copy_keeps_the_layout_and_the_copy(one_process_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("data_parallel",))
+    original = distribute_tensor(torch.arange(6.0).reshape(3, 2), mesh, [Shard(0)])
+    local = original.to_local().clone()
+    copy = compat.dtensor_of_local(original, local)
+    assert isinstance(copy, DTensor) and copy.to_local().data_ptr() == local.data_ptr()
+    assert copy.device_mesh == mesh and copy.placements == original.placements and copy.shape == original.shape
+    original.to_local().add_(1)  # the training step changes the shard; the copy keeps what it was
+    assert torch.equal(copy.full_tensor(), torch.arange(6.0).reshape(3, 2))

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,6 +38,7 @@ from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy, register_
 from multigpu.strategies.model_parallel import clip_grad_norm, memory_per_rank
 from src.cli import main
 from tests import prewarmed
+from tests.callbacks.test_preemption import wait_for_lines
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics, relative_difference
 from tests.fixtures.workload import TinyClassifier
 from tests.helpers import RUNS_COMMAND_GLOBAL, entry_runs_code, folder_whose_index_runs_code
@@ -168,6 +172,42 @@ def test_stopped_and_resumed_sharded_run_is_the_uninterrupted_run_bit_for_bit(ru
     assert moments.keys() == expected.keys()
     for index, state in expected.items():
         assert all(torch.equal(moments[index][key], value) for key, value in state.items())
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (Linux's ``/proc``): the ranks a launcher started."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    found = [int(child) for child in children.read_text().split()] if children.exists() else []
+    return found + [grandchild for child in found for grandchild in descendants(child)]
+
+
+@pytest.mark.slow
+def test_a_sharded_run_killed_before_its_first_validation_resumes_from_its_last_step_exactly(runs, tmp_path):
+    """fsdp2 on two processes, a sharded checkpoint every step written in the background (``dcp.async_save``),
+    every process killed with SIGKILL at a random step before the first validation (step 8): ``--ckpt_path=last``
+    resumes from a step at most two before the kill, and the finished run is the uninterrupted one bit for bit."""
+    run_dir, progress = tmp_path / "run", tmp_path / "progress"
+    every_step = ["--checkpoint.every_n_train_steps=1", "--trainer.callbacks+=tests.helpers.Pace",
+                  f"--trainer.callbacks.progress_file={progress}"]  # fmt: skip
+    command = [sys.executable, "-m", "src.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64,
+               *FSDP2, *DROPOUT, f"--trainer.max_steps={STEPS}", *every_step]  # fmt: skip
+    process = prewarmed.popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    kill_after = random.randint(2, 6)
+    wait_for_lines(progress, kill_after, process)
+    for pid in [*descendants(process.pid), process.pid]:  # a node failure: no process says goodbye
+        os.kill(pid, signal.SIGKILL)
+    process.wait()
+    reached = len(progress.read_text().splitlines())
+    saved = load_sharded_checkpoint(last_checkpoint(run_dir))["global_step"]
+    assert reached - 2 <= saved <= reached + 1 and saved < 8, (kill_after, reached, saved)
+    _fit(run_dir, *FSDP2, *DROPOUT, f"--trainer.max_steps={STEPS}", "--checkpoint.every_n_train_steps=1",
+         "--ckpt_path=last")  # fmt: skip
+    rows = [(r["step"], r["val/loss"], r["val/acc"]) for r in read_metrics(run_dir, 1) if r.get("val/loss")]
+    assert rows == validation_rows(runs["dropout"])  # the killed start logged none (its logger had not flushed)
+    resumed = load_sharded_checkpoint(last_checkpoint(run_dir))["state_dict"]
+    whole = load_sharded_checkpoint(last_checkpoint(runs["dropout"]))["state_dict"]
+    assert resumed.keys() == whole.keys()
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in whole.items()), (kill_after, saved)
 
 
 @pytest.mark.slow

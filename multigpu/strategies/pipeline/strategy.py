@@ -362,7 +362,9 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         options = StateDictOptions(
-            full_state_dict=not self.sharded_checkpoints, cpu_offload=True, flatten_optimizer_state_dict=True
+            full_state_dict=not self.sharded_checkpoints,
+            cpu_offload=self.offloads_state,
+            flatten_optimizer_state_dict=True,
         )
         optimizer = getattr(optimizer, "optimizer", optimizer)
         return get_optimizer_state_dict(self.model, optimizer, options=options)
