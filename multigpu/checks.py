@@ -39,7 +39,7 @@ from multigpu.environment import (
     world_size,
 )
 from multigpu.errors import DEBUG_ENV, ConfigurationError, describe
-from multigpu.hooks import check_datamodule
+from multigpu.hook_readers import check_datamodule
 from multigpu.run_lock import hold_run_dir, this_launch
 from multigpu.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline, check_stages
 

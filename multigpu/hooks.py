@@ -1,17 +1,26 @@
 """What a model or a data module may implement for the engine: every hook the engine reads, in one place.
 
 None is required: any ``LightningModule`` and ``LightningDataModule`` train as they are. Each hook below says which
-feature reads it and what happens without it. The engine's modules read a hook only through the names defined here
-(``FLOPS_HOOKS``, ``DP_MODULES``, ...), so that this list stays complete; ``docs/engine.md`` has the same table.
+feature reads it and what happens without it; this table and the Protocols below are the one place that says so
+(``docs/engine.md`` points here). The engine reads a hook only through its Protocol and the names defined here
+(``multigpu/hook_readers.py``), so that this list stays complete.
 
-| hook | on | read by | without it |
-| --- | --- | --- | --- |
-| ``flops_per_batch`` / ``flops_per_sample`` | model | throughput (TFLOP/s, MFU), model summary | no MFU |
-| ``dp_modules`` | model | ``--trainer.strategy=dp`` | every child but metrics is copied to each GPU |
-| ``pipeline_stage``, ``pipeline_loss``, ``model_step`` | model | ``--trainer.strategy=pipeline`` | pipeline refused |
-| ``layers()`` | a pipeline stage | the run plan's stage sizes | the plan shows no layer count |
-| ``check_datamodule(datamodule)`` | model | the checks of the built objects | no check of the pairing |
-| ``batch_size`` | data module or model | ``python -m src.cli tune`` | tune refused |
+Each hook, where it goes, what reads it, and what happens without it:
+
+- ``flops_per_batch`` or ``flops_per_sample`` (an attribute or a method), on the model: the throughput callback
+  (TFLOP/s, ``perf/mfu``) and the model summary. Without: throughput in samples per second, no MFU.
+- ``dp_modules``, on the model: ``--trainer.strategy=dp``, the children copied to every GPU each step. Without: every
+  child but torchmetrics metrics is copied.
+- ``pipeline_stage(index, count)``, ``pipeline_loss(output, target)``, ``model_step(batch)``, on the model:
+  ``--trainer.strategy=pipeline``. Without: the pipeline is refused before launch, naming the missing methods.
+- ``layers()``, on a module ``pipeline_stage`` returns: the run plan's layer count per stage. Without: the plan shows
+  parameters only.
+- ``check_datamodule(datamodule)``, on the model: the checks of the built objects, on every process before anything
+  runs (raise ``ConfigurationError``). Without: the mismatch shows inside the first step.
+- ``batch_size``, on the data module, else the model: ``python -m src.cli tune``. Without: ``tune`` is refused in one
+  paragraph.
+
+``src/models/gpt.py`` implements all of them but ``dp_modules``; docs/strategies.md says when each strategy needs what.
 """
 
 from __future__ import annotations
@@ -21,7 +30,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-#: the names the throughput callback and the model summary read (the first one a model has wins)
+#: the names the throughput callback and the model summary read (the first one a model has wins), as the Protocols
+#: ``CountsFlopsPerBatch`` and ``CountsFlops`` declare them
 FLOPS_HOOKS = ("flops_per_batch", "flops_per_sample")
 #: the name ``dp`` reads: the children forward uses, which it copies to every GPU on each step
 DP_MODULES = "dp_modules"
@@ -36,11 +46,19 @@ BATCH_SIZE = "batch_size"
 
 
 @runtime_checkable
+class CountsFlopsPerBatch(Protocol):
+    """A model whose training FLOPs per batch are known: the throughput callback logs TFLOP/s and MFU (``perf/mfu``)
+    and the model summary shows the figure. An attribute or a method without arguments, read once when training
+    starts: one micro-batch of one process, forward and backward. Wins over ``flops_per_sample``. Without either:
+    throughput in samples per second only."""
+
+    def flops_per_batch(self) -> float: ...
+
+
+@runtime_checkable
 class CountsFlops(Protocol):
-    """A model whose training FLOPs are known: the throughput callback logs TFLOP/s and MFU (``perf/mfu``) and the
-    model summary shows the figure. Either name, as an attribute or a method without arguments, read once when
-    training starts; ``flops_per_batch`` is one micro-batch of one process, ``flops_per_sample`` one sample
-    (forward and backward). Without it: throughput in samples per second only."""
+    """A model whose training FLOPs per sample (forward and backward) are known; read as ``CountsFlopsPerBatch`` is,
+    times the samples of a batch."""
 
     def flops_per_sample(self) -> float: ...
 
@@ -96,32 +114,3 @@ class HasBatchSize(Protocol):
     it: ``tune`` is refused in one paragraph."""
 
     batch_size: int
-
-
-def module_flops(module: Any) -> tuple[str, float] | None:
-    """(``flops_per_batch`` or ``flops_per_sample``, its value) of ``module``, or None if it declares neither."""
-    for name in FLOPS_HOOKS:
-        value = getattr(module, name, None)
-        if callable(value):
-            value = value()
-        if value:
-            return name, float(value)
-    return None
-
-
-def missing_pipeline_hooks(model: Any) -> list[str]:
-    """The pipeline methods ``model`` lacks."""
-    return [name for name in PIPELINE_HOOKS if not callable(getattr(model, name, None))]
-
-
-def stage_layer_count(stage: Any) -> int | None:
-    """How many blocks a pipeline stage runs, where it says (``layers()``)."""
-    layers = getattr(stage, STAGE_LAYERS, None)
-    return len(layers()) if callable(layers) else None
-
-
-def check_datamodule(model: Any, datamodule: Any) -> None:
-    """The model's own check of the data module it is paired with, where it has one."""
-    check = getattr(model, CHECK_DATAMODULE, None)
-    if callable(check) and datamodule is not None:
-        check(datamodule)

@@ -28,6 +28,7 @@ LAYERS = {
     "multigpu.errors": 0,
     "multigpu.quiet": 0,
     "multigpu.hooks": 0,
+    "multigpu.hook_readers": 0,
     "multigpu.environment": 0,
     "multigpu.arguments": 0,
     "multigpu.data": 1,

@@ -1,55 +1,14 @@
-"""What a model may implement (``multigpu/hooks.py``): each hook is read by the feature the table names, through the
-helpers there, and a model without it trains as before."""
+"""What a model may implement (``multigpu/hooks.py``): the engine reads each hook only there and through its readers
+(``multigpu/hook_readers.py``, tested in tests/test_hook_readers.py)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Protocol
 
-import pytest
-from torch import nn
-
-from multigpu import ConfigurationError, hooks
-from src.models.gpt import CausalLanguageModel
+from multigpu import hooks
 from tests.conftest import REPO
-
-
-class Declared(nn.Module):
-    flops_per_sample = 6.0
-
-
-class Computed(nn.Module):
-    def flops_per_batch(self) -> float:
-        return 12.0
-
-
-def test_the_flops_hook_is_an_attribute_or_a_method_and_absent_is_none():
-    assert hooks.module_flops(Declared()) == ("flops_per_sample", 6.0)
-    assert hooks.module_flops(Computed()) == ("flops_per_batch", 12.0)
-    assert hooks.module_flops(nn.Linear(2, 2)) is None
-    assert isinstance(Declared(), hooks.CountsFlops)
-
-
-def test_the_pipeline_hooks_a_model_lacks_are_named():
-    assert hooks.missing_pipeline_hooks(nn.Linear(2, 2)) == list(hooks.PIPELINE_HOOKS)
-    gpt = CausalLanguageModel(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8)
-    assert hooks.missing_pipeline_hooks(gpt) == []
-    assert isinstance(gpt, hooks.Pipelined)
-    assert hooks.stage_layer_count(gpt.pipeline_stage(0, 2)) == 1
-    assert hooks.stage_layer_count(nn.Linear(2, 2)) is None
-
-
-def test_a_models_own_check_of_its_data_module_runs_and_refuses_in_one_paragraph():
-    gpt = CausalLanguageModel(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8)
-
-    class Data:
-        block_size = 16
-
-    with pytest.raises(ConfigurationError, match=r"block_size=16 is longer than the model.s .*block_size=8"):
-        hooks.check_datamodule(gpt, Data())
-    Data.block_size = 8
-    hooks.check_datamodule(gpt, Data())  # fits: nothing raised
-    hooks.check_datamodule(nn.Linear(2, 2), Data())  # no hook: nothing checked
 
 
 def test_the_engine_reads_every_hook_name_only_here():
@@ -57,10 +16,22 @@ def test_the_engine_reads_every_hook_name_only_here():
     names = {*hooks.FLOPS_HOOKS, hooks.DP_MODULES, *hooks.PIPELINE_HOOKS, hooks.CHECK_DATAMODULE}
     found = []
     for path in sorted((REPO / "multigpu").rglob("*.py")):
-        if path.name == "hooks.py":
+        if path.name in ("hooks.py", "hook_readers.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr"):
                 literal = [a.value for a in node.args[1:2] if isinstance(a, ast.Constant)]
                 found += [f"{Path(path).relative_to(REPO)}:{node.lineno}: {v}" for v in literal if v in names]
     assert not found, found
+
+
+def test_every_protocol_is_what_the_engine_reads_its_hook_through():
+    """Each Protocol here is used where its hook is read: a Protocol no feature checks would be a contract nothing
+    holds to (as ``CountsFlops`` alone was, which a model with ``flops_per_batch`` failed)."""
+    protocols = {n for n, v in vars(hooks).items() if getattr(v, "_is_protocol", False) and v is not Protocol}
+    assert len(protocols) == 7, protocols
+    used = set()
+    for path in (REPO / "multigpu").rglob("*.py"):
+        if path.name != "hooks.py":
+            used |= {node.id for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Name)}
+    assert not protocols - used, protocols - used

@@ -8,7 +8,7 @@ import lightning as L
 from lightning.pytorch.callbacks import RichModelSummary
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 
-from multigpu.hooks import module_flops
+from multigpu.hook_readers import module_flops
 
 _RIGHT_ALIGNED = ("Params", "Params per Device", "FLOPs", "In sizes", "Out sizes")
 

@@ -22,7 +22,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from multigpu.callbacks.steps import EveryNSteps
 from multigpu.compat import available_flops, logging_step, run_callback_before
-from multigpu.hooks import module_flops
+from multigpu.hook_readers import module_flops
 from multigpu.strategies.model_parallel import memory_per_rank
 from multigpu.topology import data_parallel_world
 

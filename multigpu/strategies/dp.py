@@ -25,7 +25,7 @@ from torch.nn.parallel import gather, parallel_apply, replicate
 from torchmetrics import Metric, MetricCollection
 
 from multigpu.compat import drop_own_method, only_children, own_method, scatter_to_devices, set_own_method
-from multigpu.hooks import DP_MODULES
+from multigpu.hooks import DP_MODULES, ReplicatesForDataParallel
 
 #: the LightningModule attribute naming the child modules ``forward`` uses (the ones dp replicates)
 
@@ -112,7 +112,7 @@ def replicated_children(module: nn.Module) -> list[str]:
     frozen teacher from outside.
     """
     children = dict(module.named_children())
-    declared = getattr(module, DP_MODULES, None)
+    declared = module.dp_modules if isinstance(module, ReplicatesForDataParallel) else None
     if declared is None:
         return [name for name, child in children.items() if not isinstance(child, (Metric, MetricCollection))]
     if isinstance(declared, str) or not all(isinstance(name, str) and name in children for name in declared):

@@ -21,7 +21,7 @@ from multigpu.checkpoints.files import with_atomic_io
 from multigpu.command import prog
 from multigpu.data.base import GlobalBatchDataModule
 from multigpu.errors import ConfigurationError
-from multigpu.hooks import BATCH_SIZE
+from multigpu.hooks import HasBatchSize
 from multigpu.models.base import TemplateModule
 from multigpu.tuning.scaling import LrScaling, global_batch_size, scaled_lr
 
@@ -80,8 +80,8 @@ class Trainer(L.Trainer):
                 (Adam-type optimizers), ``linear`` (SGD) or ``none``.
             tuned_config: Where to write the config; default ``<run dir>/tuned.yaml``.
         """
-        holder = datamodule if datamodule is not None and hasattr(datamodule, BATCH_SIZE) else model
-        if not hasattr(holder, BATCH_SIZE):
+        holder = datamodule if isinstance(datamodule, HasBatchSize) else model
+        if not isinstance(holder, HasBatchSize):
             raise ConfigurationError(
                 f"tune searches a `batch_size` argument, and neither --data ({type(datamodule).__name__}) nor --model"
                 f" ({type(model).__name__}) has one. Fix: give your data module a `batch_size: int` argument and use"

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from torch import nn
 
 from multigpu.errors import ConfigurationError
-from multigpu.hooks import missing_pipeline_hooks
+from multigpu.hook_readers import missing_pipeline_hooks
 
 #: the schedules by name: their classes in ``torch.distributed.pipelining``, imported by a pipeline run alone
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}

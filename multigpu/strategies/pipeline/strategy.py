@@ -52,7 +52,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from multigpu.compat import drop_own_method, set_device_mesh, set_mesh_sizes, set_own_method
 from multigpu.errors import ConfigurationError
-from multigpu.hooks import missing_pipeline_hooks, stage_layer_count
+from multigpu.hook_readers import missing_pipeline_hooks, stage_layer_count
 from multigpu.strategies.model_parallel import LIGHTNING_TIMEOUT, _ModelParallelMixin, clip_grad_norm
 from multigpu.strategies.pipeline.exchange import forward_through_stages, sum_tied_gradients
 from multigpu.strategies.pipeline.options import MULTI_STAGE, SCHEDULES, PipelineOptions, pipeline_refusal, split_plan
