@@ -1,9 +1,9 @@
 """Checks that run before any process starts, so that a bad launch fails in a second, not in a hang.
 
 A wrong device count or a SLURM allocation that does not match ``--trainer.devices`` otherwise shows up as a
-process group waiting forever; the checkpoint to resume is read here once and checked against the model. The
-command line runs two of them (the last section): ``check_before_launch`` on the parsed options, before anything
-is built, and ``check_built`` on the model, data module and Trainer, before anything runs.
+process group waiting forever. The command line runs three of them (the last section): ``check_before_launch`` on
+the parsed options, before anything is built; ``check_resumed`` on the checkpoint it read; and ``check_built`` on
+the model, data module and Trainer, before anything runs. The checks take nothing and read no file of the run.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegi
 from multigpu.arguments import given_as, import_class, option_origin, trainer_section, yaml_value
 from multigpu.callbacks.compile import compile_refusal
 from multigpu.callbacks.run_plan import batch_norm_layers
-from multigpu.checkpoints.resume import resolve_checkpoint
 from multigpu.command import prog
 from multigpu.compat import trained_class_path
 from multigpu.data.base import GlobalBatchDataModule
@@ -40,7 +39,6 @@ from multigpu.environment import (
 )
 from multigpu.errors import DEBUG_ENV, ConfigurationError, describe
 from multigpu.hook_readers import check_datamodule
-from multigpu.run_lock import hold_run_dir, this_launch
 from multigpu.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline, check_stages
 
 
@@ -382,13 +380,10 @@ def configured_global_batch(config: Namespace) -> int | None:
     return data.get("init_args", Namespace()).get("batch_size")
 
 
-def check_before_launch(
-    subcommand: str, config: Namespace, args: Sequence[Any] | None
-) -> tuple[Path, dict[str, Any]] | None:
+def check_before_launch(subcommand: str, config: Namespace, args: Sequence[Any] | None) -> None:
     """Every check of a subcommand's parsed options (``config``) before anything is built: the launch, the pipeline's
-    layout, ``--compile``, the run directory (held for this run, ``multigpu/run_lock.py``: another live run's is
-    refused), and the ``--ckpt_path`` checkpoint, read once here (before LightningCLI rebuilds the model from its
-    hyperparameters) and returned with its path; ``args``: the command's arguments."""
+    layout, ``--compile``; ``args``: the command's arguments. Nothing is taken or read here: the command line then
+    holds the run directory and reads the checkpoint (``multigpu/cli.py``), and ``check_resumed`` checks it."""
     trainer = config.trainer.as_dict()
     batch_size = configured_global_batch(config)
     check_launch(trainer, batch_size=batch_size, args=args)
@@ -399,15 +394,15 @@ def check_before_launch(
         accumulate = int(trainer.get("accumulate_grad_batches") or 1)
         options, processes = PipelineOptions(**config.pipeline.as_dict()), process_count(trainer)
         check_pipeline(options, processes, model, batch_size, accumulate)
-    # before the checkpoint is read: a live run's folder is neither read nor repaired here (an interrupted sharded
-    # save is restored), and the refusal that applies is that one, not "already holds a run"
-    hold_run_dir(trainer.get("default_root_dir"), subcommand, this_launch())
-    resumed = resolve_checkpoint(subcommand, config)
+
+
+def check_resumed(resumed: tuple[Path, dict[str, Any]] | None, config: Namespace, args: Sequence[Any] | None) -> None:
+    """The ``--ckpt_path`` checkpoint (its path and contents, read once) against the model the options name and the
+    model options the command gives, before LightningCLI rebuilds the model from the checkpoint's hyperparameters."""
     if resumed is not None:
         model = config.get("model") or Namespace()
         check_checkpoint_model(resumed[1], resumed[0], model.get("class_path"))
         check_model_flags(args, model.get("init_args"), resumed[1], resumed[0])
-    return resumed
 
 
 def check_built(

@@ -10,8 +10,9 @@ road, top to bottom in ``TemplateCLI``:
    config's class (jsonargparse would carry over every default of that class the new one also takes, e.g. a
    ``batch_size``): the engine gives the parser the default config with that section replaced by the class alone
    (``arguments.py``, where the command line is read);
-2. check: everything the options tell before anything is built (``checks.py``; the run directory held for this run
-   until the command ends, ``run_lock.py``; the checkpoint resolved and read once, ``checkpoints/resume.py``);
+2. check: everything the options tell before anything is built (``checks.py``); then the run directory held for
+   this run until the command ends (``run_lock.py``), the checkpoint resolved and read once
+   (``checkpoints/resume.py``) and checked against the model (``checks.py``);
 3. build: the objects of the config (loggers placed in the run directory, ``run_dir.py``), then the Trainer,
    once and complete, with everything the engine adds (``launch.py``: the callbacks in the order of
    ``callbacks/__init__.py``, the strategy's options, the plugins); the built objects checked;
@@ -45,7 +46,8 @@ from torch.multiprocessing import ProcessExitedException
 
 from multigpu.arguments import CLASSES, chosen_classes, rebased_defaults, unresolved
 from multigpu.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
-from multigpu.checks import check_before_launch, check_built
+from multigpu.checkpoints.resume import resolve_checkpoint
+from multigpu.checks import check_before_launch, check_built, check_resumed
 from multigpu.command import prog, started_by
 from multigpu.compat import registered_with, skip_default_config_files, subcommand_parser
 from multigpu.errors import TrainingStopped, report
@@ -59,7 +61,7 @@ from multigpu.options import (
 )
 from multigpu.quiet import silence_known_noise
 from multigpu.run_dir import place_loggers, shared_random_seed
-from multigpu.run_lock import release_run_dir
+from multigpu.run_lock import hold_run_dir, release_run_dir, this_launch
 from multigpu.strategies import (
     register_dp_strategy,
     register_model_parallel_strategies,
@@ -185,7 +187,14 @@ class TemplateCLI(LightningCLI):
         strategy_as_class(self._chosen().trainer)
         if subcommand is None:
             return
-        self.resumed = check_before_launch(subcommand, self.config[subcommand], self.argv)
+        options = self.config[subcommand]
+        check_before_launch(subcommand, options, self.argv)
+        # the run directory, held for this run until the command ends (another live run's is refused), before the
+        # checkpoint is read: a live run's folder is neither read nor repaired (an interrupted sharded save is
+        # restored), and the refusal that applies is that one, not "already holds a run"
+        hold_run_dir(options.trainer.get("default_root_dir"), subcommand, this_launch())
+        self.resumed = resolve_checkpoint(subcommand, options)  # read once, before LightningCLI rebuilds the model
+        check_resumed(self.resumed, options, self.argv)
         if self.config[subcommand].get("seed_everything") is True:
             self.config[subcommand]["seed_everything"] = shared_random_seed()
 
