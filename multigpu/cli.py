@@ -14,7 +14,7 @@ road, top to bottom in ``TemplateCLI``:
    this run until the command ends (``run_lock.py``), the checkpoint resolved and read once
    (``checkpoints/resume.py``) and checked against the model (``checks.py``);
 3. build: the objects of the config (loggers placed in the run directory, ``run_dir.py``), then the Trainer,
-   once and complete, with everything the engine adds (``launch.py``: the callbacks in the order of
+   once and complete, with everything the engine adds (``trainer_arguments.py``: the callbacks in the order of
    ``callbacks/__init__.py``, the strategy's options, the plugins); the built objects checked;
 4. run: the subcommand, a method of the Trainer (``tune``'s: ``tuning/``).
 """
@@ -51,7 +51,6 @@ from multigpu.checks import check_before_launch, check_built, check_resumed
 from multigpu.command import prog, started_by
 from multigpu.compat import registered_with, skip_default_config_files, subcommand_parser
 from multigpu.errors import TrainingStopped, report
-from multigpu.launch import strategy_as_class, trainer_arguments
 from multigpu.options import (
     SUBCOMMANDS,
     TemplateArgumentParser,
@@ -67,6 +66,7 @@ from multigpu.strategies import (
     register_model_parallel_strategies,
     register_pipeline_strategy,
 )
+from multigpu.trainer_arguments import flight_recorder_defaults, strategy_as_class, trainer_arguments
 
 gc.freeze()  # what the imports created stays: no later collection walks it again
 if _COLLECTING:
@@ -242,7 +242,10 @@ class TemplateCLI(LightningCLI):
             self.resumed = None  # checked: the memory-mapped file is Lightning's to read now
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """The Trainer, built once with everything the template adds (``multigpu/launch.py``, ``trainer_arguments``)."""
+        """The Trainer, built once with everything the template adds (``multigpu/trainer_arguments.py``)."""
+        trainer = self._chosen().trainer
+        # NCCL's flight recorder, set in os.environ before the process group exists (several CUDA processes only)
+        flight_recorder_defaults(trainer, trainer.get("default_root_dir"))
         arguments, strategy_settings = trainer_arguments(self._chosen(self.config_init), self._chosen(), self.model)
         with registered_with(arguments.get("strategy"), strategy_settings):
             return super().instantiate_trainer(**arguments, **kwargs)

@@ -20,8 +20,8 @@ from multigpu.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from multigpu.checkpoints.resume import checkpoint_dir
 from multigpu.command import prog
 from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, debug_mode, describe, user_error_of
-from multigpu.launch import COLLECTIVE_TIMEOUT_S
 from multigpu.strategies.pipeline import PipelineOptions
+from multigpu.trainer_arguments import COLLECTIVE_TIMEOUT_S
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
 

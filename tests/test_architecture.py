@@ -38,7 +38,7 @@ LAYERS = {
     "multigpu.checkpoints": 1,
     "multigpu.callbacks": 2,
     "multigpu.checks": 3,
-    "multigpu.launch": 3,
+    "multigpu.trainer_arguments": 3,
     "multigpu.run_dir": 3,
     "multigpu.run_lock": 3,
     "multigpu.options": 3,

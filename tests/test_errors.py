@@ -499,7 +499,7 @@ def test_no_environment_secret_reaches_any_file_a_run_writes(tmp_path):
 
 def test_collective_timeout_reaches_the_ddp_strategy():
     from multigpu.compat import collective_timeout
-    from multigpu.launch import COLLECTIVE_TIMEOUT_S
+    from multigpu.trainer_arguments import COLLECTIVE_TIMEOUT_S
     from src.cli import TemplateCLI
 
     args = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn", "--trainer.devices=2"]

@@ -1,7 +1,7 @@
 """Every callback the template adds to a run, in the order the Trainer holds them (the order Lightning calls
 them at each hook).
 
-``template_callbacks`` below builds the one list before the Trainer (``multigpu/launch.py``, ``trainer_arguments``):
+``template_callbacks`` below builds the one list before the Trainer (``multigpu/trainer_arguments.py``):
 your own ``--trainer.callbacks`` first, then these; Lightning moves ``ModelCheckpoint`` to the end, after LightningCLI's
 ``SaveConfigCallback``, and nothing is added once the Trainer is built. Leave an optional one out with
 ``--callbacks_off=[name, ...]`` (or ``callbacks_off:`` in a config); the always-on ones make a run correct and do

@@ -149,8 +149,8 @@ class PreemptionCheckpoint(Callback):
         self.received = max(self.received, signum)  # act later, at a step boundary, never inside the handler
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # Lightning's SLURM save-and-requeue in its handler is off too: `checkpoint_plugins` (multigpu/launch.py) passes
-        # SLURMEnvironment(auto_requeue=False) under SLURM
+        # Lightning's SLURM save-and-requeue in its handler is off too: `checkpoint_plugins`
+        # (multigpu/trainer_arguments.py) passes SLURMEnvironment(auto_requeue=False) under SLURM
         if stage != "fit":
             return
         self._vote.setup(trainer.world_size)

@@ -1,4 +1,4 @@
-"""What the template adds to Lightning's launch (multigpu/launch.py), decided from the options before the Trainer is
+"""What the template adds to the Trainer (multigpu/trainer_arguments.py), decided from the options before the Trainer is
 built: the strategy's name, the options a strategy given by name gets, NCCL's flight recorder, and the plugins
 (atomic checkpoints; under SLURM, Lightning's requeue off while ``PreemptionCheckpoint`` handles the signals)."""
 
@@ -15,7 +15,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import AtomicCheckpointIO
-from multigpu.launch import checkpoint_plugins, strategy_name, strategy_options
+from multigpu.trainer_arguments import checkpoint_plugins, strategy_name, strategy_options
 from src.cli import TemplateCLI
 from tests.conftest import TINY
 
@@ -58,7 +58,7 @@ def test_find_unused_parameters_is_on_only_for_a_model_that_steps_several_optimi
 
 
 def test_nccls_flight_recorder_is_on_for_several_cuda_processes_only_and_a_users_setting_wins(tmp_path, monkeypatch):
-    from multigpu.launch import FLIGHT_RECORDER_NAMES, flight_recorder_defaults
+    from multigpu.trainer_arguments import FLIGHT_RECORDER_NAMES, flight_recorder_defaults
 
     for name in {*FLIGHT_RECORDER_NAMES, *FLIGHT_RECORDER_NAMES.values()}:
         monkeypatch.delenv(name, raising=False)

@@ -3,7 +3,8 @@
 (``multigpu/callbacks/__init__.py``), the strategy (``auto`` named where Lightning would pick ddp, an import path as its
 class), the options a strategy given by name gets (``--collective_timeout``, ddp's ``find_unused_parameters``,
 ``--pipeline.*``), and the plugins (atomic checkpoints written in the background, SLURM's environment without
-Lightning's requeue)."""
+Lightning's requeue). ``flight_recorder_defaults`` sets NCCL's variables in ``os.environ``, a step of its own of the
+command line just before."""
 
 from __future__ import annotations
 
@@ -52,7 +53,6 @@ def trainer_arguments(built: Any, options: Any, model: L.LightningModule) -> tup
     """
     trainer = built.get("trainer") or {}
     strategy = strategy_name(trainer)
-    flight_recorder_defaults(trainer, trainer.get("default_root_dir"))  # several CUDA processes only
     strategy_settings = strategy_options(strategy, options.get("collective_timeout"), model)
     if strategy == PipelineStrategy.strategy_name:
         strategy_settings.update(options.pipeline.as_dict())  # --pipeline.*
