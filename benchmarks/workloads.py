@@ -158,7 +158,7 @@ def with_model(workload: Workload, cli: Any) -> Workload:
     pipeline stages."""
     from lightning.pytorch.utilities.model_helpers import is_overridden  # as the tensor_parallel strategy checks
 
-    from multigpu.hooks import missing_pipeline_hooks
+    from multigpu.hook_readers import missing_pipeline_hooks
 
     model = cli.model
     return replace(
