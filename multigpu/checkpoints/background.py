@@ -124,8 +124,8 @@ class SnapshotStager:
     each layout. A GPU's copies are queued on its stream: torch's writer thread waits for them, training does not.
     (torch's ``AsyncStager`` protocol; not its subclass, so that every run need not import torch's checkpointing.)"""
 
-    def __init__(self) -> None:
-        self.snapshot = HostSnapshot()
+    def __init__(self, snapshot: HostSnapshot) -> None:
+        self.snapshot = snapshot
 
     @property
     def should_synchronize_after_execute(self) -> bool:
@@ -161,7 +161,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         self._snapshot = HostSnapshot()
         self._noted = False
         self._shard_group: Any = None  # the gloo group of the sharded writes' collectives
-        self._shard_stager: Any = None  # torch's copy of the shards into host memory, its buffers reused
+        self._shard_stager: SnapshotStager | None = None  # dcp.async_save's copy: this IO's host snapshot
 
     def _note_synchronous(self, error: BaseException) -> None:
         if not self._noted:
@@ -224,7 +224,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         if self._shard_group is None:  # a collective: every rank creates it at its first sharded save
             self._shard_group = dist.new_group(backend="gloo", timeout=timeout)
         if self._shard_stager is None:
-            self._shard_stager = SnapshotStager()
+            self._shard_stager = SnapshotStager(self._snapshot)  # a run saves single files or shards, not both
         group = self._shard_group
         try:
             written = dcp.async_save(
