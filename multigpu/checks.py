@@ -17,7 +17,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
-from multigpu.arguments import given_as, import_class, option_origin, trainer_section, yaml_value
+from multigpu.argv import given_as, import_class, option_origin, trainer_section, yaml_value
 from multigpu.callbacks.compile import compile_refusal
 from multigpu.callbacks.run_plan import batch_norm_layers
 from multigpu.command import prog

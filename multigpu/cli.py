@@ -3,11 +3,11 @@
 calls ``run_cli``.
 
 ``TemplateCLI`` reads the command line: every option comes from LightningCLI (docs/command_line.md), with the
-engine's own (``options.py``), and the project's default config is read first. The parser of the subcommand named
+engine's own (``parser.py``), and the project's default config is read first. The parser of the subcommand named
 is built alone and parses the arguments once; a model or data class they name starts from its own defaults, not
 from those of the default config's class (jsonargparse would carry over every default of that class the new one
 also takes, e.g. a ``batch_size``): the parser gets the default config with that section replaced by the class
-alone (``arguments.py``). Everything after the parse, from the checks to the subcommand, is ``run.py``, in order.
+alone (``argv.py``). Everything after the parse, from the checks to the subcommand, is ``run.py``, in order.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from torch.multiprocessing import ProcessExitedException
 
-from multigpu.arguments import CLASSES, chosen_classes, rebased_defaults, unresolved
+from multigpu.argv import CLASSES, chosen_classes, named_subcommand, rebased_defaults, unresolved
 from multigpu.callbacks.preemption import STOP_EXIT_CODES
 from multigpu.command import prog, started_by
 from multigpu.compat import parse_only, skip_default_config_files, subcommand_parser
 from multigpu.errors import TrainingStopped, report
 from multigpu.facts import RunFacts
-from multigpu.options import SUBCOMMANDS, TemplateArgumentParser, add_config_option, add_template_options
+from multigpu.parser import TemplateArgumentParser, add_config_option, add_template_options
 from multigpu.quiet import silence_known_noise
 from multigpu.run import run_command
 from multigpu.run_dir import shared_random_seed
@@ -88,13 +88,24 @@ class TemplateCLI(LightningCLI):
     #: names its own (``src/cli.py``)
     default_config: Path | None = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "instantiate_classes" in vars(cls):  # it would be skipped without a word: the run builds the objects
+            raise TypeError(
+                f"{cls.__qualname__}.instantiate_classes is never called: multigpu/run.py builds the model, data"
+                " module and Trainer itself (since release 1.2). Fix: move that code to before_instantiate_classes"
+                " (before the objects are built), after_instantiate_classes (once the Trainer is built) or"
+                " instantiate_trainer (calling super().instantiate_trainer(**kwargs)); docs/engine.md, 'Extending"
+                " the command line'."
+            )
+
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         started_by(type(self))  # the project's module: what --help, the errors and the subprocesses name
         listed = isinstance(args, (list, tuple, type(None)))  # else a dict or Namespace, parsed as an object
         #: the command's arguments (None: given as an object)
         self.argv = list(sys.argv[1:] if args is None else args) if listed else None
         #: the subcommand the arguments name (run=False: none, one parser with the options at the top)
-        self.named = next((a for a in self.argv if a in SUBCOMMANDS), None) if run and listed else None
+        self.named = named_subcommand(self.argv) if run and listed else None
         #: whether its parser alone is built: where the arguments start with it (an option of the main parser may
         #: come first, --help listing every subcommand or a --config with sections of several: every one is built)
         self.alone = bool(self.argv) and self.argv[0] == self.named
@@ -158,7 +169,7 @@ class TemplateCLI(LightningCLI):
         return parser
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Lightning's ``--trainer``, ``--model`` and ``--data``, then the engine's options (``options.py``): here,
+        """Lightning's ``--trainer``, ``--model`` and ``--data``, then the engine's options (``parser.py``): here,
         not in ``add_arguments_to_parser``, which is the project's to override (docs/engine.md, "Extending the
         command line"), with or without ``super()``."""
         super().add_core_arguments_to_parser(parser)
@@ -203,6 +214,10 @@ class TemplateCLI(LightningCLI):
             subcommand_parser(self, self.named).set_defaults(defaults)
         except Exception as error:
             self.parser.error(f"{self.default_config}: {error.args[0] if error.args else error}")
+
+    def fit(self, **kwargs: Any) -> None:
+        """The ``fit`` subcommand, ``trainer.fit`` (a subclass that overrides it calls ``super().fit(**kwargs)``)."""
+        self.trainer.fit(**kwargs)
 
     def chosen(self, config: Namespace | None = None) -> Namespace:
         """The options of this run's subcommand (all options, where the CLI runs without subcommands)."""

@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from multigpu import compat
+from multigpu.argv import CLASSES
 from multigpu.callbacks.compile import CompileModel
 from multigpu.callbacks.continuation import ExactContinuation, RunTimer
 from multigpu.callbacks.loaders import EngineLoaders
@@ -29,9 +30,9 @@ from multigpu.callbacks.stacks import StackDumps
 from multigpu.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from multigpu.checkpoints.resume import resolve_checkpoint
 from multigpu.checks import check_before_launch, check_built, check_resumed
-from multigpu.errors import StopOtherRanksOnError
+from multigpu.command import prog
+from multigpu.errors import DEBUG_ENV, ConfigurationError, StopOtherRanksOnError, causes, describe, user_error_of
 from multigpu.facts import RunFacts
-from multigpu.options import building_error
 from multigpu.run_dir import place_loggers, shared_random_seed
 from multigpu.run_lock import hold_run_dir, this_launch
 from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy
@@ -180,3 +181,22 @@ def run_callbacks(facts: RunFacts, options: Namespace, built: Namespace) -> tupl
         DestroyProcessGroupAtExit(),
     ]
     return [callback for callback in callbacks if callback is not None], switches
+
+
+def building_error(error: Exception, options: Namespace, objects_built: bool) -> ConfigurationError:
+    """One paragraph for an exception raised while LightningCLI built the objects of the config (``options``, the
+    run's parsed options): jsonargparse builds the model, data, callbacks and loggers, then the Trainer."""
+    known = user_error_of(error)  # e.g. a constructor that downloads: no network, not a wrong option
+    if known is not None:
+        return known
+    if objects_built:
+        what = "the Trainer from the --trainer options"
+    else:
+        chosen = {key: options.get(key) for key in CLASSES}
+        named = [f"--{k}={c.class_path}" for k, c in chosen.items() if isinstance(c, Namespace) and "class_path" in c]
+        what = f"the objects of the config ({', '.join(named)}, the callbacks and loggers)"
+    return ConfigurationError(
+        f"building {what} failed: {describe(causes(error)[-1])}. Fix: correct the option this names (`{prog()} fit"
+        f" --help` lists them, `--model.help CLASS` and `--data.help CLASS` a class's); set {DEBUG_ENV}=true to"
+        " see the traceback."
+    )

@@ -14,7 +14,7 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 
-from multigpu.arguments import import_class
+from multigpu.argv import import_class
 from multigpu.callbacks.stacks import STACKS_DIR
 from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import with_atomic_io

@@ -69,3 +69,29 @@ def test_a_refused_option_is_refused_before_the_run_directory_is_taken_or_anythi
         raise AssertionError("--trainer.devices=0 was not refused")
     assert "--trainer.devices must be at least 1" in capsys.readouterr().err
     assert not run_dir.exists()  # no lock, no logs, no checkpoints: nothing was taken
+
+
+def test_a_subclass_hooks_run_where_the_run_puts_them_and_instantiate_classes_is_refused(tmp_path):
+    import pytest
+
+    seen: list[str] = []
+
+    class Hooked(TemplateCLI):
+        def before_instantiate_classes(self) -> None:
+            seen.append(f"before, run directory held: {(self.facts.run_dir / '.run.lock').is_file()}")
+
+        def after_instantiate_classes(self) -> None:
+            seen.append(f"after, Trainer of {self.trainer.max_steps} steps")
+
+        def fit(self, **kwargs) -> None:
+            seen.append("fit")
+            super().fit(**kwargs)
+
+    run_dir = tmp_path / "run"
+    cli = Hooked(args=["fit", *TINY, "--trainer.max_steps=2", f"--trainer.default_root_dir={run_dir}"])
+    assert seen == ["before, run directory held: True", "after, Trainer of 2 steps", "fit"]
+    assert cli.trainer.global_step == 2
+    with pytest.raises(TypeError, match="instantiate_classes is never called"):
+
+        class Skipped(TemplateCLI):
+            def instantiate_classes(self) -> None: ...

@@ -64,7 +64,7 @@ OPTIONAL_CALLBACKS = (
 )
 
 #: the engine's callbacks that take options (``--checkpoint.*``, ``--preemption.*``, ...); the parser builds them
-#: (``multigpu/options.py``)
+#: (``multigpu/parser.py``)
 CALLBACK_OPTIONS = {
     "preemption": PreemptionCheckpoint,
     "throughput": SpeedMonitor,
