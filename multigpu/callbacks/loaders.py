@@ -24,12 +24,10 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.compat import (
     batch_progress,
-    drop_own_method,
     overrides_hook,
     rebuilt_loader,
     request_train_loaders,
     restarted_mid_epoch,
-    set_own_method,
     train_loader_source,
     uses_distributed_sampler,
 )
@@ -87,8 +85,9 @@ class EngineLoaders(Callback):
         if not isinstance(source, (L.LightningModule, L.LightningDataModule)):
             return
         self._evaluated = [hook for hook in EVALUATION_HOOKS if overrides_hook(source, hook)]
+        # each hook replaced on the instance (Lightning calls it through the instance), the class's kept
         for hook in self._evaluated:
-            set_own_method(source, hook, partial(self._evaluation_loaders, trainer, getattr(source, hook), hook))
+            setattr(source, hook, partial(self._evaluation_loaders, trainer, getattr(source, hook), hook))
         self._wrapped = source
         if stage != "fit" or not overrides_hook(source, HOOK):
             return
@@ -106,7 +105,7 @@ class EngineLoaders(Callback):
             self._place(trainer)
             return built
 
-        set_own_method(source, HOOK, train_dataloader)
+        setattr(source, HOOK, train_dataloader)
 
     @property
     def active(self) -> bool:
@@ -116,7 +115,7 @@ class EngineLoaders(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._wrapped is not None:
             for hook in [HOOK, *self._evaluated]:
-                drop_own_method(self._wrapped, hook)
+                vars(self._wrapped).pop(hook, None)  # the class's hook again
         self._source = self._built = self._wrapped = None
 
     # -- evaluation: the same global batches at any world size --------------------------------------------------
