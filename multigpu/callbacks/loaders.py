@@ -24,8 +24,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.compat import (
     batch_progress,
+    loader_arguments,
     overrides_hook,
-    rebuilt_loader,
+    remade_loader,
     request_train_loaders,
     restarted_mid_epoch,
     train_loader_source,
@@ -245,7 +246,11 @@ class EngineLoaders(Callback):
         # training step draws from (the samples are seeded one by one, so nothing else depends on it)
         generator = loader.generator if loader.generator is not None else torch.Generator()
         try:
-            return rebuilt_loader(loader, sampler, dataset=dataset, drop_last=False, generator=generator, **changes)
+            args, kwargs = loader_arguments(loader, sampler)
+            if "batch_size" in changes:  # batches of the new size, not from a batch sampler Lightning made again
+                kwargs.update(batch_sampler=None, sampler=sampler, shuffle=False)
+            changes.update(dataset=dataset, drop_last=False, generator=generator)
+            return remade_loader(loader, *args, **{**kwargs, **changes})
         except Exception as error:
             raise ConfigurationError(
                 f"the training {name} ({type(loader).__name__}) cannot be made again with the engine's sampling:"

@@ -308,26 +308,31 @@ def train_loader_source(trainer: L.Trainer) -> Any:
 
 def request_train_loaders(trainer: L.Trainer) -> Any:
     """The training loaders, asked for as the fit loop asks (``_request_dataloader``): within it, every ``DataLoader``
-    made keeps the arguments it was made with, for ``rebuilt_loader``."""
+    made keeps the arguments it was made with, for ``loader_arguments``."""
     from lightning.pytorch.trainer.connectors.data_connector import _request_dataloader
 
     return _request_dataloader(trainer.fit_loop._data_source)
 
 
-def rebuilt_loader(loader: Any, sampler: Any, **changes: Any) -> Any:
-    """``loader`` made again, of its own class with the user's arguments, with ``sampler`` (None for a stream) and
-    ``changes`` (``dataset=``, ``batch_size=``, ...) in place of theirs: how Lightning puts its
-    ``DistributedSampler`` in (``_update_dataloader``), with more arguments replaced."""
-    from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
+def loader_arguments(loader: Any, sampler: Any) -> tuple[tuple, dict[str, Any]]:
+    """The arguments the user made ``loader`` with, ``sampler`` (None for a stream) in place of theirs, as Lightning
+    reads them to put its ``DistributedSampler`` in (``_update_dataloader``); positional ones by name where the
+    names are known (Lightning records them on the loader), so that a change of one reaches it."""
     from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
 
     args, kwargs = _get_dataloader_init_args_and_kwargs(loader, sampler)
     names = getattr(loader, "__pl_saved_arg_names", ())
-    if len(names) == len(args):  # positional arguments by name, so that changes reach them too
-        kwargs, args = {**dict(zip(names, args, strict=True)), **kwargs}, ()
-    if "batch_size" in changes:  # batches made from the new batch size, not by a batch sampler Lightning made again
-        kwargs.update(batch_sampler=None, sampler=sampler, shuffle=False)
-    return _reinstantiate_wrapped_cls(loader, *args, **{**kwargs, **changes})
+    if len(names) == len(args):
+        return (), {**dict(zip(names, args, strict=True)), **kwargs}
+    return args, kwargs
+
+
+def remade_loader(loader: Any, *args: Any, **kwargs: Any) -> Any:
+    """A loader of ``loader``'s own class made with these arguments, as Lightning makes one again (its attributes set
+    after ``__init__`` set again, and an error that names the arguments the class does not take)."""
+    from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
+
+    return _reinstantiate_wrapped_cls(loader, *args, **kwargs)
 
 
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------

@@ -970,7 +970,10 @@ def test_the_training_loaders_are_asked_of_the_data_module_and_rebuilt_with_the_
     assert asked.source is data and not asked.uses_distributed_sampler
     assert compat.uses_distributed_sampler(trainer())
     sampler = torch.utils.data.SequentialSampler(range(6))
-    remade = compat.rebuilt_loader(asked.loader, sampler, dataset=TensorDataset(torch.arange(6.0)), batch_size=2)
+    args, kwargs = compat.loader_arguments(asked.loader, sampler)
+    assert args == () and (kwargs["batch_size"], kwargs["tag"], kwargs["sampler"]) == (4, "kept", sampler)
+    kwargs.update(dataset=TensorDataset(torch.arange(6.0)), batch_size=2)
+    remade = compat.remade_loader(asked.loader, **kwargs)
     assert isinstance(remade, LoaderOfMine) and remade.tag == "kept" and remade.collate_fn is list
     assert remade.sampler is sampler and remade.batch_size == 2 and len(remade.dataset) == 6
     assert [len(batch) for batch in remade] == [2, 2, 2]
