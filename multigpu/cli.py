@@ -50,7 +50,7 @@ from multigpu.checkpoints.resume import resolve_checkpoint
 from multigpu.checks import check_before_launch, check_built, check_resumed
 from multigpu.command import prog, started_by
 from multigpu.compat import registered_with, skip_default_config_files, subcommand_parser
-from multigpu.errors import TrainingStopped, report
+from multigpu.errors import TrainingStopped
 from multigpu.options import (
     SUBCOMMANDS,
     TemplateArgumentParser,
@@ -59,6 +59,7 @@ from multigpu.options import (
     building_error,
 )
 from multigpu.quiet import silence_known_noise
+from multigpu.reporting import report
 from multigpu.run_dir import place_loggers, shared_random_seed
 from multigpu.run_lock import hold_run_dir, release_run_dir, this_launch
 from multigpu.strategies import (

@@ -19,7 +19,8 @@ from multigpu.arguments import CLASSES, load_config_file, yaml_problem
 from multigpu.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from multigpu.checkpoints.resume import checkpoint_dir
 from multigpu.command import prog
-from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, debug_mode, describe, user_error_of
+from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, debug_mode, describe
+from multigpu.failures import user_error_of
 from multigpu.strategies.pipeline import PipelineOptions
 from multigpu.trainer_arguments import COLLECTIVE_TIMEOUT_S
 

@@ -21,7 +21,7 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Str
 
 from multigpu.arguments import import_class
 from multigpu.callbacks import template_callbacks
-from multigpu.callbacks.stacks import STACKS_DIR
+from multigpu.callbacks.stack_dumps import STACKS_DIR
 from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import with_atomic_io
 from multigpu.compat import optimizer_count, registered_strategy

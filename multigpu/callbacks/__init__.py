@@ -60,11 +60,11 @@ from multigpu.callbacks.progress import PlainProgressBar, progress_bar
 from multigpu.callbacks.random_state import RandomState
 from multigpu.callbacks.run_plan import RunPlan
 from multigpu.callbacks.spawn import UnshareSpawnedTensors
-from multigpu.callbacks.stacks import StackDumps
+from multigpu.callbacks.stack_dumps import StackDumps
+from multigpu.callbacks.stop_other_ranks import StopOtherRanksOnError
 from multigpu.callbacks.straggler import StragglerReport
 from multigpu.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from multigpu.callbacks.throughput import SpeedMonitor
-from multigpu.errors import StopOtherRanksOnError
 from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy
 from multigpu.strategies.model_parallel import ClipAcrossMeshes
 
