@@ -333,7 +333,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         try:
             yield
         finally:
-            del self.lightning_module.forward  # the class's forward again
+            vars(self.lightning_module).pop("forward", None)  # the class's forward again
             # an FSDP2 root keeps its parameters gathered after a forward, for the backward that follows in
             # training; none follows an evaluation, and with the copy it gathered there, the next training step's
             # gradients of the stage's own parameters (embeddings, head) would not reach them
