@@ -115,7 +115,7 @@ class StageClock:
     The window opens when the step's first batch starts and closes before the optimizer step: it holds the
     schedule's forwards and backwards of every micro-batch and the sums over the stages that follow them (the
     loss, tied weights), where a stage that finished early waits for the others. The work is each call of the
-    stage's forward or backward of one micro-batch (``multigpu.compat.time_stage_work``); the rest of the window the
+    stage's forward or backward of one micro-batch (``benchmarks.timing.time_stage_work``); the rest of the window the
     stage waited for its neighbours: the bubble (``benchmarks.stats.bubble_figures``). On a GPU every mark is a
     CUDA event on the stage's stream, read after training, so the kernels' time counts and no sync is added.
     """

@@ -8,6 +8,7 @@ measured bubble), from the second step on: the stages are built by the first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -15,8 +16,25 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from benchmarks.clock import StageClock, StepClock
-from multigpu.compat import time_stage_work
+from multigpu.compat import wrap_stage_work
 from multigpu.strategies.model_parallel import memory_per_rank
+
+
+def time_stage_work(stage: Any, start: Callable[[], None], end: Callable[[], None]) -> None:
+    """Call ``start()`` before and ``end()`` after each piece of ``stage``'s own work, whichever schedule calls it
+    (the measured bubble: ``benchmarks/clock.py``)."""
+
+    def timed(work: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start()
+            try:
+                return work(*args, **kwargs)
+            finally:
+                end()
+
+        return run
+
+    wrap_stage_work(stage, timed)
 
 
 class StepTimer(Callback):

@@ -39,10 +39,10 @@ _PUBLIC = {
     "per_process_batch_size": "multigpu.data.sampling",
     "ConfigurationError": "multigpu.errors",
     "EnvironmentFailure": "multigpu.errors",
-    "FILE_SYSTEM_ERRNOS": "multigpu.errors",
-    "file_system_failure": "multigpu.errors",
-    "network_failure": "multigpu.errors",
-    "is_network_error": "multigpu.errors",
+    "FILE_SYSTEM_ERRNOS": "multigpu.failures",
+    "file_system_failure": "multigpu.failures",
+    "network_failure": "multigpu.failures",
+    "is_network_error": "multigpu.failures",
 }
 _MODULES = ("hooks", "testing")
 

@@ -39,10 +39,11 @@ from multigpu.argv import CLASSES, chosen_classes, named_subcommand, rebased_def
 from multigpu.callbacks.preemption import STOP_EXIT_CODES
 from multigpu.command import prog, started_by
 from multigpu.compat import parse_only, skip_default_config_files, subcommand_parser
-from multigpu.errors import TrainingStopped, report
+from multigpu.errors import TrainingStopped
 from multigpu.facts import RunFacts
 from multigpu.parser import TemplateArgumentParser, add_config_option, add_template_options
 from multigpu.quiet import silence_known_noise
+from multigpu.reporting import report
 from multigpu.run import run_command
 from multigpu.run_dir import shared_random_seed
 from multigpu.run_lock import release_run_dir

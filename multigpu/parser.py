@@ -114,7 +114,7 @@ def flat_keys(config: Any, prefix: str = "") -> list[str]:
 def add_template_options(parser: LightningArgumentParser) -> None:
     """The options the template adds to every subcommand (docs/command_line.md, \"The options the engine adds\")."""
     # the template's callbacks with options of their own; instantiated by the parser, put in the Trainer's one list
-    # by `template_callbacks` (in hook order, multigpu/callbacks/__init__.py), not appended by LightningCLI
+    # by `run_callbacks` (in the order they run, multigpu/run.py), not appended by LightningCLI
     for key, callback_class in CALLBACK_OPTIONS.items():
         parser.add_class_arguments(callback_class, key, fail_untyped=False, instantiate=True, sub_configs=True)
     parser.set_defaults(

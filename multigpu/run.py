@@ -26,13 +26,15 @@ from multigpu.callbacks.process_group import DestroyProcessGroupAtExit
 from multigpu.callbacks.progress import progress_bar
 from multigpu.callbacks.random_state import RandomState
 from multigpu.callbacks.spawn import UnshareSpawnedTensors
-from multigpu.callbacks.stacks import StackDumps
+from multigpu.callbacks.stack_dumps import StackDumps
+from multigpu.callbacks.stop_other_ranks import StopOtherRanksOnError
 from multigpu.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from multigpu.checkpoints.resume import resolve_checkpoint
 from multigpu.checks import check_before_launch, check_built, check_resumed
 from multigpu.command import prog
-from multigpu.errors import DEBUG_ENV, ConfigurationError, StopOtherRanksOnError, causes, describe, user_error_of
+from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, describe
 from multigpu.facts import RunFacts
+from multigpu.failures import user_error_of
 from multigpu.run_dir import place_loggers, shared_random_seed
 from multigpu.run_lock import hold_run_dir, this_launch
 from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy

@@ -2,9 +2,10 @@
 
 Sends ``SIGUSR2`` to every live rank of the run on this host (their pids are in ``RUN_DIR/stacks/rank-N.json``);
 each rank's interpreter appends all its threads' stacks to ``RUN_DIR/stacks/rank-N.txt`` and carries on training
-(``multigpu/callbacks/stacks.py``). Prints the latest dump of each rank, ranks with the same stack together: the rank
-that is not where the others are is the one to look at. ``--no-signal`` only reads the latest dumps, e.g. after
-``scancel --signal=USR2 JOB`` or ``pkill -USR2 -f src.cli`` signalled the ranks on every node.
+(``multigpu/callbacks/stack_dumps.py``). Prints the latest dump of each rank, ranks with the same stack together
+(``multigpu/callbacks/hang_report.py``): the rank that is not where the others are is the one to look at.
+``--no-signal`` only reads the latest dumps, e.g. after ``scancel --signal=USR2 JOB`` or ``pkill -USR2 -f src.cli``
+signalled the ranks on every node.
 """
 
 from __future__ import annotations
@@ -13,8 +14,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from multigpu.callbacks.stack_report import format_groups, latest_main_stack
-from multigpu.callbacks.stacks import DUMP_SIGNAL, STACKS_DIR, alive_here, read_states, signal_ranks, wait_for_dumps
+from multigpu.callbacks.hang_report import format_groups, latest_main_stack
+from multigpu.callbacks.stack_dumps import (
+    DUMP_SIGNAL,
+    STACKS_DIR,
+    alive_here,
+    read_states,
+    signal_ranks,
+    wait_for_dumps,
+)
 
 #: how long to wait for the signalled ranks' dumps
 WAIT_S = 3.0

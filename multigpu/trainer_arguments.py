@@ -15,7 +15,7 @@ from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvir
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 
 from multigpu.argv import import_class
-from multigpu.callbacks.stacks import STACKS_DIR
+from multigpu.callbacks.stack_dumps import STACKS_DIR
 from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import with_atomic_io
 from multigpu.compat import optimizer_count, registered_strategy

@@ -1,10 +1,11 @@
 """The architecture drawn from the imports: the engine (``multigpu/``) has no cycles, no module imports a layer above
 its own, and none imports the project (``src/``); the project uses only the engine's public interface.
 
-Layers of the engine, bottom to top: the libraries' private names, errors, quiet and the hooks a model may implement
-(0); what a project's classes build on, data, models, strategies and checkpoints (1); the callbacks (2); the checks
-before launch, the run directory and its lock, and ``tune`` (3); the command line (4); the commands built on it (5); the
-public interface and the test helpers (6). A new module of the engine must be given its layer here.
+Layers of the engine, bottom to top: the libraries' private names, errors, the failures told from them, how they
+are reported, the processes a run started, quiet and the hooks a model may implement (0); what a project's classes
+build on, data, models, strategies and checkpoints (1); the callbacks (2); the checks before launch, the run directory
+and its lock, and ``tune`` (3); the command line (4); the commands built on it (5); the public interface and the test
+helpers (6). A new module of the engine must be given its layer here.
 
 The engine's tests mirror its code (docs/development.md, "Where a test goes"): every module of ``multigpu/`` with a
 function or class has its test file. The rule is the engine's: a project's own modules (``src/``) may have their tests
@@ -26,6 +27,9 @@ LAYERS = {
     "multigpu.compat": 0,
     "multigpu.command": 0,
     "multigpu.errors": 0,
+    "multigpu.failures": 0,
+    "multigpu.reporting": 0,
+    "multigpu.processes": 0,
     "multigpu.quiet": 0,
     "multigpu.hooks": 0,
     "multigpu.hook_readers": 0,

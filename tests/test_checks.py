@@ -1,11 +1,8 @@
-"""Unit tests of multigpu/checks.py, and of how multigpu/errors.py tells a user error from an error in the code, by
-its type."""
+"""Unit tests of multigpu/checks.py."""
 
 from __future__ import annotations
 
-import errno
 import os
-import urllib.error
 
 import lightning as L
 import pytest
@@ -22,7 +19,7 @@ from multigpu.checks import (
     check_optimizer,
     check_run_dir,
 )
-from multigpu.errors import ConfigurationError, EnvironmentFailure, user_error_of
+from multigpu.errors import ConfigurationError
 from tests.fixtures.workload import TinyClassifier
 
 
@@ -93,16 +90,3 @@ def test_checkpoint_checks(tmp_path):
     with pytest.raises(ConfigurationError, match="not a readable checkpoint"):
         load_checkpoint(garbage)
     assert garbage.read_bytes() == b"not a checkpoint"
-
-
-def test_user_errors_are_told_by_their_type_wherever_they_were_raised():
-    wrapped = ValueError("as jsonargparse wraps a constructor's error")
-    wrapped.__cause__ = ConfigurationError("--data.x=1 is wrong. Fix: y.")
-    assert str(user_error_of(wrapped)) == "--data.x=1 is wrong. Fix: y."
-    network = user_error_of(urllib.error.URLError(OSError(errno.ENETUNREACH, "Network is unreachable")))
-    assert isinstance(network, EnvironmentFailure) and str(network).startswith("no network: cannot reach the server")
-    disk = user_error_of(OSError(errno.ENOSPC, "No space left on device", "/runs/a/last.ckpt"))
-    assert isinstance(disk, EnvironmentFailure) and str(disk).startswith("disk full: writing /runs/a/last.ckpt")
-    # an error of the code, or of another rank lost (gloo says so in a RuntimeError), is none of these
-    assert user_error_of(KeyError("batch")) is None
-    assert user_error_of(RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")) is None

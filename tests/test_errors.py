@@ -18,7 +18,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
@@ -414,53 +413,6 @@ def test_ddp_configuration_error_is_reported_once_without_a_gloo_traceback(tmp_p
     assert seconds < 60
 
 
-class FailAtStep(L.Callback):
-    """Test-only: on rank ``rank``, after optimizer step ``step``, raise (``how="raise"``) or SIGKILL itself."""
-
-    def __init__(self, step: int = 3, rank: int = 1, how: str = "raise") -> None:
-        self.step, self.rank, self.how = step, rank, how
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        if trainer.global_step == self.step and trainer.global_rank == self.rank:
-            if self.how == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise RuntimeError(f"rank {self.rank} fails at step {self.step}")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("strategy", "rank", "how"),
-    # rank 1 raising under ddp: tests/callbacks/test_stacks.py::test_the_rank_that_raised_first_is_the_error_read_last
-    [("ddp", 0, "raise"), ("ddp", 1, "kill"), ("ddp_spawn", 1, "raise")],
-)
-def test_a_failing_rank_stops_every_process_promptly(tmp_path, strategy, rank, how):
-    result, seconds = run_cli(
-        "fit",
-        *TINY_RUN,
-        "--trainer.accelerator=cpu",
-        f"--trainer.strategy={strategy}",
-        "--trainer.devices=2",
-        f"--trainer.default_root_dir={tmp_path}",
-        "--trainer.max_steps=20",
-        "--trainer.callbacks+=tests.test_errors.FailAtStep",
-        f"--trainer.callbacks.rank={rank}",
-        f"--trainer.callbacks.how={how}",
-    )
-    assert result.returncode != 0
-    assert seconds < 60
-    if how == "raise":
-        error = f"RuntimeError: rank {rank} fails at step 3"
-        lines = result.stderr.splitlines()
-        assert sum(line.endswith(error) for line in lines) == 1, result.stderr  # its traceback, once
-        # a rank that lost it in a collective ends the output with that first failure, in one line
-        assert error in lines[-1] or lines[-1].endswith(error), result.stderr
-    # a rank still waiting in a collective may add gloo's own error for the lost connection, which points at the
-    # failing rank ("This is typically caused by a remote worker ..."); nothing else
-    others = result.stderr.count("Traceback") - (how == "raise")
-    assert others == 0 or (others == 1 and "remote worker" in result.stderr), result.stderr
-    assert result.stderr.count("stopped: ") <= 1, result.stderr
-
-
 # -- nothing a run writes holds a secret from the environment ---------------------------------------------------
 
 FAKE_SECRETS = {
@@ -518,29 +470,3 @@ def test_collective_timeout_reaches_the_model_parallel_strategies_and_auto(strat
     args = ["--trainer.accelerator=cpu", f"--trainer.strategy={strategy}", "--trainer.devices=2"]
     cli = TemplateCLI(args=[*TINY, *args, "--trainer.precision=64-true", "--collective_timeout=42"], run=False)
     assert collective_timeout(cli.trainer.strategy).total_seconds() == 42 and cli.trainer.world_size == 2
-
-
-# -- a collective that timed out or lost its connection ---------------------------------------------------------
-
-GLOO_TIMEOUT = "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv"
-GLOO_CLOSED = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5125"
-
-
-def test_a_failed_collective_is_told_by_its_text_and_reported_as_one_paragraph_with_exit_status_70(capsys):
-    from multigpu.errors import COLLECTIVE_FAILURE_EXIT_CODE, collective_failure, report
-
-    assert collective_failure(RuntimeError(GLOO_TIMEOUT)) and collective_failure(RuntimeError(GLOO_CLOSED))
-    assert collective_failure(torch.distributed.DistBackendError("Watchdog caught collective operation timeout"))
-    assert not collective_failure(RuntimeError("my request timed out"))  # a user's own error keeps its traceback
-    wrapped = ValueError("step failed")
-    wrapped.__cause__ = RuntimeError(GLOO_CLOSED)
-    assert collective_failure(wrapped)
-    error = RuntimeError(GLOO_TIMEOUT)
-    assert report(error) == COLLECTIVE_FAILURE_EXIT_CODE == 70
-    printed = capsys.readouterr().err
-    assert (
-        printed.count("\n") == 1 and "another rank did not arrive in time" in printed and "multigpu.stacks" in printed
-    )
-    error.collective_report = "rank 1 did not arrive"  # what multigpu/callbacks/stacks.py attaches
-    report(error)
-    assert capsys.readouterr().err == "error: rank 1 did not arrive\n"

@@ -20,6 +20,23 @@ def test_every_public_name_resolves_to_what_its_module_defines():
     assert multigpu.ConfigurationError.__module__ == "multigpu.errors"
 
 
+def test_the_failure_helpers_keep_their_old_import_path_through_1_x():
+    """``multigpu.errors`` held them before ``multigpu.failures`` did (CHANGELOG.md, "Unreleased")."""
+    import multigpu.errors
+    import multigpu.failures
+    from multigpu.errors import network_failure  # the old spelling of a project's import
+
+    assert network_failure is multigpu.network_failure is multigpu.failures.network_failure
+    for name in ("FILE_SYSTEM_ERRNOS", "file_system_failure", "is_network_error"):
+        assert getattr(multigpu.errors, name) is getattr(multigpu, name) is getattr(multigpu.failures, name)
+    try:
+        multigpu.errors.report  # noqa: B018 (internal names moved without an alias)
+    except AttributeError as error:
+        assert "report" in str(error)
+    else:
+        raise AssertionError("multigpu.errors.report resolved")
+
+
 def test_an_unknown_name_is_an_attribute_error():
     try:
         multigpu.NoSuchThing  # noqa: B018

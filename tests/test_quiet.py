@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from multigpu.checkpoints import files
-from multigpu.errors import DEBUG_ENV, user_error_of
+from multigpu.errors import DEBUG_ENV
+from multigpu.failures import user_error_of
 from src.cli import main
 from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env

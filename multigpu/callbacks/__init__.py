@@ -31,10 +31,10 @@ docs/engine.md ("What runs around your training step") tells the hooks each runs
 - ``PrecisionBeforeRestore`` (precision.py), always, acting under a "-true" precision: converts the module before
   a checkpoint is loaded into it.
 - ``Float64Metrics`` (precision.py), always, acting under ``64-true``: torchmetrics states in float64.
-- ``StackDumps`` (stacks.py), always, acting with several processes: every rank's stacks to
+- ``StackDumps`` (stack_dumps.py), always, acting with several processes: every rank's stacks to
   ``<run dir>/stacks/rank-N.txt`` on ``SIGUSR2``, and a collective that times out or loses its connection
   reported as the rank that did not arrive, with its line (before the next one kills the other ranks).
-- ``StopOtherRanksOnError`` (multigpu/errors.py), ``UnshareSpawnedTensors`` (spawn.py), ``DestroyProcessGroupAtExit``
+- ``StopOtherRanksOnError`` (stop_other_ranks.py), ``UnshareSpawnedTensors`` (spawn.py), ``DestroyProcessGroupAtExit``
   (process_group.py), always, acting where a process group exists: an error on one rank stops the others; private
   metric states in ``ddp_spawn`` workers; the process group destroyed at exit, or gloo may abort a finished rank.
 - ``checkpoint``: ``RunCheckpoint`` (checkpoint.py): ``best-<step>.ckpt`` and ``last.ckpt``.
@@ -47,7 +47,7 @@ from multigpu.callbacks.nan_guard import NonFiniteLoss, NonFiniteLossGuard
 from multigpu.callbacks.preemption import PreemptionCheckpoint
 from multigpu.callbacks.progress import PlainProgressBar, progress_bar
 from multigpu.callbacks.run_plan import RunPlan
-from multigpu.callbacks.stacks import StackDumps
+from multigpu.callbacks.stack_dumps import StackDumps
 from multigpu.callbacks.straggler import StragglerReport
 from multigpu.callbacks.throughput import SpeedMonitor
 

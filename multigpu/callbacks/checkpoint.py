@@ -4,6 +4,7 @@ monitored metric the model does not log reported once instead of stopping the ru
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 from weakref import proxy
@@ -30,6 +31,21 @@ def missing_monitor_message(monitor: str, logged: list[str], from_validation: li
         f" Fix: pass --checkpoint.monitor={example} (and --checkpoint.mode=min or max), or log {monitor!r}"
         " with self.log in your validation step."
     )
+
+
+def interval_due(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> bool:
+    """Whether ``checkpoint``'s ``every_n_train_steps`` or ``train_time_interval`` falls on the training batch that
+    just ended, decided as ``ModelCheckpoint.on_train_batch_end`` decides: rank 0's clock decides for every rank,
+    and the clock restarts when the interval is due."""
+    every, interval = compat.checkpoint_schedule(checkpoint)
+    due = every >= 1 and trainer.global_step % every == 0
+    if interval is not None:
+        now, previous = time.monotonic(), compat.interval_clock(checkpoint)
+        not_yet = previous is None or now - previous < interval.total_seconds()
+        if not trainer.strategy.broadcast(not_yet):  # ranks' clocks differ: rank 0 decides for all
+            compat.restart_interval_clock(checkpoint, now)
+            due = True
+    return due
 
 
 class RunCheckpoint(ModelCheckpoint):
@@ -74,7 +90,7 @@ class RunCheckpoint(ModelCheckpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # replaces ModelCheckpoint's, which saves nothing (not even last.ckpt) while the monitored metric is absent
-        if not compat.checkpoint_interval_due(self, trainer) or compat.checkpoint_not_due(self, trainer):
+        if not interval_due(self, trainer) or compat.checkpoint_not_due(self, trainer):
             return
         if compat.validation_follows(trainer):
             # saved once that validation is done: its metric decides the top-k, and the resumed run does not skip it

@@ -17,7 +17,7 @@ from lightning.pytorch.strategies import (
     XLAStrategy,
 )
 
-from multigpu.compat import compiled_by_torch, drop_own_method, own_method, set_own_method
+from multigpu.compat import compiled_by_torch
 from multigpu.errors import ConfigurationError, notice
 
 #: subclasses of the supported strategies that copy or shard the module in ways a compiled forward does not survive
@@ -88,10 +88,11 @@ class CompileModel(Callback):
         self._compiled = torch.compile(
             pl_module.forward, fullgraph=self.fullgraph, dynamic=self.dynamic, backend=self.backend, **options
         )
-        set_own_method(pl_module, "forward", self._compiled)  # the class's forward stays as it is
+        # the user's forward replaced on the instance: the class's stays, and so do the checkpoint's keys
+        pl_module.forward = self._compiled
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # the eager forward again, so that the module pickles (ddp_spawn's next stage, torch.save) as before
-        if self._compiled is not None and own_method(pl_module, "forward") is self._compiled:
-            drop_own_method(pl_module, "forward")
+        if self._compiled is not None and vars(pl_module).get("forward") is self._compiled:
+            del pl_module.forward
         self._compiled = None

@@ -29,7 +29,6 @@ from multigpu.compat import (
     set_logging_step,
     skip_next_validation,
     start_next_epoch_afresh,
-    uncount_epoch_end,
     validation_follows,
 )
 from multigpu.errors import notice
@@ -53,6 +52,18 @@ def save_as_mid_epoch(trainer: L.Trainer) -> bool:
     if stepped:  # the epoch loop counts a logged step after on_train_batch_end; a resume counts it again
         set_logging_step(trainer, logging_step(trainer) - 1)
     return True
+
+
+def uncount_epoch_end(trainer: L.Trainer) -> None:
+    """Take back what Lightning counts after a fit stopped mid-epoch (the epoch processed and completed, its last
+    batch completed), so that the loops read as in a checkpoint saved in ``on_train_batch_end``: a resume continues
+    that epoch."""
+    epochs, batches = epoch_progress(trainer), batch_progress(trainer)
+    for tracker in (epochs.total, epochs.current):
+        tracker.processed -= 1
+        tracker.completed -= 1
+    for tracker in (batches.total, batches.current):
+        tracker.completed -= 1
 
 
 def _all_equal(counts: Any) -> bool:

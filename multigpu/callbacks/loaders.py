@@ -24,12 +24,11 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.compat import (
     batch_progress,
-    drop_own_method,
+    loader_arguments,
     overrides_hook,
-    rebuilt_loader,
+    remade_loader,
     request_train_loaders,
     restarted_mid_epoch,
-    set_own_method,
     train_loader_source,
     uses_distributed_sampler,
 )
@@ -87,8 +86,9 @@ class EngineLoaders(Callback):
         if not isinstance(source, (L.LightningModule, L.LightningDataModule)):
             return
         self._evaluated = [hook for hook in EVALUATION_HOOKS if overrides_hook(source, hook)]
+        # each hook replaced on the instance (Lightning calls it through the instance), the class's kept
         for hook in self._evaluated:
-            set_own_method(source, hook, partial(self._evaluation_loaders, trainer, getattr(source, hook), hook))
+            setattr(source, hook, partial(self._evaluation_loaders, trainer, getattr(source, hook), hook))
         self._wrapped = source
         if stage != "fit" or not overrides_hook(source, HOOK):
             return
@@ -106,7 +106,7 @@ class EngineLoaders(Callback):
             self._place(trainer)
             return built
 
-        set_own_method(source, HOOK, train_dataloader)
+        setattr(source, HOOK, train_dataloader)
 
     @property
     def active(self) -> bool:
@@ -116,7 +116,7 @@ class EngineLoaders(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._wrapped is not None:
             for hook in [HOOK, *self._evaluated]:
-                drop_own_method(self._wrapped, hook)
+                vars(self._wrapped).pop(hook, None)  # the class's hook again
         self._source = self._built = self._wrapped = None
 
     # -- evaluation: the same global batches at any world size --------------------------------------------------
@@ -246,7 +246,11 @@ class EngineLoaders(Callback):
         # training step draws from (the samples are seeded one by one, so nothing else depends on it)
         generator = loader.generator if loader.generator is not None else torch.Generator()
         try:
-            return rebuilt_loader(loader, sampler, dataset=dataset, drop_last=False, generator=generator, **changes)
+            args, kwargs = loader_arguments(loader, sampler)
+            if "batch_size" in changes:  # batches of the new size, not from a batch sampler Lightning made again
+                kwargs.update(batch_sampler=None, sampler=sampler, shuffle=False)
+            changes.update(dataset=dataset, drop_last=False, generator=generator)
+            return remade_loader(loader, *args, **{**kwargs, **changes})
         except Exception as error:
             raise ConfigurationError(
                 f"the training {name} ({type(loader).__name__}) cannot be made again with the engine's sampling:"

@@ -11,8 +11,6 @@ import lightning as L
 import torch
 from torch import nn
 
-from multigpu.compat import instance_attributes
-
 
 def unshare_module_tensors(module: nn.Module) -> int:
     """Replace every CPU tensor attribute of ``module`` and its submodules (torchmetrics states among them) that
@@ -31,7 +29,8 @@ def unshare_module_tensors(module: nn.Module) -> int:
         return copies[id(tensor)]
 
     for submodule in module.modules():
-        for name, value in instance_attributes(submodule).items():
+        # torchmetrics keeps a metric's states as plain attributes of the instance (neither parameters nor buffers)
+        for name, value in list(vars(submodule).items()):
             if isinstance(value, torch.Tensor):
                 setattr(submodule, name, private(value))
             elif isinstance(value, list):

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from multigpu.checkpoints.files import atomic_torch_save
 from multigpu.checkpoints.sharded import load_sharded_checkpoint
-from multigpu.errors import ConfigurationError, report
+from multigpu.errors import ConfigurationError
+from multigpu.reporting import report
 
 
 def consolidate(folder: str | Path, output: str | Path) -> Path:

@@ -1,6 +1,5 @@
 """Every name of Lightning, torch, torchmetrics and jsonargparse that the template relies on and that they do not
-document as public, in one place: private attributes and classes, undocumented keys and module paths, and methods
-replaced on one object.
+document as public, in one place: private attributes and classes, undocumented keys, methods and module paths.
 
 Each is a small function with a one-line reason. Nothing else in the engine or the project reaches into another
 library's internals, with one kind of exception: a subclass may override a protected hook of its own base class
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -60,18 +58,6 @@ def batch_progress(trainer: L.Trainer) -> Any:
 def epoch_progress(trainer: L.Trainer) -> Any:
     """The fit loop's epoch counters, which ``FitLoop.on_advance_end`` advances when a fit ends (also mid-epoch)."""
     return trainer.fit_loop.epoch_progress
-
-
-def uncount_epoch_end(trainer: L.Trainer) -> None:
-    """Take back what Lightning counts after a fit stopped mid-epoch (the epoch processed and completed, its last
-    batch completed), so that the loops read as in a checkpoint saved in ``on_train_batch_end``: a resume continues
-    that epoch. The loops' private classes keep these counters."""
-    epochs, batches = epoch_progress(trainer), batch_progress(trainer)
-    for tracker in (epochs.total, epochs.current):
-        tracker.processed -= 1
-        tracker.completed -= 1
-    for tracker in (batches.total, batches.current):
-        tracker.completed -= 1
 
 
 def reset_batch_position(trainer: L.Trainer) -> None:
@@ -141,7 +127,7 @@ def skip_per_step_sigterm_broadcast(trainer: L.Trainer) -> bool:
     loop = trainer.fit_loop.epoch_loop
     if not callable(getattr(type(loop), "_broadcast_sigterm_tensor", None)):
         return False
-    set_own_method(loop, "_broadcast_sigterm_tensor", lambda: None)
+    loop._broadcast_sigterm_tensor = lambda: None  # this loop only: its class keeps the method
     return True
 
 
@@ -160,20 +146,21 @@ def save_last_checkpoint(checkpoint: ModelCheckpoint, trainer: L.Trainer, candid
     checkpoint._save_last_checkpoint(trainer, candidates)
 
 
-def checkpoint_interval_due(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> bool:
-    """Whether ``ModelCheckpoint``'s ``every_n_train_steps`` or ``train_time_interval`` falls on the training batch
-    that just ended, decided as its ``on_train_batch_end`` decides (the clock's decision rank 0's, and its clock
-    restarted when due), from its protected settings."""
-    every = checkpoint._every_n_train_steps
-    due = every >= 1 and trainer.global_step % every == 0
-    interval = checkpoint._train_time_interval
-    if interval is not None:
-        now, previous = time.monotonic(), checkpoint._last_time_checked
-        not_yet = previous is None or now - previous < interval.total_seconds()
-        if not trainer.strategy.broadcast(not_yet):  # ranks' clocks differ: rank 0 decides for all
-            checkpoint._last_time_checked = now
-            due = True
-    return due
+def checkpoint_schedule(checkpoint: ModelCheckpoint) -> tuple[int, timedelta | None]:
+    """``ModelCheckpoint``'s ``every_n_train_steps`` and ``train_time_interval`` as it keeps them (protected
+    attributes; ``every_n_train_steps`` is 0 where another schedule is set)."""
+    return checkpoint._every_n_train_steps, checkpoint._train_time_interval
+
+
+def interval_clock(checkpoint: ModelCheckpoint) -> float | None:
+    """When (``time.monotonic()``) ``ModelCheckpoint`` last restarted the clock of its ``train_time_interval``, or
+    None before its first training batch (its protected record)."""
+    return checkpoint._last_time_checked
+
+
+def restart_interval_clock(checkpoint: ModelCheckpoint, now: float) -> None:
+    """Restart that clock at ``now``, as ``ModelCheckpoint`` does when its interval falls due."""
+    checkpoint._last_time_checked = now
 
 
 def checkpoint_not_due(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> bool:
@@ -311,26 +298,31 @@ def train_loader_source(trainer: L.Trainer) -> Any:
 
 def request_train_loaders(trainer: L.Trainer) -> Any:
     """The training loaders, asked for as the fit loop asks (``_request_dataloader``): within it, every ``DataLoader``
-    made keeps the arguments it was made with, for ``rebuilt_loader``."""
+    made keeps the arguments it was made with, for ``loader_arguments``."""
     from lightning.pytorch.trainer.connectors.data_connector import _request_dataloader
 
     return _request_dataloader(trainer.fit_loop._data_source)
 
 
-def rebuilt_loader(loader: Any, sampler: Any, **changes: Any) -> Any:
-    """``loader`` made again, of its own class with the user's arguments, with ``sampler`` (None for a stream) and
-    ``changes`` (``dataset=``, ``batch_size=``, ...) in place of theirs: how Lightning puts its
-    ``DistributedSampler`` in (``_update_dataloader``), with more arguments replaced."""
-    from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
+def loader_arguments(loader: Any, sampler: Any) -> tuple[tuple, dict[str, Any]]:
+    """The arguments the user made ``loader`` with, ``sampler`` (None for a stream) in place of theirs, as Lightning
+    reads them to put its ``DistributedSampler`` in (``_update_dataloader``); positional ones by name where the
+    names are known (Lightning records them on the loader), so that a change of one reaches it."""
     from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
 
     args, kwargs = _get_dataloader_init_args_and_kwargs(loader, sampler)
     names = getattr(loader, "__pl_saved_arg_names", ())
-    if len(names) == len(args):  # positional arguments by name, so that changes reach them too
-        kwargs, args = {**dict(zip(names, args, strict=True)), **kwargs}, ()
-    if "batch_size" in changes:  # batches made from the new batch size, not by a batch sampler Lightning made again
-        kwargs.update(batch_sampler=None, sampler=sampler, shuffle=False)
-    return _reinstantiate_wrapped_cls(loader, *args, **{**kwargs, **changes})
+    if len(names) == len(args):
+        return (), {**dict(zip(names, args, strict=True)), **kwargs}
+    return args, kwargs
+
+
+def remade_loader(loader: Any, *args: Any, **kwargs: Any) -> Any:
+    """A loader of ``loader``'s own class made with these arguments, as Lightning makes one again (its attributes set
+    after ``__init__`` set again, and an error that names the arguments the class does not take)."""
+    from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
+
+    return _reinstantiate_wrapped_cls(loader, *args, **kwargs)
 
 
 # -- jsonargparse and LightningCLI --------------------------------------------------------------------------
@@ -410,7 +402,7 @@ def run_subcommand(cli: LightningCLI) -> None:
 def compiled_by_torch(module: nn.Module) -> bool:
     """Whether ``module.compile()`` compiled the module's call, or its ``forward`` is a ``torch.compile`` result:
     compiling either again would trace a compiled function."""
-    forward = own_method(module, "forward")
+    forward = vars(module).get("forward")  # a forward of the module's own, put on the instance
     return module._compiled_call_impl is not None or hasattr(forward, "_torchdynamo_orig_callable")
 
 
@@ -444,12 +436,6 @@ def draw_loader_base_seed() -> None:
     torch.empty((), dtype=torch.int64).random_()
 
 
-def instance_attributes(obj: object) -> dict[str, Any]:
-    """The attributes stored on ``obj`` itself: torchmetrics keeps a metric's states there, as plain tensors or lists
-    of them (neither parameters nor buffers), where only the instance's own namespace reaches them."""
-    return dict(vars(obj))
-
-
 # -- torch.distributed.pipelining: a stage's work -------------------------------------------------------------
 
 #: what a schedule of ``torch.distributed.pipelining`` calls on a ``PipelineStage`` for the stage's own work on one
@@ -458,45 +444,12 @@ def instance_attributes(obj: object) -> dict[str, Any]:
 STAGE_WORK = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
 
-def time_stage_work(stage: Any, start: Callable[[], None], end: Callable[[], None]) -> None:
-    """Call ``start()`` before and ``end()`` after each piece of ``stage``'s own work, whichever schedule calls it
-    (the benchmark's measured bubble: ``benchmarks/clock.py``). Relied on: the schedules call these methods on the
-    stage object, after waiting for its inputs and before sending its outputs."""
-
-    def timed(work: Callable[..., Any]) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            start()
-            try:
-                return work(*args, **kwargs)
-            finally:
-                end()
-
-        return run
-
+def wrap_stage_work(stage: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace each piece of ``stage``'s own work (``STAGE_WORK``) with ``wrap`` of it, on this stage only, whichever
+    schedule calls it. Relied on: the schedules call these methods on the stage object, after waiting for its inputs
+    and before sending its outputs."""
     for name in STAGE_WORK:
-        set_own_method(stage, name, timed(getattr(stage, name)))
-
-
-# -- methods replaced on one object -------------------------------------------------------------------------
-
-
-def set_own_method(obj: object, name: str, method: Callable[..., Any]) -> None:
-    """Give ``obj`` a ``name`` of its own in place of its class's, for this object only (its class, other objects and
-    checkpoints keep theirs). Relied on: torch's ``nn.Module.__call__`` runs ``self.forward``, Lightning calls a
-    module's hooks and checks ``is_overridden`` through the instance, and a precision plugin's ``clip_gradients``
-    calls ``self.clip_grad_by_norm``: each finds an attribute of the instance first."""
-    setattr(obj, name, method)
-
-
-def own_method(obj: object, name: str) -> Any:
-    """What ``set_own_method`` gave ``obj`` as ``name``, or None where ``obj`` runs its class's."""
-    return vars(obj).get(name)
-
-
-def drop_own_method(obj: object, name: str) -> None:
-    """Let ``obj`` run its class's ``name`` again (nothing to do where it has none of its own)."""
-    if name in vars(obj):
-        delattr(obj, name)
+        setattr(stage, name, wrap(getattr(stage, name)))
 
 
 # -- torch.distributed.tensor ------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import gather, parallel_apply, replicate
 from torchmetrics import Metric, MetricCollection
 
-from multigpu.compat import drop_own_method, only_children, own_method, scatter_to_devices, set_own_method
+from multigpu.compat import only_children, scatter_to_devices
 from multigpu.hooks import DP_MODULES, ReplicatesForDataParallel
 
 #: the LightningModule attribute naming the child modules ``forward`` uses (the ones dp replicates)
@@ -217,9 +217,8 @@ class ParallelForward:
             for name, stand_in in skipped.items():
                 setattr(replica, name, stand_in)
             # each replica is a shallow copy of the module, this object included: point it at the real forward
-            set_own_method(replica, "forward", functools.partial(forward, replica))
-            set_own_method(replica, "log", _refuse_logging)
-            set_own_method(replica, "log_dict", _refuse_logging)
+            replica.forward = functools.partial(forward, replica)
+            replica.log = replica.log_dict = _refuse_logging
         return replicas
 
 
@@ -290,13 +289,15 @@ class DataParallelStrategy(ParallelStrategy):
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         if self.parallel_forward_active:
-            set_own_method(model, "forward", ParallelForward(model, self.parallel_devices or []))
+            # the user's forward replaced on the instance, not wrapped: the module, its class and its checkpoint
+            # keys stay the user's, and self(x) in their step runs the forward split over the devices
+            model.forward = ParallelForward(model, self.parallel_devices or [])
         return model
 
     def teardown(self) -> None:
         module = self.lightning_module
-        if module is not None and isinstance(own_method(module, "forward"), ParallelForward):
-            drop_own_method(module, "forward")
+        if module is not None and isinstance(vars(module).get("forward"), ParallelForward):
+            del module.forward  # the class's forward again
         super().teardown()
 
     # Collectives are trivial in one process.

@@ -55,7 +55,7 @@ from multigpu.checkpoints.sharded import (
     staging_path,
     write_shards,
 )
-from multigpu.compat import collective_timeout, overrides_hook, set_mesh_sizes, set_own_method
+from multigpu.compat import collective_timeout, overrides_hook, set_mesh_sizes
 from multigpu.errors import ConfigurationError
 from multigpu.strategies.sharding import DefaultShardingPolicy
 
@@ -107,7 +107,7 @@ def clip_across_meshes(plugin: Precision) -> None:
     def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
         clip_grad_norm(list(plugin.main_params(optimizer)), clip_val)
 
-    set_own_method(plugin, "clip_grad_by_norm", clip_grad_by_norm)
+    plugin.clip_grad_by_norm = clip_grad_by_norm  # this plugin only: its clip_gradients calls self.clip_grad_by_norm
 
 
 class ClipAcrossMeshes(Callback):

@@ -25,8 +25,6 @@ from lightning.pytorch import LightningModule
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from multigpu.compat import drop_own_method, set_own_method
-
 
 def holds_parameters(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
@@ -57,8 +55,9 @@ class DefaultShardingPolicy:
 
     @classmethod
     def install(cls, module: LightningModule) -> DefaultShardingPolicy:
-        set_own_method(module, "configure_model", types.MethodType(shard_by_children, module))
+        # an attribute of the instance: Lightning calls the hook, and checks that it exists, through the instance
+        module.configure_model = types.MethodType(shard_by_children, module)
         return cls(module)
 
     def uninstall(self) -> None:
-        drop_own_method(self.module, "configure_model")
+        vars(self.module).pop("configure_model", None)  # the class's hook again

@@ -18,6 +18,7 @@ from benchmarks.clock import StageClock
 from benchmarks.report import build_table, markdown, write_all
 from benchmarks.runner import Row
 from benchmarks.stats import bubble_figures
+from benchmarks.timing import time_stage_work
 from multigpu.strategies.pipeline import PipelineOptions, bubble_fraction
 from tests.benchmarks.test_bench import _run, environment
 
@@ -129,3 +130,31 @@ def test_the_report_puts_the_measured_bubble_beside_the_theorys(tmp_path):
     write_all(tmp_path, results, plots=False)
     written = {r["strategy"]: r for r in csv.DictReader((tmp_path / "results.csv").read_text().splitlines())}
     assert float(written["pipeline"]["bubble_measured"]) == entry["bubble_measured"]
+
+
+class Stage:
+    """Test-only: a stage's three pieces of work, each recorded; the backward fails."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def forward_one_chunk(self, chunk: int) -> int:
+        self.events.append(f"forward {chunk}")
+        return chunk
+
+    def backward_one_chunk(self, chunk: int) -> None:
+        raise RuntimeError("backward failed")
+
+    def backward_weight_one_chunk(self, chunk: int) -> None:
+        self.events.append(f"weights {chunk}")
+
+
+def test_time_stage_work_brackets_each_piece_of_work_a_failing_one_too():
+    events: list[str] = []
+    stage = Stage(events)
+    time_stage_work(stage, lambda: events.append("start"), lambda: events.append("end"))
+    assert stage.forward_one_chunk(3) == 3
+    stage.backward_weight_one_chunk(1)
+    with pytest.raises(RuntimeError, match="backward failed"):
+        stage.backward_one_chunk(0)
+    assert events == ["start", "forward 3", "end", "start", "weights 1", "end", "start", "end"]

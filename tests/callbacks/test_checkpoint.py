@@ -7,10 +7,16 @@ from __future__ import annotations
 import random
 import re
 import signal
+from datetime import timedelta
+from typing import Any
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
 
+from multigpu.callbacks.checkpoint import interval_due
 from src.cli import main
 from tests.callbacks.test_preemption import COMMON, best_checkpoint, start, validation_rows, wait_for_lines
 from tests.conftest import TINY, load_state
@@ -126,3 +132,33 @@ def test_sigterm_while_a_background_write_is_in_progress_saves_its_step_before_e
     folder = run_dir / "checkpoints"
     assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == step >= 3
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]  # no temporary file: every write finished
+
+
+class IntervalProbe(ModelCheckpoint):
+    """Test-only: ``(step, interval_due)`` at each training batch end, before ``ModelCheckpoint`` decides."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.due: list[tuple[int, bool]] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.due.append((trainer.global_step, interval_due(self, trainer)))
+        super().on_train_batch_end(trainer, *args)
+
+
+def fit_with(probe: IntervalProbe, steps: int) -> None:
+    L.Trainer(accelerator="cpu", max_steps=steps, limit_val_batches=0, logger=False, enable_progress_bar=False,
+              enable_model_summary=False, callbacks=[probe]).fit(BoringModel())  # fmt: skip
+
+
+def test_the_interval_is_due_where_model_checkpoints_schedule_saves(tmp_path):
+    every_two = IntervalProbe(dirpath=tmp_path, monitor=None, every_n_train_steps=2, save_top_k=-1)
+    fit_with(every_two, 4)
+    assert every_two.due == [(1, False), (2, True), (3, False), (4, True)]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
+    always = IntervalProbe(dirpath=tmp_path / "timed", monitor=None, train_time_interval=timedelta(0))
+    fit_with(always, 2)
+    assert always.due == [(1, True), (2, True)]  # the clock: due after every interval (here 0 s)
+    hourly = IntervalProbe(dirpath=tmp_path / "hourly", monitor=None, train_time_interval=timedelta(hours=1))
+    fit_with(hourly, 2)
+    assert hourly.due == [(1, False), (2, False)] and not (tmp_path / "hourly").exists()

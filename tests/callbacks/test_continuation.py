@@ -17,7 +17,8 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.demos.boring_classes import BoringModel
 from torch.utils.data import DataLoader, TensorDataset
 
 from multigpu.callbacks.continuation import (
@@ -28,6 +29,7 @@ from multigpu.callbacks.continuation import (
     resumable,
     save_as_mid_epoch,
     save_as_next_epoch_start,
+    uncount_epoch_end,
 )
 from multigpu.compat import logging_step, set_logging_step
 from multigpu.data.base import ResumableDataLoader
@@ -285,6 +287,29 @@ def test_a_mid_epoch_stop_is_saved_as_lightning_saves_a_batch_end():
     trainer.fit_loop.update_restart_stage()
     assert trainer.fit_loop.restarted_mid_epoch
     assert trainer.fit_loop.epoch_loop.restarted_on_train_batch_end
+
+
+class ProgressAtBatchEnd(Callback):
+    """Keeps the loops' progress counters as a checkpoint saved in ``on_train_batch_end`` holds them."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.saved = progress_counters(trainer)
+
+
+def progress_counters(trainer: L.Trainer) -> tuple[dict, dict]:
+    loop = trainer.fit_loop
+    return loop.epoch_progress.state_dict(), loop.epoch_loop.batch_progress.state_dict()
+
+
+def test_an_uncounted_epoch_end_holds_the_counters_of_a_checkpoint_saved_at_the_last_batch_end():
+    probe = ProgressAtBatchEnd()
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, limit_train_batches=4, limit_val_batches=0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[probe])  # fmt: skip
+    trainer.fit(BoringModel())  # stops after 2 of 4 batches; Lightning counts the epoch as finished
+    assert progress_counters(trainer) != probe.saved and trainer.current_epoch == 1
+    uncount_epoch_end(trainer)
+    assert progress_counters(trainer) == probe.saved and trainer.current_epoch == 0
 
 
 def test_an_epoch_end_is_saved_as_the_next_epochs_start():

@@ -6,7 +6,7 @@ checkpoint."""
 from __future__ import annotations
 
 import torch
-from torchmetrics import MeanMetric
+from torchmetrics import CatMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from multigpu.callbacks.spawn import unshare_module_tensors
@@ -18,6 +18,18 @@ class TwoMetrics(torch.nn.Module):
         self.mean = MeanMetric()
         self.acc = MulticlassAccuracy(3, average="micro")
         self.alias = self.mean.mean_value  # two names for one tensor, as a MetricCollection's compute group has
+
+
+def test_torchmetrics_keeps_a_metrics_states_as_attributes_of_the_instance():
+    """What ``unshare_module_tensors`` walks: each state is in the metric's own namespace, and compute reads it."""
+    mean, collected = MeanMetric(), CatMetric()
+    mean.update(torch.tensor([1.0, 3.0]))
+    collected.update(torch.tensor([1.0]))
+    for metric in (mean, collected):
+        assert metric.metric_state and all(vars(metric)[name] is state for name, state in metric.metric_state.items())
+    assert isinstance(vars(collected)["value"], list)  # a list state, kept as a list
+    mean.mean_value, mean.weight = torch.tensor(10.0), torch.tensor(1.0)  # as the un-sharing replaces them
+    assert float(mean.compute()) == 10.0  # what compute reads
 
 
 def test_metric_states_that_a_spawn_left_in_shared_memory_get_private_copies():

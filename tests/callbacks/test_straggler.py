@@ -1,5 +1,5 @@
 """A rank slower than the others is named by rank 0, with what is slow in it, and ``perf/straggler_ratio`` logged;
-ranks of equal speed are not (the run of ``test_stacks.py``'s SIGUSR2 test, paced alike, prints no line)."""
+ranks of equal speed are not (the run of ``test_stack_dumps.py``'s SIGUSR2 test, paced alike, prints no line)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 from multigpu.checkpoints import background, files, sharded
 from multigpu.checkpoints.background import BackgroundCheckpointIO
-from multigpu.errors import user_error_of
+from multigpu.failures import user_error_of
 from tests.test_quiet import FullDisk
 
 

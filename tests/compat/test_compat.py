@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import types
 import warnings
 from collections.abc import Callable
@@ -29,13 +30,12 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.plugins import Precision
-from lightning.pytorch.strategies import ModelParallelStrategy, SingleDeviceStrategy, Strategy, StrategyRegistry
+from lightning.pytorch.strategies import ModelParallelStrategy, SingleDeviceStrategy, StrategyRegistry
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from torchmetrics import CatMetric, MeanMetric
 
 from multigpu import compat
+from multigpu.callbacks.continuation import uncount_epoch_end
 from multigpu.strategies import DataParallelStrategy
 from multigpu.strategies.dp import ParallelForward
 from tests.conftest import REPO
@@ -141,7 +141,7 @@ def mid_epoch_checkpoint(tmp_path_factory) -> Path:
     ``uncount_epoch_end``."""
     fit = trainer(max_steps=2)
     fit.fit(BoringModel())
-    compat.uncount_epoch_end(fit)
+    uncount_epoch_end(fit)
     assert compat.epoch_progress(fit).current.completed == 0 and fit.current_epoch == 0
     assert compat.batch_progress(fit).current.completed == 1
     path = tmp_path_factory.mktemp("mid_epoch") / "mid.ckpt"
@@ -165,7 +165,7 @@ def resumed_positions(checkpoint: Path, **hooks: Callable[..., Any]) -> tuple[li
     return seen, [str(warning.message) for warning in caught]
 
 
-def test_an_uncounted_epoch_end_resumes_in_the_middle_of_that_epoch(mid_epoch_checkpoint, tmp_path):
+def test_restarted_mid_epoch_after_an_uncounted_epoch_end_not_after_lightnings_count(mid_epoch_checkpoint, tmp_path):
     seen, _ = resumed_positions(mid_epoch_checkpoint, on_train_start=compat.restarted_mid_epoch)
     assert seen == [True, (0, 2), (0, 3)]  # the epoch's last two batches
     # as Lightning leaves its counters (the stopped epoch counted), the same stop resumes in a new epoch
@@ -393,22 +393,16 @@ def test_monitor_candidates_and_save_last_checkpoint_write_last_as_model_checkpo
 
 
 class ScheduleProbe(ModelCheckpoint):
-    """Test-only: at each training batch end, what the compat functions say about ModelCheckpoint's schedule, and
-    each file its one writing hook ``_save_checkpoint`` (which ``RunCheckpoint`` overrides) is called for."""
+    """Test-only: at each training batch end, whether ModelCheckpoint saves nothing whatever its schedule, and each
+    file its one writing hook ``_save_checkpoint`` (which ``RunCheckpoint`` overrides) is called for."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.due: list[tuple[int, bool, bool]] = []
+        self.not_due: list[tuple[int, bool]] = []
         self.written: list[tuple[int, str]] = []
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self.due.append(
-            (
-                trainer.global_step,
-                compat.checkpoint_interval_due(self, trainer),
-                compat.checkpoint_not_due(self, trainer),
-            )
-        )
+        self.not_due.append((trainer.global_step, compat.checkpoint_not_due(self, trainer)))
         super().on_train_batch_end(trainer, *args)
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
@@ -417,12 +411,12 @@ class ScheduleProbe(ModelCheckpoint):
 
 
 def test_the_schedule_and_the_record_of_written_files_are_model_checkpoints(tmp_path):
-    """Every 2 steps with no monitor: due at steps 2 and 4 (not yet saved there), and each save passes through
-    ``_save_checkpoint``, which records the step and file; the record can be set, as a link of a file sets it."""
+    """Every 2 steps with no monitor: each save (steps 2 and 4) passes through ``_save_checkpoint``, which records
+    the step and file; the record can be set, as a link of a file sets it."""
     probe = ScheduleProbe(dirpath=tmp_path, monitor=None, every_n_train_steps=2, save_last=True, save_top_k=1)
     fit = trainer(max_steps=BATCHES, enable_checkpointing=True, callbacks=[probe])
     fit.fit(BoringModel())
-    assert probe.due == [(1, False, False), (2, True, False), (3, False, False), (4, True, False)]
+    assert probe.not_due == [(1, False), (2, False), (3, False), (4, False)]  # while fitting, the schedule decides
     assert [(step, Path(path).name) for step, path in probe.written] == [
         (2, "epoch=0-step=2.ckpt"), (2, "last.ckpt"), (4, "epoch=0-step=4.ckpt"), (4, "last.ckpt")
     ]  # fmt: skip
@@ -432,9 +426,26 @@ def test_the_schedule_and_the_record_of_written_files_are_model_checkpoints(tmp_
     assert compat.versions_checkpoint_names(probe) and not compat.versions_checkpoint_names(
         ModelCheckpoint(enable_version_counter=False)
     )
-    timed = ScheduleProbe(dirpath=tmp_path / "timed", monitor=None, train_time_interval=timedelta(0))
-    trainer(max_steps=2, enable_checkpointing=True, callbacks=[timed]).fit(BoringModel())
-    assert [due for _, due, _ in timed.due] == [True, True]  # the clock: due after every interval (here 0 s)
+
+
+def test_the_schedule_and_the_clock_of_its_interval_are_the_ones_model_checkpoint_decides_on(tmp_path):
+    """The clock read is the one ``ModelCheckpoint`` restarts when its interval falls due, and a clock set back two
+    hours makes its hourly interval due at the next batch end."""
+    assert compat.checkpoint_schedule(ModelCheckpoint(every_n_train_steps=3)) == (3, None)
+    hourly = ModelCheckpoint(dirpath=tmp_path, monitor=None, train_time_interval=timedelta(hours=1))
+    assert compat.checkpoint_schedule(hourly) == (0, timedelta(hours=1)) and compat.interval_clock(hourly) is None
+    clocks: list[float | None] = []
+
+    def at_batch_end(t: L.Trainer, index: int) -> None:  # runs before ModelCheckpoint's, which Lightning puts last
+        clocks.append(compat.interval_clock(hourly))
+        if index == 1:
+            compat.restart_interval_clock(hourly, time.monotonic() - 7200)
+
+    trainer(max_steps=3, enable_checkpointing=True, callbacks=[Hooks(on_train_batch_end=at_batch_end), hourly]).fit(
+        BoringModel()
+    )
+    assert [path.name for path in tmp_path.iterdir()] == ["epoch=0-step=2.ckpt"]  # due once, after the set-back
+    assert isinstance(clocks[0], float) and clocks[0] == clocks[1] < clocks[2]  # restarted when it saved
 
 
 def test_trained_class_path_is_the_class_lightning_cli_built_the_model_as():
@@ -559,7 +570,7 @@ class RecordingDataParallel(DataParallelStrategy):
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         self.model_device_at_setup = next(model.parameters()).device
-        compat.set_own_method(model, "forward", CountingForward(model, self.parallel_devices or []))
+        model.forward = CountingForward(model, self.parallel_devices or [])
         return model
 
 
@@ -574,12 +585,12 @@ class CountingForward(ParallelForward):
 def test_strategy_setup_hands_the_model_to_setup_model_after_moving_it_and_keeps_what_it_returns():
     model, strategy = BoringModel(), RecordingDataParallel()
     own_forward: list[Any] = []
-    probe = Hooks(on_train_start=lambda t: own_forward.append(compat.own_method(t.lightning_module, "forward")))
+    probe = Hooks(on_train_start=lambda t: own_forward.append(vars(t.lightning_module).get("forward")))
     CountingForward.calls = 0
     trainer(max_steps=2, strategy=strategy, callbacks=[probe]).fit(model)
     assert strategy.model_device_at_setup == strategy.root_device
     assert isinstance(own_forward[0], CountingForward) and CountingForward.calls == 2  # self(x) in each step
-    assert compat.own_method(model, "forward") is None  # the strategy's teardown took it off again
+    assert "forward" not in vars(model)  # the strategy's teardown took it off again
 
 
 def test_available_flops_is_lightnings_table_of_device_peaks(monkeypatch):
@@ -669,7 +680,7 @@ def test_parse_only_parses_and_the_steps_after_the_parse_build_and_run_in_the_ca
 def test_compiled_by_torch_sees_a_compiled_call_and_a_compiled_forward():
     module = nn.Linear(2, 2)
     assert not compat.compiled_by_torch(module)
-    compat.set_own_method(module, "forward", torch.compile(module.forward, backend="eager"))
+    module.forward = torch.compile(module.forward, backend="eager")
     assert compat.compiled_by_torch(module)
     other = nn.Linear(2, 2)
     other.compile(backend="eager")
@@ -721,52 +732,19 @@ def test_draw_loader_base_seed_draws_what_a_loader_iterator_draws():
     assert not torch.equal(torch.get_rng_state(), after_iterator)  # the iterator did draw
 
 
-def test_instance_attributes_hold_torchmetrics_states():
-    mean, collected = MeanMetric(), CatMetric()
-    mean.update(torch.tensor([1.0, 3.0]))
-    collected.update(torch.tensor([1.0]))
-    for metric in (mean, collected):
-        attributes = compat.instance_attributes(metric)
-        assert metric.metric_state and all(attributes[name] is state for name, state in metric.metric_state.items())
-    assert isinstance(compat.instance_attributes(collected)["value"], list)  # a list state, kept as a list
-    mean.mean_value, mean.weight = torch.tensor(10.0), torch.tensor(1.0)  # as spawn's un-sharing replaces them
-    assert float(mean.compute()) == 10.0  # what compute reads
-
-
-# -- methods replaced on one object -------------------------------------------------------------------------
-
-
-def test_an_own_forward_is_what_calling_the_module_runs_for_that_module_only():
-    module, other, x = nn.Linear(2, 2), nn.Linear(2, 2), torch.ones(1, 2)
-    compat.set_own_method(module, "forward", lambda inputs: inputs * 7)
-    assert torch.equal(module(x), x * 7) and compat.own_method(module, "forward") is not None
-    assert compat.own_method(other, "forward") is None and other(x).shape == (1, 2)
-    compat.drop_own_method(module, "forward")
-    compat.drop_own_method(module, "forward")  # nothing left to drop
-    assert compat.own_method(module, "forward") is None and not torch.equal(module(x), x * 7)
-
-
-def test_an_own_hook_is_what_lightning_calls_and_counts_as_overridden():
+def test_a_hook_on_the_instance_is_what_lightning_calls_and_overrides_hook_counts():
+    """What the sharding policy and the loaders rely on when they put a hook on the user's module itself."""
     model, calls = BoringModel(), []
-    compat.set_own_method(model, "configure_model", types.MethodType(lambda self: calls.append(self), model))
+    model.configure_model = types.MethodType(lambda self: calls.append(self), model)
     assert compat.overrides_hook(model, "configure_model")
     assert not compat.overrides_hook(BoringModel(), "configure_model")
     trainer(max_steps=1).fit(model)
     assert calls == [model]
-    compat.drop_own_method(model, "configure_model")
+    del model.configure_model
     assert not compat.overrides_hook(model, "configure_model")
 
 
-def test_an_own_clip_grad_by_norm_is_what_the_precision_plugin_clips_with():
-    clipped: list[float] = []
-    fit = trainer(max_steps=2, gradient_clip_val=0.5)
-    assert isinstance(fit.precision_plugin, Precision)
-    compat.set_own_method(fit.precision_plugin, "clip_grad_by_norm", lambda optimizer, value: clipped.append(value))
-    fit.fit(BoringModel())
-    assert clipped == [0.5, 0.5]
-
-
-def test_time_stage_work_brackets_each_forward_and_backward_a_schedule_runs_on_the_stage(one_process_group):
+def test_wrapped_stage_work_brackets_each_forward_and_backward_a_schedule_runs_on_the_stage(one_process_group):
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     torch.manual_seed(0)
@@ -779,7 +757,17 @@ def test_time_stage_work_brackets_each_forward_and_backward_a_schedule_runs_on_t
     batch = torch.randn(4, 4, requires_grad=True), torch.zeros(4, 2)
     schedule.step(batch[0], target=batch[1])  # the first step also sets the stage up (a forward and a backward)
     events.clear()
-    compat.time_stage_work(stage, lambda: events.append("start"), lambda: events.append("end"))
+
+    def bracketed(work: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            events.append("start")
+            result = work(*args, **kwargs)
+            events.append("end")
+            return result
+
+        return run
+
+    compat.wrap_stage_work(stage, bracketed)
     schedule.step(batch[0], target=batch[1])
     # GPipe on one stage and two micro-batches: two forwards, then two backwards, each inside its own bracket
     assert events == ["start", "forward", "end"] * 2 + ["start", "backward", "end"] * 2
@@ -789,16 +777,10 @@ def test_time_stage_work_brackets_each_forward_and_backward_a_schedule_runs_on_t
 
 #: names of the Python standard library's documented API that start with an underscore (namedtuple's)
 PUBLIC_UNDERSCORE_NAMES = {"_make", "_fields", "_asdict", "_replace"}
-#: library classes whose methods ``set_own_method`` replaces: assigning or deleting one on an object is a reach
-CLASSES_WITH_REPLACEABLE_METHODS = (nn.Module, L.LightningModule, Callback, Strategy, Precision, L.Trainer)
 #: the Trainer's loops: their classes are private, and so is everything the template reads or changes in them
 LOOPS = {"fit_loop", "epoch_loop", "validate_loop", "test_loop", "predict_loop"}
-#: the loops' progress counters, which only ``multigpu/compat.py`` changes
-COUNTERS = {"ready", "started", "processed", "completed"}
 #: a private module of the libraries, spelled in a string (a ``warnings`` filter's pattern, an import path)
 PRIVATE_MODULE = re.compile(r"(lightning|torch|torchmetrics|jsonargparse)(\\?\.\w+)*\\?\._[a-z]")
-#: functions that reach into an object's own namespace
-REACHING_FUNCTIONS = {"vars"}
 #: the libraries' undocumented names that have no underscore, and the modules that only hold such names: only
 #: multigpu/compat.py spells them
 UNDOCUMENTED_NAMES = {
@@ -821,10 +803,6 @@ UNDOCUMENTED_MODULES = {
 
 def private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__") and name not in PUBLIC_UNDERSCORE_NAMES
-
-
-def replaceable_method(name: str) -> bool:
-    return any(callable(getattr(cls, name, None)) for cls in CLASSES_WITH_REPLACEABLE_METHODS)
 
 
 def on_self(node: ast.expr) -> bool:
@@ -874,8 +852,6 @@ def reach(node: ast.AST, own: set[str], docstrings: set[int]) -> str | None:
             return None  # an overridden hook calling its base class's
         if not (on_self(value) and node.attr in own):
             return "a private attribute"
-    if isinstance(node, ast.Attribute) and node.attr == "__dict__":
-        return "an object's own namespace"
     if isinstance(node, ast.Attribute) and node.attr in LOOPS:
         return "the loops' classes are private"
     if isinstance(node, ast.Attribute) and node.attr in UNDOCUMENTED_ATTRIBUTES:
@@ -885,26 +861,13 @@ def reach(node: ast.AST, own: set[str], docstrings: set[int]) -> str | None:
     if isinstance(node, ast.Call):
         function = ast.unparse(node.func)
         strings = [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
-        if function in REACHING_FUNCTIONS:
-            return "an object's own namespace"
         if function in ("getattr", "hasattr", "setattr", "delattr") and any(private(s) for s in strings):
             return "a private attribute by name"
-        if function == "setattr" and any(replaceable_method(s) for s in strings):
-            return "a method replaced on an object"
         if function.endswith(".get") and any(private(s) for s in strings[:1]):
             return "a private key"
     key = node.slice.value if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) else None
     if isinstance(key, str) and (private(key) or key in UNDOCUMENTED_KEYS):
         return "a private key"
-    if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
-        targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets
-        for target in targets:
-            if not isinstance(target, ast.Attribute) or on_self(target.value):
-                continue
-            if isinstance(node, ast.Delete) or replaceable_method(target.attr):
-                return "a method replaced on an object"
-            if isinstance(node, ast.AugAssign) and target.attr in COUNTERS:
-                return "a loop counter changed"
     text = node.value if isinstance(node, ast.Constant) and id(node) not in docstrings else None
     if isinstance(text, str) and PRIVATE_MODULE.search(text):
         return "a private module"
@@ -963,20 +926,27 @@ from lightning.pytorch.loops.progress import _BatchProgress
 from lightning.pytorch.utilities._pytree import tree_flatten
 steps = trainer.fit_loop.epoch_loop.batch_progress
 self._monitor_candidates(trainer)
-module.forward = other
-del module.forward
-vars(metric)
-module.__dict__.get("forward")
 hparams.get("_class_path")
-progress.current.completed -= 1
 pattern = r"lightning\.pytorch\.utilities\._pytree"
-setattr(plugin, "clip_grad_by_norm", clip)
+setattr(loop, "_broadcast_sigterm_tensor", stop)
 from torch.nn.parallel.scatter_gather import scatter_kwargs
 parser.callback_keys.remove("checkpoint")
 params = StrategyRegistry[name]["init_params"]
 """
-    assert {line for line, _ in reaches(source, own=set())} == set(range(2, 17))
-    fine = "self._own = 1\nself._own\ntype(first)._make(items)\nsuper()._save_topk_checkpoint(trainer, c)\n"
+    assert {line for line, _ in reaches(source, own=set())} == set(range(2, 12))
+    # plain Python on an object the engine holds: a method of its own on the instance, its own namespace, and
+    # arithmetic on counters a compat function returned
+    fine = """self._own = 1
+self._own
+type(first)._make(items)
+super()._save_topk_checkpoint(trainer, c)
+module.forward = other
+del module.forward
+vars(metric)
+module.__dict__.get("forward")
+setattr(plugin, "clip_grad_by_norm", clip)
+progress.current.completed -= 1
+"""
     assert reaches(fine, own={"_own"}) == []
 
 
@@ -1011,7 +981,10 @@ def test_the_training_loaders_are_asked_of_the_data_module_and_rebuilt_with_the_
     assert asked.source is data and not asked.uses_distributed_sampler
     assert compat.uses_distributed_sampler(trainer())
     sampler = torch.utils.data.SequentialSampler(range(6))
-    remade = compat.rebuilt_loader(asked.loader, sampler, dataset=TensorDataset(torch.arange(6.0)), batch_size=2)
+    args, kwargs = compat.loader_arguments(asked.loader, sampler)
+    assert args == () and (kwargs["batch_size"], kwargs["tag"], kwargs["sampler"]) == (4, "kept", sampler)
+    kwargs.update(dataset=TensorDataset(torch.arange(6.0)), batch_size=2)
+    remade = compat.remade_loader(asked.loader, **kwargs)
     assert isinstance(remade, LoaderOfMine) and remade.tag == "kept" and remade.collate_fn is list
     assert remade.sampler is sampler and remade.batch_size == 2 and len(remade.dataset) == 6
     assert [len(batch) for batch in remade] == [2, 2, 2]

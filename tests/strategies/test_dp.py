@@ -414,6 +414,17 @@ def train(strategy: Any, threads: set[int] | None = None) -> TinyClassifier:
     return model
 
 
+def test_a_forward_on_the_instance_is_what_calling_that_module_runs_and_deleting_it_gives_the_class_s_back():
+    """What dp's replicas and its parallel forward rely on (and compile and pipeline: each replaces the user's
+    ``forward`` on the instance)."""
+    module, other, x = nn.Linear(2, 2), nn.Linear(2, 2), torch.ones(1, 2)
+    module.forward = lambda inputs: inputs * 7
+    assert torch.equal(module(x), x * 7) and "forward" in vars(module)
+    assert "forward" not in vars(other) and other(x).shape == (1, 2)
+    del module.forward
+    assert "forward" not in vars(module) and not torch.equal(module(x), x * 7)
+
+
 def test_dp_in_lightnings_loop_trains_like_one_device(two_cpu_devices):
     threads: set[int] = set()
     dp_model = train(two_cpu_devices, threads)

@@ -22,6 +22,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.plugins.precision import DoublePrecision
 from lightning.pytorch.strategies import StrategyRegistry
 
@@ -83,6 +84,16 @@ def test_clip_grad_norm_matches_torch_on_plain_tensors():
     assert torch.allclose(total, expected)
     for a, b in zip(ours, theirs, strict=True):
         assert torch.allclose(a.grad, b.grad)
+
+
+def test_a_precision_plugin_clips_with_the_clip_grad_by_norm_of_the_instance():
+    """What ``clip_across_meshes`` and the pipeline strategy rely on when they give the plugin their clipping."""
+    clipped: list[float] = []
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, gradient_clip_val=0.5, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.precision_plugin.clip_grad_by_norm = lambda optimizer, value: clipped.append(value)
+    trainer.fit(BoringModel())
+    assert clipped == [0.5, 0.5]
 
 
 def test_memory_per_rank_counts_parameters_gradients_and_optimizer_state():

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
-from multigpu.compat import drop_own_method, set_device_mesh, set_mesh_sizes, set_own_method
+from multigpu.compat import set_device_mesh, set_mesh_sizes
 from multigpu.errors import ConfigurationError
 from multigpu.hook_readers import missing_pipeline_hooks, stage_layer_count
 from multigpu.strategies.model_parallel import LIGHTNING_TIMEOUT, _ModelParallelMixin, clip_grad_norm
@@ -189,7 +189,8 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         shard_stages(self.stage_modules, self.device_mesh["data_parallel"], type(self.lightning_module).__name__)
         super().setup(trainer)
-        set_own_method(self.precision_plugin, "clip_grad_by_norm", self._clip_grad_by_norm)
+        # this plugin only: its clip_gradients calls self.clip_grad_by_norm
+        self.precision_plugin.clip_grad_by_norm = self._clip_grad_by_norm
         #: this process's end of each tied weight (None between the ends), found once: the sharded parameters exist now
         self._tied_held = self._held_tied()
         held = [(index, stage_layer_count(stage), sum(p.numel() for p in stage.parameters())) for index, stage in
@@ -204,7 +205,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         return split_plan(self.options, self.ranks, self.stage_sizes)
 
     def teardown(self) -> None:
-        drop_own_method(self.precision_plugin, "clip_grad_by_norm")
+        vars(self.precision_plugin).pop("clip_grad_by_norm", None)  # the class's clipping again
         self._schedule = None
         self.pipeline_stages = []
         super().teardown()
@@ -327,11 +328,12 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
 
     @contextlib.contextmanager
     def _forward_through_stages(self) -> Iterator[None]:
-        set_own_method(self.lightning_module, "forward", self.forward_through_stages)
+        # the user's forward replaced on the instance (not the class): self(x) in their step runs the stages
+        self.lightning_module.forward = self.forward_through_stages
         try:
             yield
         finally:
-            drop_own_method(self.lightning_module, "forward")
+            vars(self.lightning_module).pop("forward", None)  # the class's forward again
             # an FSDP2 root keeps its parameters gathered after a forward, for the backward that follows in
             # training; none follows an evaluation, and with the copy it gathered there, the next training step's
             # gradients of the stage's own parameters (embeddings, head) would not reach them
@@ -420,8 +422,8 @@ def register_pipeline_strategy() -> None:
 @contextlib.contextmanager
 def answered(module: nn.Module, name: str, value: Any) -> Iterator[None]:
     """Make ``module.NAME(...)`` return ``value`` inside the block (for this object only)."""
-    set_own_method(module, name, lambda *args, **kwargs: value)
+    setattr(module, name, lambda *args, **kwargs: value)  # an attribute of the instance hides the class's method
     try:
         yield
     finally:
-        drop_own_method(module, name)
+        delattr(module, name)

@@ -1,6 +1,6 @@
 """Stack dumps read and reported: the parsing is tested on real faulthandler output, the user's frame, the
 collective and the phase of a stack, and the reports of a collective that failed and of a run's stacks grouped (the
-runs that take the dumps are in tests/callbacks/test_stacks.py)."""
+runs that take the dumps are in tests/callbacks/test_stack_dumps.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import torch.autograd.graph
 import torch.distributed.distributed_c10d
 
-from multigpu.callbacks.stack_report import (
+from multigpu.callbacks.hang_report import (
     MARK,
     Frame,
     RankView,

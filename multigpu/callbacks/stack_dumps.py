@@ -6,7 +6,7 @@ writes all its threads' stacks to ``<run dir>/stacks/rank-<N>.txt`` from the C s
 in a C collective, a sleep or a read answers too. Beside it, ``rank-<N>.json`` holds the rank's pid, host, step and
 phase, written by a daemon thread from attributes the hooks set (no file I/O and no host sync in the step).
 
-The dumps are read and reported in ``multigpu/callbacks/stack_report.py``; the files of a run (its ranks' states,
+The dumps are read and reported in ``multigpu/callbacks/hang_report.py``; the files of a run (its ranks' states,
 the signal, the errors they recorded) are here, shared with ``python -m multigpu.stacks``.
 """
 
@@ -28,7 +28,7 @@ from typing import IO, Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from multigpu.callbacks.stack_report import (
+from multigpu.callbacks.hang_report import (
     MARK,
     RankView,
     collective_of,
@@ -41,14 +41,8 @@ from multigpu.callbacks.stack_report import (
     user_frame,
 )
 from multigpu.compat import release_started_processes
-from multigpu.errors import (
-    TrainingStopped,
-    attach_collective_report,
-    collective_failure,
-    describe,
-    one_paragraph,
-    spawned_collective_failure,
-)
+from multigpu.errors import TrainingStopped, describe, one_paragraph
+from multigpu.failures import attach_collective_report, collective_failure, spawned_collective_failure
 
 #: the signal every rank dumps its stacks on (SIGUSR1 is the preemption notice)
 DUMP_SIGNAL = signal.SIGUSR2
@@ -304,7 +298,7 @@ class StackDumps(Callback):
                 view.missing = f"it did not answer {DUMP_SIGNAL.name} within {DUMP_WAIT_S:g} s"
             views.append(view)
         text = hang_report(self.rank, describe(exception), sorted(views, key=lambda v: v.rank), self.folder)
-        attach_collective_report(exception, text)  # multigpu/errors.py prints it
+        attach_collective_report(exception, text)  # multigpu/reporting.py prints it
         # a rank stuck in its own code never times out: under srun (which leaves the other tasks running when one
         # fails) it would hold the job until its time limit; its stacks are taken, so end it (this host only)
         stuck = [

@@ -1,7 +1,7 @@
 """Every rank's stacks on SIGUSR2, and the report of a collective that failed: the stuck rank, its line, the
 collective the others wait in. Two ddp runs on two CPU processes test the whole: one rank stuck in its
 ``training_step``, and ``python -m multigpu.stacks`` on a live run (the parsing and the reports are tested in
-tests/callbacks/test_stack_report.py)."""
+tests/callbacks/test_hang_report.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from multigpu.callbacks.stack_report import latest_main_stack, parse_dumps
-from multigpu.callbacks.stacks import StackDumps
+from multigpu.callbacks.hang_report import latest_main_stack, parse_dumps
+from multigpu.callbacks.stack_dumps import StackDumps
 from multigpu.checkpoints.files import is_intact
 from multigpu.stacks import stacks_of
 from tests import prewarmed

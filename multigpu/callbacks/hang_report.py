@@ -1,7 +1,7 @@
-"""Stack dumps read and reported (pure: text in, frames and paragraphs out), shared by the callback that takes
-them (``multigpu/callbacks/stacks.py``) and ``python -m multigpu.stacks``: faulthandler's dumps parsed into frames,
-the frame that is the user's, the collective and the phase a stack is in, and the reports, the paragraph of a
-collective that failed and the stacks of a run grouped for a person."""
+"""The report of where every rank is, from their stack dumps (pure: text in, frames and paragraphs out), shared by
+the callback that takes the dumps (``multigpu/callbacks/stack_dumps.py``) and ``python -m multigpu.stacks``:
+faulthandler's dumps parsed into frames, the frame that is the user's, the collective and the phase a stack is in,
+and the reports, the paragraph of a collective that failed and the stacks of a run grouped for a person."""
 
 from __future__ import annotations
 
