@@ -384,7 +384,7 @@ def check_before_launch(facts: RunFacts, config: Namespace, args: Sequence[Any] 
     if config.get("compile"):  # before the strategy's own checks: what it refuses is the strategy itself
         check_compile(trainer.get("strategy"))
     if facts.strategy == PipelineStrategy.strategy_name:
-        model = import_class(str((config.get("model") or Namespace()).get("class_path")))
+        model = import_class(str(facts.model_class))
         accumulate = int(trainer.get("accumulate_grad_batches") or 1)
         check_pipeline(PipelineOptions(**config.pipeline.as_dict()), facts.processes, model, batch_size, accumulate)
 

@@ -16,7 +16,6 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from multigpu import compat
-from multigpu.argv import CLASSES
 from multigpu.callbacks.compile import CompileModel
 from multigpu.callbacks.continuation import ExactContinuation, RunTimer
 from multigpu.callbacks.loaders import EngineLoaders
@@ -78,12 +77,12 @@ def run_command(cli: LightningCLI) -> None:
     try:
         cli.config_init = cli.parser.instantiate_classes(cli.config)
     except Exception as error:
-        raise building_error(error, options, objects_built=False) from error
+        raise building_error(error, facts, objects_built=False) from error
     built = cli.chosen(cli.config_init)
     cli.model, cli.datamodule = built.get("model"), built.get("data")
     compat.add_optimizer_options_to_model(cli)
 
-    callbacks, switches = run_callbacks(facts, options, built)
+    callbacks, switches = run_callbacks(options, built)
     off = switches.pop("off")
     strategy_settings = strategy_options(facts.trainer_strategy, options.get("collective_timeout"), cli.model)
     if facts.trainer_strategy == PipelineStrategy.strategy_name:
@@ -101,7 +100,7 @@ def run_command(cli: LightningCLI) -> None:
         with compat.registered_with(arguments.get("strategy"), strategy_settings):
             cli.trainer = cli.instantiate_trainer(**arguments, **switches, callbacks=callbacks, plugins=plugins)
     except Exception as error:
-        raise building_error(error, options, objects_built=True) from error
+        raise building_error(error, facts, objects_built=True) from error
 
     if facts.subcommand is not None:
         check_built(facts.subcommand, options, cli.model, cli.datamodule, cli.trainer, resumed)
@@ -114,7 +113,7 @@ def run_command(cli: LightningCLI) -> None:
             compat.run_subcommand(cli)
 
 
-def run_callbacks(facts: RunFacts, options: Namespace, built: Namespace) -> tuple[list[Callback], dict[str, Any]]:
+def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback], dict[str, Any]]:
     """The run's callbacks in the order the Trainer holds them, which is the order Lightning calls them at each hook,
     and the Trainer switches that go with them. Lightning then appends LightningCLI's ``SaveConfigCallback`` and
     moves the ``ModelCheckpoint`` to the end. ``switches["off"]`` is the set of callbacks left out.
@@ -185,17 +184,17 @@ def run_callbacks(facts: RunFacts, options: Namespace, built: Namespace) -> tupl
     return [callback for callback in callbacks if callback is not None], switches
 
 
-def building_error(error: Exception, options: Namespace, objects_built: bool) -> ConfigurationError:
-    """One paragraph for an exception raised while LightningCLI built the objects of the config (``options``, the
-    run's parsed options): jsonargparse builds the model, data, callbacks and loggers, then the Trainer."""
+def building_error(error: Exception, facts: RunFacts, objects_built: bool) -> ConfigurationError:
+    """One paragraph for an exception raised while the objects of the options were built: jsonargparse builds the
+    model, data, callbacks and loggers (naming the classes of ``facts``), then the Trainer."""
     known = user_error_of(error)  # e.g. a constructor that downloads: no network, not a wrong option
     if known is not None:
         return known
     if objects_built:
         what = "the Trainer from the --trainer options"
     else:
-        chosen = {key: options.get(key) for key in CLASSES}
-        named = [f"--{k}={c.class_path}" for k, c in chosen.items() if isinstance(c, Namespace) and "class_path" in c]
+        chosen = {"model": facts.model_class, "data": facts.data_class}
+        named = [f"--{key}={class_path}" for key, class_path in chosen.items() if class_path]
         what = f"the objects of the config ({', '.join(named)}, the callbacks and loggers)"
     return ConfigurationError(
         f"building {what} failed: {describe(causes(error)[-1])}. Fix: correct the option this names (`{prog()} fit"
