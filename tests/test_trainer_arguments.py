@@ -16,7 +16,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import AtomicCheckpointIO
 from multigpu.trainer_arguments import checkpoint_plugins, strategy_name, strategy_options
-from src.cli import TemplateCLI
+from tests.cli import TemplateCLI
 from tests.conftest import TINY
 
 

@@ -11,7 +11,7 @@ import pytest
 import multigpu.callbacks
 from multigpu.callbacks import OPTIONAL_CALLBACKS, PreemptionCheckpoint, RunPlan, SpeedMonitor
 from multigpu.callbacks.continuation import ExactContinuation
-from src.cli import TemplateCLI, main
+from tests.cli import TemplateCLI, main
 from tests.conftest import TINY
 
 

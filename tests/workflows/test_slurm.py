@@ -27,7 +27,16 @@ import torch
 from multigpu import checks, environment
 from multigpu.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from multigpu.errors import ConfigurationError
-from tests.conftest import REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
+from tests.conftest import (
+    CLI_MODULE,
+    TINY,
+    TINY_CONFIG,
+    cli_env,
+    load_state,
+    read_metrics,
+    relative_difference,
+    tests_project,
+)
 from tests.zoo import stuck
 
 MAX_STEPS = 40  # 16 steps per epoch: the run crosses two epoch ends (validation, best-*.ckpt)
@@ -93,8 +102,9 @@ def job_records(job_id: str) -> list[dict[str, str]]:
 
 
 class Jobs:
-    """Submits the project's scripts with sbatch (from the project root, as a user would), waits for them, and
-    cancels whatever is still queued or running when the test ends."""
+    """Submits the project's scripts with sbatch (from the project root, as a user would: the tests' project, whose
+    command line is theirs, ``tests_project``), waits for them, and cancels whatever is still queued or running when
+    the test ends."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -104,12 +114,12 @@ class Jobs:
         """``sbatch SBATCH_ARGS SCRIPT`` (or ``--wrap=COMMAND`` as the script) with ENV added to the environment.
 
         The scripts read CONFIG right after ``fit``: the tests' workload, unless ENV names another config."""
-        env = {"CONFIG": str(TINY_CONFIG), **env}
+        env = {"CONFIG": str(TINY_CONFIG), "CLI_MODULE": CLI_MODULE, **env}
         # the environment travels with the job (sbatch --export=ALL, the default): values may contain commas
         output = self.folder / ("%x-%A_%a.out" if any(a.startswith("--array") for a in sbatch_args) else "%x-%j.out")
         result = subprocess.run(
             ["sbatch", "--parsable", f"--output={output}", *sbatch_args, script],
-            cwd=REPO,
+            cwd=tests_project(),
             env=cli_env(**env),
             capture_output=True,
             text=True,
@@ -380,7 +390,7 @@ def test_torchrun_inside_a_slurm_job(jobs: Jobs) -> None:
     run_dir = jobs.folder / "run"
     torchrun = Path(sys.executable).with_name("torchrun")
     command = (
-        f"srun {torchrun} --standalone --nproc_per_node=2 -m src.cli fit {' '.join(TINY)}"
+        f"srun {torchrun} --standalone --nproc_per_node=2 -m tests.cli fit {' '.join(TINY)}"
         " --trainer.max_steps=8 --trainer.limit_val_batches=2 --progress_bar=none"
         f" --trainer.strategy=ddp --trainer.devices=2 --trainer.default_root_dir={run_dir}"
     )
