@@ -27,16 +27,7 @@ import torch
 from multigpu import checks, environment
 from multigpu.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from multigpu.errors import ConfigurationError
-from tests.conftest import (
-    CLI_MODULE,
-    TINY,
-    TINY_CONFIG,
-    cli_env,
-    load_state,
-    read_metrics,
-    relative_difference,
-    tests_project,
-)
+from tests.conftest import CLI_MODULE, REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
 from tests.zoo import stuck
 
 MAX_STEPS = 40  # 16 steps per epoch: the run crosses two epoch ends (validation, best-*.ckpt)
@@ -102,9 +93,8 @@ def job_records(job_id: str) -> list[dict[str, str]]:
 
 
 class Jobs:
-    """Submits the project's scripts with sbatch (from the project root, as a user would: the tests' project, whose
-    command line is theirs, ``tests_project``), waits for them, and cancels whatever is still queued or running when
-    the test ends."""
+    """Submits the project's scripts with sbatch (from the project root, as a user would; they run the tests' command
+    line, ``CLI_MODULE``), waits for them, and cancels whatever is still queued or running when the test ends."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -119,7 +109,7 @@ class Jobs:
         output = self.folder / ("%x-%A_%a.out" if any(a.startswith("--array") for a in sbatch_args) else "%x-%j.out")
         result = subprocess.run(
             ["sbatch", "--parsable", f"--output={output}", *sbatch_args, script],
-            cwd=tests_project(),
+            cwd=REPO,
             env=cli_env(**env),
             capture_output=True,
             text=True,
