@@ -17,7 +17,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
-from multigpu.arguments import given_as, import_class, option_origin, trainer_section, yaml_value
+from multigpu.argv import given_as, import_class, option_origin, trainer_section, yaml_value
 from multigpu.callbacks.compile import compile_refusal
 from multigpu.callbacks.run_plan import batch_norm_layers
 from multigpu.command import prog
@@ -31,13 +31,11 @@ from multigpu.environment import (
     in_slurm_step,
     interactive_job,
     launched_by_torchrun,
-    process_count,
-    requested_devices,
-    resolve_accelerator,
     started_by_srun,
     world_size,
 )
 from multigpu.errors import DEBUG_ENV, ConfigurationError, describe
+from multigpu.facts import RunFacts
 from multigpu.hook_readers import check_datamodule
 from multigpu.strategies.pipeline import PipelineOptions, PipelineStrategy, check_pipeline, check_stages
 
@@ -202,22 +200,18 @@ def check_run_dir(run_dir: Any) -> None:
         )
 
 
-def check_launch(trainer: Mapping[str, Any], batch_size: Any = None, args: Sequence[Any] | None = None) -> None:
-    """Check the ``trainer`` section of the config before anything starts; ``args`` (the command's arguments)
-    let a message name the ``--config`` file that set a value."""
-    strategy = trainer.get("strategy", "auto")
-    strategy = strategy.lower() if isinstance(strategy, str) else None  # None: a class from YAML's class_path
-    check_strategy(strategy)
-    accelerator = resolve_accelerator(trainer.get("accelerator", "auto"))
-    num_nodes = int(trainer.get("num_nodes") or 1)
-    devices = requested_devices(trainer.get("devices", "auto"), accelerator)
-    check_devices(accelerator, devices, strategy, num_nodes, trainer, args)
-    processes = world_size(strategy, devices or 1, num_nodes)
-    check_slurm(strategy, devices, num_nodes, processes)
-    check_nodes(num_nodes, args)
+def check_launch(
+    facts: RunFacts, trainer: Mapping[str, Any], batch_size: Any = None, args: Sequence[Any] | None = None
+) -> None:
+    """Check the launch the run's ``facts`` and its ``trainer`` options ask for before anything starts; ``args``
+    (the command's arguments) let a message name the ``--config`` file that set a value."""
+    check_strategy(facts.strategy)
+    check_devices(facts.accelerator, facts.devices, facts.strategy, facts.num_nodes, trainer, args)
+    check_slurm(facts.strategy, facts.devices, facts.num_nodes, facts.processes)
+    check_nodes(facts.num_nodes, args)
     if isinstance(batch_size, int):
         try:
-            per_process_batch_size(batch_size, processes, int(trainer.get("accumulate_grad_batches") or 1))
+            per_process_batch_size(batch_size, facts.processes, int(trainer.get("accumulate_grad_batches") or 1))
         except ValueError as error:
             raise ConfigurationError(str(error)) from None
     check_run_dir(trainer.get("default_root_dir"))
@@ -380,26 +374,27 @@ def configured_global_batch(config: Namespace) -> int | None:
     return data.get("init_args", Namespace()).get("batch_size")
 
 
-def check_before_launch(subcommand: str, config: Namespace, args: Sequence[Any] | None) -> None:
-    """Every check of a subcommand's parsed options (``config``) before anything is built: the launch, the pipeline's
-    layout, ``--compile``; ``args``: the command's arguments. Nothing is taken or read here: the command line then
-    holds the run directory and reads the checkpoint (``multigpu/cli.py``), and ``check_resumed`` checks it."""
+def check_before_launch(facts: RunFacts, config: Namespace, args: Sequence[Any] | None) -> None:
+    """Every check of a run's facts and parsed options (``config``) before anything is built: the launch, the
+    pipeline's layout, ``--compile``; ``args``: the command's arguments. Nothing is taken or read here: the run then
+    holds its directory and reads the checkpoint (``multigpu/run.py``), and ``check_resumed`` checks it."""
     trainer = config.trainer.as_dict()
     batch_size = configured_global_batch(config)
-    check_launch(trainer, batch_size=batch_size, args=args)
+    check_launch(facts, trainer, batch_size=batch_size, args=args)
     if config.get("compile"):  # before the strategy's own checks: what it refuses is the strategy itself
         check_compile(trainer.get("strategy"))
-    if trainer.get("strategy") == PipelineStrategy.strategy_name:
+    if facts.strategy == PipelineStrategy.strategy_name:
         model = import_class(str((config.get("model") or Namespace()).get("class_path")))
         accumulate = int(trainer.get("accumulate_grad_batches") or 1)
-        options, processes = PipelineOptions(**config.pipeline.as_dict()), process_count(trainer)
-        check_pipeline(options, processes, model, batch_size, accumulate)
+        check_pipeline(PipelineOptions(**config.pipeline.as_dict()), facts.processes, model, batch_size, accumulate)
 
 
-def check_resumed(resumed: tuple[Path, dict[str, Any]] | None, config: Namespace, args: Sequence[Any] | None) -> None:
+def check_resumed(
+    resumed: tuple[Path, dict[str, Any] | None] | None, config: Namespace, args: Sequence[Any] | None
+) -> None:
     """The ``--ckpt_path`` checkpoint (its path and contents, read once) against the model the options name and the
     model options the command gives, before LightningCLI rebuilds the model from the checkpoint's hyperparameters."""
-    if resumed is not None:
+    if resumed is not None and resumed[1] is not None:
         model = config.get("model") or Namespace()
         check_checkpoint_model(resumed[1], resumed[0], model.get("class_path"))
         check_model_flags(args, model.get("init_args"), resumed[1], resumed[0])
@@ -416,5 +411,5 @@ def check_built(
         check_stages(model, trainer.strategy.stage_count)
     if subcommand == "fit":
         check_sync_batchnorm(model, trainer, bool(config.trainer.get("sync_batchnorm")))
-    if resumed is not None:
+    if resumed is not None and resumed[1] is not None:
         check_checkpoint_fits(model, resumed[1], resumed[0])

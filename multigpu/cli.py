@@ -2,21 +2,12 @@
 [--key=value ...]``: the project's ``src/cli.py`` subclasses ``TemplateCLI`` with its ``configs/default.yaml`` and
 calls ``run_cli``.
 
-Every option comes from LightningCLI (docs/command_line.md); the project's default config is read first. One
-road, top to bottom in ``TemplateCLI``:
-
-1. parse: the parser of the subcommand named, alone, with the engine's options (``options.py``), parses the
-   arguments once; a model or data class they name starts from its own defaults, not from those of the default
-   config's class (jsonargparse would carry over every default of that class the new one also takes, e.g. a
-   ``batch_size``): the engine gives the parser the default config with that section replaced by the class alone
-   (``arguments.py``, where the command line is read);
-2. check: everything the options tell before anything is built (``checks.py``); then the run directory held for
-   this run until the command ends (``run_lock.py``), the checkpoint resolved and read once
-   (``checkpoints/resume.py``) and checked against the model (``checks.py``);
-3. build: the objects of the config (loggers placed in the run directory, ``run_dir.py``), then the Trainer,
-   once and complete, with everything the engine adds (``trainer_arguments.py``: the callbacks in the order of
-   ``callbacks/__init__.py``, the strategy's options, the plugins); the built objects checked;
-4. run: the subcommand, a method of the Trainer (``tune``'s: ``tuning/``).
+``TemplateCLI`` reads the command line: every option comes from LightningCLI (docs/command_line.md), with the
+engine's own (``parser.py``), and the project's default config is read first. The parser of the subcommand named
+is built alone and parses the arguments once; a model or data class they name starts from its own defaults, not
+from those of the default config's class (jsonargparse would carry over every default of that class the new one
+also takes, e.g. a ``batch_size``): the parser gets the default config with that section replaced by the class
+alone (``argv.py``). Everything after the parse, from the checks to the subcommand, is ``run.py``, in order.
 """
 
 from __future__ import annotations
@@ -44,29 +35,23 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from torch.multiprocessing import ProcessExitedException
 
-from multigpu.arguments import CLASSES, chosen_classes, rebased_defaults, unresolved
-from multigpu.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
-from multigpu.checkpoints.resume import resolve_checkpoint
-from multigpu.checks import check_before_launch, check_built, check_resumed
+from multigpu.argv import CLASSES, chosen_classes, named_subcommand, rebased_defaults, unresolved
+from multigpu.callbacks.preemption import STOP_EXIT_CODES
 from multigpu.command import prog, started_by
-from multigpu.compat import registered_with, skip_default_config_files, subcommand_parser
+from multigpu.compat import parse_only, skip_default_config_files, subcommand_parser
 from multigpu.errors import TrainingStopped, report
-from multigpu.options import (
-    SUBCOMMANDS,
-    TemplateArgumentParser,
-    add_config_option,
-    add_template_options,
-    building_error,
-)
+from multigpu.facts import RunFacts
+from multigpu.parser import TemplateArgumentParser, add_config_option, add_template_options
 from multigpu.quiet import silence_known_noise
-from multigpu.run_dir import place_loggers, shared_random_seed
-from multigpu.run_lock import hold_run_dir, release_run_dir, this_launch
+from multigpu.run import run_command
+from multigpu.run_dir import shared_random_seed
+from multigpu.run_lock import release_run_dir
 from multigpu.strategies import (
     register_dp_strategy,
     register_model_parallel_strategies,
     register_pipeline_strategy,
 )
-from multigpu.trainer_arguments import flight_recorder_defaults, strategy_as_class, trainer_arguments
+from multigpu.trainer_arguments import strategy_as_class
 
 gc.freeze()  # what the imports created stays: no later collection walks it again
 if _COLLECTING:
@@ -96,11 +81,23 @@ __all__ = ["TemplateCLI", "run_cli", "shared_random_seed"]
 
 
 class TemplateCLI(LightningCLI):
-    """LightningCLI with this template's defaults, checks and run-directory layout (see the module docstring)."""
+    """LightningCLI's command line with the engine's options and the project's default config; after the parse, the
+    run is ``multigpu/run.py``'s (see the module docstring)."""
 
     #: the project's ``configs/default.yaml``, read first by every subcommand (None: none); a project's subclass
     #: names its own (``src/cli.py``)
     default_config: Path | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "instantiate_classes" in vars(cls):  # it would be skipped without a word: the run builds the objects
+            raise TypeError(
+                f"{cls.__qualname__}.instantiate_classes is never called: multigpu/run.py builds the model, data"
+                " module and Trainer itself (since release 1.2). Fix: move that code to before_instantiate_classes"
+                " (before the objects are built), after_instantiate_classes (once the Trainer is built) or"
+                " instantiate_trainer (calling super().instantiate_trainer(**kwargs)); docs/engine.md, 'Extending"
+                " the command line'."
+            )
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         started_by(type(self))  # the project's module: what --help, the errors and the subprocesses name
@@ -108,7 +105,7 @@ class TemplateCLI(LightningCLI):
         #: the command's arguments (None: given as an object)
         self.argv = list(sys.argv[1:] if args is None else args) if listed else None
         #: the subcommand the arguments name (run=False: none, one parser with the options at the top)
-        self.named = next((a for a in self.argv if a in SUBCOMMANDS), None) if run and listed else None
+        self.named = named_subcommand(self.argv) if run and listed else None
         #: whether its parser alone is built: where the arguments start with it (an option of the main parser may
         #: come first, --help listing every subcommand or a --config with sections of several: every one is built)
         self.alone = bool(self.argv) and self.argv[0] == self.named
@@ -117,8 +114,10 @@ class TemplateCLI(LightningCLI):
         self.classes = chosen_classes(self.argv, self.named) if self.rebasing else {}
         #: configs/default.yaml with the sections of the classes the arguments change replaced by those classes
         self.rebased = rebased_defaults(self.classes, self.default_config) if self.rebasing else None
-        #: the ``--ckpt_path`` file and its contents, read once before launch for the checks
-        self.resumed: tuple[Path, dict[str, Any]] | None = None
+        #: the run's facts, derived once after the parse (``multigpu/run.py``)
+        self.facts: RunFacts | None = None
+        #: whether the model and data module keep the parsed options, so that ``load_from_checkpoint`` rebuilds them
+        self.load_from_checkpoint_support = kwargs.pop("load_from_checkpoint_support", True)
         silence_known_noise()  # multigpu/quiet.py: the lines every run printed that say nothing about the run
         register_dp_strategy()
         register_model_parallel_strategies()
@@ -133,7 +132,10 @@ class TemplateCLI(LightningCLI):
         defaults = {"default_config_files": files, "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         try:
-            super().__init__(
+            # LightningCLI builds the parser and parses (``parse_arguments`` below); the rest is ``run_command``'s
+            parse_only(
+                self,
+                run,
                 model_class=L.LightningModule,
                 datamodule_class=L.LightningDataModule,
                 subclass_mode_model=True,
@@ -144,9 +146,9 @@ class TemplateCLI(LightningCLI):
                 parser_class=TemplateArgumentParser,
                 auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)
                 args=args,
-                run=run,
                 **kwargs,
             )
+            run_command(self)
         finally:
             if run:  # the run directory the checks took is free again, however the command ended
                 release_run_dir()
@@ -167,7 +169,7 @@ class TemplateCLI(LightningCLI):
         return parser
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Lightning's ``--trainer``, ``--model`` and ``--data``, then the engine's options (``options.py``): here,
+        """Lightning's ``--trainer``, ``--model`` and ``--data``, then the engine's options (``parser.py``): here,
         not in ``add_arguments_to_parser``, which is the project's to override (docs/engine.md, "Extending the
         command line"), with or without ``super()``."""
         super().add_core_arguments_to_parser(parser)
@@ -176,27 +178,14 @@ class TemplateCLI(LightningCLI):
     # -- parse, then check before anything is built -----------------------------------------------------------
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse once (``_parse_once``), then check what the options tell before anything is built."""
+        """Parse once (``_parse_once``); a strategy given as an import path becomes that class."""
         with warnings.catch_warnings():
             # the arguments are sys.argv's, passed on explicitly where --print_config waits for the last parse
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
             self._parse_once(parser, args)
-        subcommand = self.config.get("subcommand")
-        if subcommand != "tune" and not self.own_trainer_class:
+        if self.config.get("subcommand") != "tune" and not self.own_trainer_class:
             self.trainer_class = L.Trainer  # every subcommand's parser was built: fit, ... run on Lightning's own
-        strategy_as_class(self._chosen().trainer)
-        if subcommand is None:
-            return
-        options = self.config[subcommand]
-        check_before_launch(subcommand, options, self.argv)
-        # the run directory, held for this run until the command ends (another live run's is refused), before the
-        # checkpoint is read: a live run's folder is neither read nor repaired (an interrupted sharded save is
-        # restored), and the refusal that applies is that one, not "already holds a run"
-        hold_run_dir(options.trainer.get("default_root_dir"), subcommand, this_launch())
-        self.resumed = resolve_checkpoint(subcommand, options)  # read once, before LightningCLI rebuilds the model
-        check_resumed(self.resumed, options, self.argv)
-        if self.config[subcommand].get("seed_everything") is True:
-            self.config[subcommand]["seed_everything"] = shared_random_seed()
+        strategy_as_class(self.chosen().trainer)
 
     def _parse_once(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse once, from ``self.rebased`` where the arguments name a class plainly. A class they do not name
@@ -210,7 +199,7 @@ class TemplateCLI(LightningCLI):
         super().parse_arguments(parser, [a for a in self.argv if a not in printing] if printing else args)
         if not late:
             return
-        named = {key: (self._chosen().get(key) or Namespace()).get("class_path") for key in CLASSES}
+        named = {key: (self.chosen().get(key) or Namespace()).get("class_path") for key in CLASSES}
         rebased = rebased_defaults(named, self.default_config)
         if rebased != self.rebased or printing:
             if rebased is not None:
@@ -226,41 +215,14 @@ class TemplateCLI(LightningCLI):
         except Exception as error:
             self.parser.error(f"{self.default_config}: {error.args[0] if error.args else error}")
 
-    # -- build: the objects of the config, then the Trainer, once -----------------------------------------------
+    def fit(self, **kwargs: Any) -> None:
+        """The ``fit`` subcommand, ``trainer.fit`` (a subclass that overrides it calls ``super().fit(**kwargs)``)."""
+        self.trainer.fit(**kwargs)
 
-    def before_instantiate_classes(self) -> None:
-        place_loggers(self._chosen().trainer)
-
-    def instantiate_classes(self) -> None:
-        # building the objects the config names is the boundary where any exception is a bad value in the config
-        try:
-            super().instantiate_classes()
-        except Exception as error:
-            raise building_error(error, self._chosen(), getattr(self, "config_init", None) is not None) from error
-        if self.subcommand is not None:
-            check_built(self.subcommand, self._chosen(), self.model, self.datamodule, self.trainer, self.resumed)
-            self.resumed = None  # checked: the memory-mapped file is Lightning's to read now
-
-    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """The Trainer, built once with everything the template adds (``multigpu/trainer_arguments.py``)."""
-        trainer = self._chosen().trainer
-        # NCCL's flight recorder, set in os.environ before the process group exists (several CUDA processes only)
-        flight_recorder_defaults(trainer, trainer.get("default_root_dir"))
-        arguments, strategy_settings = trainer_arguments(self._chosen(self.config_init), self._chosen(), self.model)
-        with registered_with(arguments.get("strategy"), strategy_settings):
-            return super().instantiate_trainer(**arguments, **kwargs)
-
-    def _chosen(self, config: Namespace | None = None) -> Namespace:
+    def chosen(self, config: Namespace | None = None) -> Namespace:
         """The options of this run's subcommand (all options, where the CLI runs without subcommands)."""
         config = self.config if config is None else config
         return config[config.subcommand] if config.get("subcommand") else config
-
-    # -- run ------------------------------------------------------------------------------------------------------
-
-    def fit(self, **kwargs: Any) -> None:
-        """``trainer.fit``; under ``ddp_spawn`` the launching process passes stop signals on to its workers."""
-        with forward_stop_signals_to_workers(self._chosen().trainer.get("strategy")):
-            self.trainer.fit(**kwargs)
 
 
 def tuning_trainer() -> type[L.Trainer]:

@@ -4,7 +4,6 @@ sbatch script, torchrun, an interactive job) and which devices it has and was as
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -86,9 +85,3 @@ def world_size(strategy: str | None, devices: int, num_nodes: int) -> int:
     if strategy is None or strategy == "auto" or strategy.startswith(MULTIPROCESS_PREFIXES):
         return devices * num_nodes
     return 1  # single_device, dp
-
-
-def process_count(trainer: Mapping[str, Any]) -> int:
-    """Processes the ``trainer`` section asks for (devices per node times nodes; 1 where that cannot be told)."""
-    devices = requested_devices(trainer.get("devices", "auto"), resolve_accelerator(trainer.get("accelerator", "auto")))
-    return (devices or 1) * int(trainer.get("num_nodes") or 1)

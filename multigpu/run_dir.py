@@ -38,10 +38,10 @@ def shared_random_seed() -> int:
     return random.SystemRandom().randrange(2**32)
 
 
-def place_loggers(trainer: Namespace) -> None:
-    """Loggers without a ``save_dir`` write into the run directory (``--trainer.default_root_dir``), and a wandb
-    logger continues the directory's wandb run."""
-    run_dir = trainer.get("default_root_dir") or os.getcwd()
+def place_loggers(trainer: Namespace, run_dir: str | os.PathLike) -> None:
+    """Loggers of the ``trainer`` options without a ``save_dir`` write into ``run_dir`` (``RunFacts.run_dir``), and a
+    wandb logger continues the directory's wandb run."""
+    run_dir = str(run_dir)
     loggers = trainer.get("logger")
     for logger in loggers if isinstance(loggers, list) else [loggers]:
         if not isinstance(logger, Namespace) or "class_path" not in logger:

@@ -1,17 +1,12 @@
-"""Everything the template adds to Lightning's Trainer, decided from the options before it is built
-(``trainer_arguments``, which the command line builds the Trainer with, once): the callbacks in their order
-(``multigpu/callbacks/__init__.py``), the strategy (``auto`` named where Lightning would pick ddp, an import path as its
-class), the options a strategy given by name gets (``--collective_timeout``, ddp's ``find_unused_parameters``,
-``--pipeline.*``), and the plugins (atomic checkpoints written in the background, SLURM's environment without
-Lightning's requeue). ``flight_recorder_defaults`` sets NCCL's variables in ``os.environ``, a step of its own of the
-command line just before."""
+"""What the engine adds to Lightning's Trainer besides the callbacks (``multigpu/run.py`` lists those), decided from
+the options before it is built: the strategy (an import path as its class), the options a strategy given by name
+gets (``--collective_timeout``, ddp's ``find_unused_parameters``), the plugins (atomic checkpoints written in the
+background, SLURM's environment without Lightning's requeue), and NCCL's flight recorder in ``os.environ``."""
 
 from __future__ import annotations
 
 import os
-import sys
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -19,14 +14,12 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 
-from multigpu.arguments import import_class
-from multigpu.callbacks import template_callbacks
+from multigpu.argv import import_class
 from multigpu.callbacks.stacks import STACKS_DIR
 from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import with_atomic_io
 from multigpu.compat import optimizer_count, registered_strategy
-from multigpu.environment import requested_devices, resolve_accelerator
-from multigpu.strategies.pipeline import PipelineStrategy
+from multigpu.facts import RunFacts
 
 #: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough
 #: that a dead rank does not hold the others for Lightning's default of 30 minutes
@@ -41,50 +34,14 @@ FLIGHT_RECORDER_NAMES = {
 }
 
 
-def trainer_arguments(built: Any, options: Any, model: L.LightningModule) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The Trainer's arguments that the template adds, and the options of its strategy given by name (for
-    ``compat.registered_with``: a strategy by name is built from Lightning's registry, which keeps its precision
-    handling). ``built``: the objects the parser built (the ``--trainer`` options, the template's callbacks);
-    ``options``: the run's parsed options (``--callbacks_off``, ``--collective_timeout``, ``--pipeline.*``, ...).
-
-    ``strategy`` is among the arguments where the strategy gets options (``auto`` named as ``ddp``); ``callbacks`` holds
-    your ``--trainer.callbacks`` and the template's, in the order ``multigpu/callbacks/__init__.py`` lists, with the
-    switches that go with them (Lightning's own progress bar and summary off where the template's replace them).
-    """
-    trainer = built.get("trainer") or {}
-    strategy = strategy_name(trainer)
-    strategy_settings = strategy_options(strategy, options.get("collective_timeout"), model)
-    if strategy == PipelineStrategy.strategy_name:
-        strategy_settings.update(options.pipeline.as_dict())  # --pipeline.*
-    callbacks, switches = template_callbacks(trainer, options, built, strategy)
-    off = switches.pop("off")
-    checkpoint = None if "checkpoint" in off else built.get("checkpoint")
-    background = bool(getattr(checkpoint, "async_save", False))  # --checkpoint.async_save
-    plugins = checkpoint_plugins(trainer.get("plugins"), slurm_requeue="preemption" in off, background=background)
-    arguments = {"strategy": strategy} if strategy_settings else {}
-    return {**arguments, **switches, "callbacks": callbacks, "plugins": plugins}, strategy_settings
-
-
-def strategy_name(trainer: Namespace | dict[str, Any]) -> Any:
-    """``--trainer.strategy``, with ``auto`` named ``ddp`` where Lightning picks it (several processes), so that
-    such a run gets the template's collective timeout and DDP options too."""
-    strategy = trainer.get("strategy")
-    if strategy != "auto" or hasattr(sys, "ps1") or sys.flags.interactive:  # a notebook: Lightning forks there
-        return strategy
-    devices = requested_devices(trainer.get("devices", "auto"), resolve_accelerator(trainer.get("accelerator", "auto")))
-    many = (devices or 1) > 1 or (trainer.get("num_nodes") or 1) > 1
-    return "ddp" if many else strategy
-
-
-def flight_recorder_defaults(trainer: Namespace | dict[str, Any], run_dir: str | None) -> dict[str, str]:
+def flight_recorder_defaults(facts: RunFacts) -> dict[str, str]:
     """For a run of several CUDA processes, NCCL's flight recorder on: every rank keeps its last collectives and
     writes them to ``<run dir>/stacks/nccl/nccl_trace_rank_<N>`` when one times out, for ``torchfrtrace``; the
-    variables set (each only where neither it nor its older name is set), or none on CPUs and one device."""
-    accelerator = resolve_accelerator(trainer.get("accelerator", "auto"))
-    devices = requested_devices(trainer.get("devices", "auto"), accelerator)
-    if accelerator != "cuda" or ((devices or 1) <= 1 and (trainer.get("num_nodes") or 1) <= 1):
+    variables set in ``os.environ`` (each only where neither it nor its older name is set), or none on CPUs and one
+    device."""
+    if not facts.several_cuda_processes:
         return {}
-    folder = Path(run_dir or os.getcwd()) / STACKS_DIR / "nccl"
+    folder = facts.run_dir / STACKS_DIR / "nccl"
     values = {
         "TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",

@@ -13,7 +13,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import instantiate_class
 
-from multigpu.arguments import import_class
+from multigpu.argv import import_class
 from multigpu.checkpoints.resume import load_checkpoint
 from multigpu.checks import (
     check_checkpoint_fits,

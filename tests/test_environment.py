@@ -45,5 +45,3 @@ def test_the_devices_asked_for_are_counted_as_lightning_counts_them():
 def test_the_world_size_counts_one_process_per_device_only_where_the_strategy_starts_them():
     assert environment.world_size("ddp", 4, 2) == 8
     assert environment.world_size("dp", 4, 1) == 1  # one process drives every GPU
-    trainer = {"strategy": "ddp", "devices": 2, "num_nodes": 1, "accelerator": "cpu"}
-    assert environment.process_count(trainer) == 2

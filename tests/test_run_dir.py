@@ -35,15 +35,15 @@ def test_loggers_without_a_save_dir_write_into_the_run_directory_and_wandb_conti
     )
     wandb = Namespace(class_path=WANDB)  # no init_args at all
     named = Namespace(class_path=WANDB, init_args=Namespace(save_dir=None, id="mine"))
-    place_loggers(Namespace(default_root_dir=run_dir, logger=[csv, tensorboard, wandb, named]))
+    place_loggers(Namespace(default_root_dir=run_dir, logger=[csv, tensorboard, wandb, named]), run_dir)
     assert csv.init_args.save_dir == wandb.init_args.save_dir == named.init_args.save_dir == run_dir
     assert tensorboard.init_args.save_dir == "/elsewhere"  # a folder of the user's stands
     assert wandb.init_args.id == (tmp_path / "run" / WANDB_ID_FILE).read_text().strip()
     assert named.init_args.id == "mine"
     one = Namespace(class_path=WANDB)
-    place_loggers(Namespace(default_root_dir=run_dir, logger=one))  # one logger, not a list
+    place_loggers(Namespace(default_root_dir=run_dir, logger=one), run_dir)  # one logger, not a list
     assert one.init_args.id == wandb.init_args.id  # the directory's one wandb run
-    place_loggers(Namespace(default_root_dir=run_dir, logger=False))  # no logger: nothing to place
+    place_loggers(Namespace(default_root_dir=run_dir, logger=False), run_dir)  # no logger: nothing to place
 
 
 def test_random_seed_is_shared_by_the_processes_of_one_job(monkeypatch):

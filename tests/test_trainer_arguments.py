@@ -1,5 +1,5 @@
 """What the template adds to the Trainer (multigpu/trainer_arguments.py), decided from the options before the Trainer is
-built: the strategy's name, the options a strategy given by name gets, NCCL's flight recorder, and the plugins
+built: the options a strategy given by name gets, NCCL's flight recorder, and the plugins
 (atomic checkpoints; under SLURM, Lightning's requeue off while ``PreemptionCheckpoint`` handles the signals)."""
 
 from __future__ import annotations
@@ -15,19 +15,10 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import AtomicCheckpointIO
-from multigpu.trainer_arguments import checkpoint_plugins, strategy_name, strategy_options
+from multigpu.facts import RunFacts
+from multigpu.trainer_arguments import checkpoint_plugins, strategy_options
 from tests.cli import TemplateCLI
 from tests.conftest import TINY
-
-
-def test_a_strategy_of_auto_that_runs_several_processes_is_named_ddp_so_it_gets_the_templates_ddp_options():
-    # the collective timeout and, for manual optimization, find_unused_parameters: options of a ddp strategy by name
-    cpu = {"strategy": "auto", "accelerator": "cpu"}
-    assert strategy_name({**cpu, "devices": 2}) == "ddp"
-    assert strategy_name({**cpu, "devices": 1, "num_nodes": 2}) == "ddp"
-    assert strategy_name({**cpu, "devices": 1}) == "auto"  # one process: Lightning's single-device strategy
-    assert strategy_name({**cpu, "devices": "auto"}) == "auto"  # one CPU process, as Lightning counts it
-    assert strategy_name({**cpu, "strategy": "ddp_spawn", "devices": 2}) == "ddp_spawn"  # a name is kept
 
 
 def test_a_model_that_optimizes_by_hand_gets_find_unused_parameters_under_a_ddp_strategy_by_name():
@@ -62,10 +53,14 @@ def test_nccls_flight_recorder_is_on_for_several_cuda_processes_only_and_a_users
 
     for name in {*FLIGHT_RECORDER_NAMES, *FLIGHT_RECORDER_NAMES.values()}:
         monkeypatch.delenv(name, raising=False)
-    assert flight_recorder_defaults({"accelerator": "cpu", "devices": 2}, str(tmp_path)) == {}
-    assert flight_recorder_defaults({"accelerator": "gpu", "devices": 1, "num_nodes": 1}, str(tmp_path)) == {}
+
+    def facts(**trainer: Any) -> RunFacts:
+        return RunFacts.of({**trainer, "default_root_dir": str(tmp_path)})
+
+    assert flight_recorder_defaults(facts(accelerator="cpu", devices=2)) == {}
+    assert flight_recorder_defaults(facts(accelerator="gpu", devices=1, num_nodes=1)) == {}
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")  # the older name of the buffer's size, set by the user
-    chosen = flight_recorder_defaults({"accelerator": "gpu", "devices": 2}, str(tmp_path))
+    chosen = flight_recorder_defaults(facts(accelerator="gpu", devices=2))
     folder = tmp_path / "stacks" / "nccl"
     assert chosen == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": f"{folder}/nccl_trace_rank_"}
     assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and "TORCH_FR_BUFFER_SIZE" not in os.environ

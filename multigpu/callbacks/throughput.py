@@ -17,11 +17,11 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ProgressBar
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from multigpu.callbacks.steps import EveryNSteps
-from multigpu.compat import available_flops, logging_step, run_callback_before
+from multigpu.compat import available_flops, logging_step
 from multigpu.hook_readers import module_flops
 from multigpu.strategies.model_parallel import memory_per_rank
 from multigpu.topology import data_parallel_world
@@ -139,10 +139,6 @@ class SpeedMonitor(Callback):
         self._batches = 0
         self._busy = 0.0
         self._wait = 0.0
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # the plain progress bar prints in its own on_train_batch_end: run before it so it shows this interval
-        run_callback_before(trainer, self, ProgressBar)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # dp runs one process over several GPUs; ddp runs one process per device

@@ -22,8 +22,9 @@ def checkpoint_dir(run_dir: str | None) -> str:
     return str(Path(run_dir or Path.cwd()) / "checkpoints")
 
 
-def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[str, Any]] | None:
-    """The local file ``--ckpt_path`` names (``last`` resolved in the run directory) and its contents, read once.
+def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[str, Any] | None] | None:
+    """The local checkpoint ``--ckpt_path`` names (``last`` resolved in the run directory) and its contents, read
+    once (None for a folder of shards, which the strategy reads); None where there is no local checkpoint.
 
     Refuses a fresh ``fit`` into a run directory that holds checkpoints; a damaged newest ``last*.ckpt`` falls
     back to the newest intact one, so that a requeued job does not stop on it.
@@ -68,12 +69,12 @@ def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[s
     return read_checked(Path(ckpt_path))
 
 
-def read_checked(path: Path) -> tuple[Path, dict[str, Any]] | None:
+def read_checked(path: Path) -> tuple[Path, dict[str, Any] | None]:
     """A checkpoint file and its contents; a folder of shards is checked whole (``multigpu/checkpoints/safe.py``: its
-    index, shard files, entries and ``meta.pt``) and read by the strategy later (None)."""
+    index, shard files, entries and ``meta.pt``) and read by the strategy later (no contents here)."""
     if path.is_dir():
         check_sharded_checkpoint(path)
-        return None
+        return path, None
     return path, load_checkpoint(path)
 
 

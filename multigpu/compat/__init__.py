@@ -27,7 +27,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
     from lightning.pytorch.strategies import Strategy
 
@@ -262,16 +262,6 @@ def collective_timeout(strategy: Any) -> timedelta | None:
     return strategy._timeout
 
 
-def run_callback_before(trainer: L.Trainer, callback: Callback, kind: type[Callback]) -> None:
-    """Move ``callback`` in front of the first callback of ``kind``: Lightning calls each hook of the callbacks in the
-    order of the ``trainer.callbacks`` list as it is at that call, so a move in ``setup`` holds for the whole run."""
-    callbacks = trainer.callbacks
-    first = next((i for i, other in enumerate(callbacks) if isinstance(other, kind)), None)
-    if callback in callbacks and first is not None and first < callbacks.index(callback):
-        callbacks.remove(callback)
-        callbacks.insert(first, callback)
-
-
 def available_flops(device: torch.device, dtype: torch.dtype | str) -> float | None:
     """Lightning's table of peak FLOP/s of a device at a dtype (``"tfloat32"`` for TF32), or None where unknown:
     a function of ``lightning.fabric.utilities.throughput`` that the package does not export."""
@@ -356,6 +346,62 @@ def skip_default_config_files(cli: LightningCLI, subcommand: str | None) -> None
     """Make the next parse of a subcommand's options read none of its ``default_config_files`` (jsonargparse's own
     property, on the subcommand's parser that LightningCLI keeps to itself)."""
     subcommand_parser(cli, subcommand).default_config_files = []
+
+
+class _Parsed(Exception):
+    """Ends ``LightningCLI.__init__`` once it has parsed (``parse_only``)."""
+
+
+def parse_only(cli: LightningCLI, run: bool, **init_arguments: Any) -> None:
+    """``LightningCLI.__init__`` up to its parse: the parser built and the arguments parsed into ``cli.config``,
+    nothing built or run. Its steps after the parse are each a function below, which the engine calls in its own
+    order (``multigpu/run.py``). ``LightningCLI.__init__`` calls its private ``_parse_ckpt_path`` right after
+    ``parse_arguments``; that call, made on this one object, ends it."""
+
+    from lightning.pytorch.cli import LightningCLI  # imported by the command line only
+
+    def stop() -> None:
+        raise _Parsed
+
+    cli._parse_ckpt_path = stop  # type: ignore[method-assign]
+    try:
+        LightningCLI.__init__(cli, run=run, **init_arguments)
+    except _Parsed:
+        pass
+    finally:
+        del cli._parse_ckpt_path
+    cli.subcommand = cli.config.get("subcommand") if run else None
+
+
+def apply_checkpoint_hyperparameters(cli: LightningCLI) -> None:
+    """LightningCLI's step after the parse: the model options saved in the ``--ckpt_path`` file (a local file) become
+    the run's (its private ``_parse_ckpt_path``)."""
+    cli._parse_ckpt_path()
+
+
+def seed_from_options(cli: LightningCLI) -> None:
+    """LightningCLI's step after the parse: ``seed_everything`` of the options, with the seed recorded in them (its
+    private ``_set_seed``)."""
+    cli._set_seed()
+
+
+def save_hyperparameters_as_parsed(cli: LightningCLI) -> None:
+    """LightningCLI's step after the parse where ``load_from_checkpoint_support``: the model and data module keep the
+    parsed options in their hyperparameters, so that ``load_from_checkpoint`` rebuilds them (its private
+    ``_add_instantiators``)."""
+    cli._add_instantiators()
+
+
+def add_optimizer_options_to_model(cli: LightningCLI) -> None:
+    """LightningCLI's step after the model is built: a ``configure_optimizers`` from ``parser.add_optimizer_args``,
+    where a project's parser added them (its private ``_add_configure_optimizers_method_to_model``)."""
+    cli._add_configure_optimizers_method_to_model(cli.subcommand)
+
+
+def run_subcommand(cli: LightningCLI) -> None:
+    """LightningCLI's last step: the subcommand, a method of the Trainer (or of the CLI where it has one), with the
+    CLI's ``before_<subcommand>`` and ``after_<subcommand>`` hooks around it (its private ``_run_subcommand``)."""
+    cli._run_subcommand(cli.subcommand)
 
 
 # -- torch and torchmetrics ---------------------------------------------------------------------------------

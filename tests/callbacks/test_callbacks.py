@@ -1,6 +1,5 @@
-"""The template's callbacks (``multigpu/callbacks/__init__.py``): every one is listed there, the Trainer holds them in
-the
-listed order, and ``--callbacks_off`` leaves optional ones out of a run. Each callback's own test is beside this one."""
+"""The engine's callbacks (``multigpu/callbacks/__init__.py``): ``--callbacks_off`` leaves optional ones out of a run
+(their order: ``tests/test_run.py``). Each callback's own test is beside this one."""
 
 from __future__ import annotations
 
@@ -8,27 +7,10 @@ import csv
 
 import pytest
 
-import multigpu.callbacks
-from multigpu.callbacks import OPTIONAL_CALLBACKS, PreemptionCheckpoint, RunPlan, SpeedMonitor
+from multigpu.callbacks import PreemptionCheckpoint, RunPlan, SpeedMonitor
 from multigpu.callbacks.continuation import ExactContinuation
 from tests.cli import TemplateCLI, main
 from tests.conftest import TINY
-
-
-def test_the_trainer_holds_the_callbacks_in_the_listed_order_and_every_switch_is_listed():
-    listing = multigpu.callbacks.__doc__
-    for name in OPTIONAL_CALLBACKS:
-        assert f"- ``{name}``: " in listing, name
-    args = [*TINY, "--trainer.enable_model_summary=true", "--progress_bar=plain", "--trainer.max_time=00:00:01:00"]
-    cli = TemplateCLI(args=[*args, "--trainer.callbacks+=tests.helpers.Pace"], run=False)
-    held = [type(callback).__name__ for callback in cli.trainer.callbacks]
-    assert held[0] == "Pace"  # the user's own first
-    held = [name for name in held[1:] if name != "SaveConfigCallback"]  # LightningCLI's, which saves config.yaml
-    listed = sorted(held, key=lambda name: listing.index(f"``{name}``"))
-    assert held == listed  # in the listed order, ModelCheckpoint last
-    assert held[-1] == "RunCheckpoint"
-    for name in ("CompileModel", "ClipAcrossMeshes", "ExactContinuation", "RandomState", "RunTimer"):
-        assert f"``{name}``" in listing, name
 
 
 def test_a_switched_off_callback_does_not_run(tmp_path):

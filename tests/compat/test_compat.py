@@ -582,30 +582,6 @@ def test_strategy_setup_hands_the_model_to_setup_model_after_moving_it_and_keeps
     assert compat.own_method(model, "forward") is None  # the strategy's teardown took it off again
 
 
-def test_run_callback_before_changes_the_order_lightning_calls_the_callbacks_in():
-    order: list[str] = []
-
-    class Marker(Callback):
-        def on_train_batch_end(self, *args: Any) -> None:
-            order.append("marker")
-
-    class Mover(Callback):
-        def __init__(self, move: bool) -> None:
-            self.move = move
-
-        def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-            if self.move:
-                compat.run_callback_before(trainer, self, Marker)
-
-        def on_train_batch_end(self, *args: Any) -> None:
-            order.append("mover")
-
-    for move, expected in ((False, ["marker", "mover"]), (True, ["mover", "marker"])):
-        order.clear()
-        trainer(max_steps=2, callbacks=[Marker(), Mover(move)]).fit(BoringModel())
-        assert order == expected * 2
-
-
 def test_available_flops_is_lightnings_table_of_device_peaks(monkeypatch):
     assert compat.available_flops(torch.device("cpu"), torch.float32) is None
     cuda = torch.device("cuda", 0)
@@ -650,6 +626,41 @@ def test_skip_default_config_files_makes_the_next_parse_read_none(tmp_path):
     with pytest.raises(Parsed) as parsed:
         Probe(BoringModel, parser_kwargs={"fit": {"default_config_files": [str(defaults)]}}, args=["fit"])
     assert parsed.value.args == (5, -1)
+
+
+def test_parse_only_parses_and_the_steps_after_the_parse_build_and_run_in_the_callers_order(tmp_path):
+    checkpoint = tmp_path / "saved.ckpt"
+    torch.save({"hyper_parameters": {"_class_path": "tests.fixtures.workload.TinyClassifier", "hidden": 8}}, checkpoint)
+    seen: list[str] = []
+
+    class Probe(LightningCLI):
+        def __init__(self, args: list[str]) -> None:
+            compat.parse_only(self, True, subclass_mode_model=True, subclass_mode_data=True, args=args)
+
+        def before_fit(self) -> None:
+            seen.append(f"before_fit {self.trainer.max_steps}")
+
+    arguments = ["fit", "--model=tests.fixtures.workload.TinyClassifier", "--data=tests.fixtures.workload.TinyData"]
+    arguments += ["--trainer.max_steps=1", "--seed_everything=7", "--trainer.logger=false"]
+    arguments += ["--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={tmp_path}"]
+    cli = Probe(arguments)
+    assert cli.subcommand == "fit" and cli.config.fit.trainer.max_steps == 1  # parsed ...
+    assert not hasattr(cli, "model") and not hasattr(cli, "trainer") and seen == []  # ... and nothing else
+    cli.config.fit.ckpt_path = str(checkpoint)
+    compat.apply_checkpoint_hyperparameters(cli)  # the checkpoint's model options into the config
+    assert cli.config.fit.model.init_args.hidden == 8
+    cli.config.fit.ckpt_path = None
+    torch.manual_seed(0)
+    compat.seed_from_options(cli)
+    assert torch.initial_seed() == 7
+    compat.save_hyperparameters_as_parsed(cli)
+    cli.config_init = cli.parser.instantiate_classes(cli.config)
+    cli.model, cli.datamodule = cli.config_init.fit.model, cli.config_init.fit.data
+    assert cli.model.hparams.get("_instantiator")  # kept for load_from_checkpoint
+    compat.add_optimizer_options_to_model(cli)  # none added here: the model's own configure_optimizers stays
+    cli.trainer = cli.instantiate_trainer()
+    compat.run_subcommand(cli)
+    assert seen == ["before_fit 1"] and cli.trainer.global_step == 1  # the subcommand ran, with the CLI's hook
 
 
 # -- torch and torchmetrics ---------------------------------------------------------------------------------

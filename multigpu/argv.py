@@ -1,6 +1,6 @@
 """The command line read as written, where the parsed config cannot say it: which ``--config`` file set an option
 (jsonargparse keeps no record of where a value came from), the files' YAML read once and checked, and the class a
-``class_path`` names. Every reading of the raw arguments is here."""
+``class_path`` names, the subcommand named. Every reading of the raw arguments is here."""
 
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ import yaml
 
 #: the config sections whose class a command line may change
 CLASSES = ("model", "data")
+#: the subcommands of the command line: Lightning's and ``tune``
+SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
+
+
+def named_subcommand(args: Sequence[Any]) -> str | None:
+    """The subcommand the arguments name, if any."""
+    return next((str(a) for a in args if a in SUBCOMMANDS), None)
 
 
 def option_origin(args: Sequence[Any] | None, key: str) -> tuple[str | None, list[str]]:

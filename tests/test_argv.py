@@ -1,4 +1,4 @@
-"""The command line read as written (multigpu/arguments.py): which --config file set an option, the YAML of the
+"""The command line read as written (multigpu/argv.py): which --config file set an option, the YAML of the
 files checked with its line, the class a class_path names, the classes the arguments name (read as the parser reads
 them) and the default config rebased so that a changed class starts from its own defaults."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from multigpu.arguments import (
+from multigpu.argv import (
     changes_class,
     chosen_classes,
     given_as,

@@ -1,4 +1,4 @@
-"""The command line's options on top of LightningCLI's (multigpu/options.py): a parser whose errors are one paragraph,
+"""The command line's options on top of LightningCLI's (multigpu/parser.py): a parser whose errors are one paragraph,
 and a default config that names classes only, so that a class the arguments change starts from its own defaults
 with no machinery of the engine's. The options themselves are tested through the command line (tests/test_cli.py,
 tests/test_errors.py)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from multigpu import TemplateCLI
-from multigpu.options import TemplateArgumentParser
+from multigpu.parser import TemplateArgumentParser
 
 
 def project_cli(tmp_path, text: str) -> type[TemplateCLI]:

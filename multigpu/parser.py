@@ -1,7 +1,7 @@
 """The command line's options on top of LightningCLI's: the engine's own (``--checkpoint.*``, ``--preemption.*``,
 ``--callbacks_off``, ``--progress_bar``, ``--compile``, ``--collective_timeout``, ...), ``--config``'s help, and a
 parser whose errors are one paragraph, naming the default config where a key came from it. What is read from the
-arguments before the parser is built (the model and data classes they name) is ``arguments.py``."""
+arguments before the parser is built (the model and data classes they name) is ``argv.py``."""
 
 from __future__ import annotations
 
@@ -15,15 +15,13 @@ import yaml
 from jsonargparse import ActionConfigFile, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
-from multigpu.arguments import CLASSES, load_config_file, yaml_problem
+from multigpu.argv import load_config_file, yaml_problem
 from multigpu.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from multigpu.checkpoints.resume import checkpoint_dir
 from multigpu.command import prog
-from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, debug_mode, describe, user_error_of
+from multigpu.errors import debug_mode
 from multigpu.strategies.pipeline import PipelineOptions
 from multigpu.trainer_arguments import COLLECTIVE_TIMEOUT_S
-
-SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
 
 #: while the main parser parses, the defaults each parser with default config files computed: jsonargparse
 #: computes a subcommand's twice in one parse (for its own arguments, and again when the main parser merges the
@@ -182,23 +180,4 @@ def add_config_option(parser: LightningArgumentParser) -> None:
         help="Path to a YAML (or JSON) config file; give it several times to combine files. Arguments apply in"
         " order and a later one wins: a --config file overrides the flags given before it, a flag overrides the"
         " files before it. Put --config files first and flags after them.",
-    )
-
-
-def building_error(error: Exception, options: Namespace, objects_built: bool) -> ConfigurationError:
-    """One paragraph for an exception raised while LightningCLI built the objects of the config (``options``, the
-    run's parsed options): jsonargparse builds the model, data, callbacks and loggers, then the Trainer."""
-    known = user_error_of(error)  # e.g. a constructor that downloads: no network, not a wrong option
-    if known is not None:
-        return known
-    if objects_built:
-        what = "the Trainer from the --trainer options"
-    else:
-        chosen = {key: options.get(key) for key in CLASSES}
-        named = [f"--{k}={c.class_path}" for k, c in chosen.items() if isinstance(c, Namespace) and "class_path" in c]
-        what = f"the objects of the config ({', '.join(named)}, the callbacks and loggers)"
-    return ConfigurationError(
-        f"building {what} failed: {describe(causes(error)[-1])}. Fix: correct the option this names (`{prog()} fit"
-        f" --help` lists them, `--model.help CLASS` and `--data.help CLASS` a class's); set {DEBUG_ENV}=true to"
-        " see the traceback."
     )

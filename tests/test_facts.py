@@ -1,0 +1,45 @@
+"""The facts of a run (multigpu/facts.py), derived once from its options: what every later step reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jsonargparse import Namespace
+
+from multigpu.facts import RunFacts
+
+
+def test_a_strategy_of_auto_that_runs_several_processes_is_named_ddp_so_it_gets_the_templates_ddp_options():
+    # the collective timeout and, for manual optimization, find_unused_parameters: options of a ddp strategy by name
+    cpu = {"strategy": "auto", "accelerator": "cpu"}
+    assert RunFacts.of({**cpu, "devices": 2}).trainer_strategy == "ddp"
+    assert RunFacts.of({**cpu, "devices": 1, "num_nodes": 2}).trainer_strategy == "ddp"
+    assert RunFacts.of({**cpu, "devices": 1}).trainer_strategy == "auto"  # one process: Lightning's single device
+    assert RunFacts.of({**cpu, "devices": "auto"}).trainer_strategy == "auto"  # one CPU process, as Lightning counts
+    assert RunFacts.of({**cpu, "strategy": "ddp_spawn", "devices": 2}).trainer_strategy == "ddp_spawn"  # a name is kept
+
+
+def test_the_processes_are_one_per_device_and_node_where_the_strategy_starts_them_and_one_under_dp():
+    facts = RunFacts.of({"strategy": "DDP", "devices": "0,1", "num_nodes": 2, "accelerator": "gpu"})
+    assert (facts.accelerator, facts.devices, facts.strategy, facts.processes) == ("cuda", 2, "ddp", 4)
+    assert facts.several_cuda_processes
+    dp = RunFacts.of({"strategy": "dp", "devices": 4, "accelerator": "gpu"})
+    assert (dp.devices, dp.processes, dp.trainer_strategy) == (4, 1, "dp")
+    on_cpu = RunFacts.of({"strategy": "ddp", "devices": 2, "accelerator": "cpu"})
+    assert on_cpu.processes == 2 and not on_cpu.several_cuda_processes
+    assert RunFacts.of({"devices": "many", "accelerator": "cpu"}).devices is None  # for the checks to refuse
+
+
+def test_the_facts_of_a_subcommands_options_name_its_classes_run_directory_and_checkpoint(tmp_path):
+    options = Namespace(
+        trainer=Namespace(strategy=Namespace(class_path="my.Strategy"), devices=1, default_root_dir=str(tmp_path)),
+        model=Namespace(class_path="pkg.Model"),
+        data="pkg.Data",
+    )
+    facts = RunFacts.of(options, "fit")
+    assert (facts.subcommand, facts.model_class, facts.data_class) == ("fit", "pkg.Model", "pkg.Data")
+    assert facts.strategy is None and facts.trainer_strategy == Namespace(class_path="my.Strategy")  # a class
+    assert facts.run_dir == tmp_path and facts.checkpoint is None
+    resumed = facts.resuming(tmp_path / "last.ckpt")
+    assert resumed.checkpoint == tmp_path / "last.ckpt" and facts.checkpoint is None  # a new object: facts stay
+    assert RunFacts.of(Namespace(trainer=Namespace(devices=1))).run_dir == Path.cwd()
