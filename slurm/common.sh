@@ -4,6 +4,7 @@
 #   CONFIG=configs/precision/bf16-mixed.yaml RUN_DIR=runs/exp1 sbatch slurm/gpu.sbatch
 #
 #   REPO        the project (default: the directory sbatch was called from)
+#   CLI_MODULE  the project's command line, run as `python -m $CLI_MODULE fit` (default: src.cli)
 #   CONFIG      config file(s) for --config, space-separated, read after configs/default.yaml (default: set by
 #               each script; empty: none)
 #   RUN_DIR     the run directory: checkpoints, logs, wandb id (default: runs/<job name>-<job id>, which stays
@@ -24,8 +25,9 @@ log() { echo "[$(date +%H:%M:%S) ${SLURM_JOB_ID:-nojob}] $*"; }
 
 # sbatch runs a copy of the script from SLURM's spool directory: find the project from the submit directory.
 cd "$REPO" || exit 2
-if [[ ! -f src/cli.py ]]; then
-    log "error: $REPO is not the project (no src/cli.py). Fix: submit from the project root or set REPO=<project dir>."
+CLI_MODULE="${CLI_MODULE:-src.cli}"
+if [[ ! -f "${CLI_MODULE//.//}.py" ]]; then
+    log "error: $REPO is not the project (no ${CLI_MODULE//.//}.py). Fix: submit from the project root or set REPO=<project dir>."
     exit 2
 fi
 
@@ -60,7 +62,7 @@ NUM_NODES="${NUM_NODES:-$NODES_ALLOCATED}"
 # the training processes handle it, and this script has to be alive to see their exit status.
 trap 'log "batch shell: got SIGUSR1; the training processes save and stop at the next step"' USR1
 
-# train ARGS...: run `python -m src.cli fit` once per task, resuming from RUN_DIR if it holds a checkpoint.
+# train ARGS...: run `python -m $CLI_MODULE fit` once per task, resuming from RUN_DIR if it holds a checkpoint.
 # Exit status 75 means: preempted, last.ckpt saved; then the job is requeued and comes back here.
 train() {
     local config_args=() file
@@ -69,7 +71,7 @@ train() {
     local command=(
         srun ${SRUN_ARGS:-}
         --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}"  # since SLURM 22.05 srun does not inherit it from sbatch
-        python -m src.cli fit
+        python -m "$CLI_MODULE" fit
         "${config_args[@]}"
         --trainer.accelerator="$ACCELERATOR"
         --trainer.strategy=ddp                    # srun started the processes; ddp_spawn would start more

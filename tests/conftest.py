@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import csv
+import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,8 +31,27 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+#: the command line the tests of the engine run (tests/cli.py: the engine's, with the tests' own default config)
+CLI_MODULE = "tests.cli"
+
+
+@functools.cache
+def project_folder() -> Path:
+    """A folder that is a project to ``multigpu.command``: its ``pyproject.toml`` names the tests' command line
+    (``[tool.multigpu] cli``), and this repository's ``slurm/`` and ``tests/`` are linked in. A command that reads
+    the project's command line from the folder it runs in (``python -m multigpu.sweep``, slurm/sweep.sbatch) runs
+    from here, so that its trials run ``python -m tests.cli`` (one folder per process of the tests)."""
+    folder = Path(tempfile.mkdtemp(prefix="tests-project-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    (folder / "pyproject.toml").write_text(f'[tool.multigpu]\ncli = "{CLI_MODULE}"\n')
+    for name in ("slurm", "tests", ".venv"):
+        if (REPO / name).exists():
+            (folder / name).symlink_to(REPO / name)
+    return folder
+
+
 #: the tests' own workload and settings (tests/fixtures/workload.py, tests/configs/tiny.yaml): the tests of the
-#: template's machinery use it, so they pass whatever configs/default.yaml names
+#: template's machinery use it, so they pass whatever a default config names
 TINY_CONFIG = REPO / "tests" / "configs" / "tiny.yaml"
 TINY = ["--config", str(TINY_CONFIG)]
 
@@ -67,12 +90,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True)
 def _plain_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process CLI calls pass ``args``; pytest's own argv must not look like CLI arguments."""
-    monkeypatch.setattr(sys, "argv", ["src.cli"])
+    monkeypatch.setattr(sys, "argv", [CLI_MODULE])
 
 
-@pytest.fixture
-def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
-    """Run ``python -m src.cli ARGS`` in a subprocess (needed for ddp, which re-launches the script), forked from
+def cli_runner(module: str) -> Callable[..., subprocess.CompletedProcess]:
+    """Run ``python -m MODULE ARGS`` in a subprocess (needed for ddp, which re-launches the script), forked from
     the prewarmed server (tests/prewarmed.py) unless ``fresh``."""
 
     def run(
@@ -84,7 +106,7 @@ def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
         fresh: bool = False,
     ):
         result = prewarmed.run(
-            [sys.executable, "-m", "src.cli", *args],
+            [sys.executable, "-m", module, *args],
             fresh=fresh,
             cwd=cwd or REPO,
             env=env or cli_env(),
@@ -99,6 +121,12 @@ def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
         return result
 
     return run
+
+
+@pytest.fixture
+def run_cli() -> Callable[..., subprocess.CompletedProcess]:
+    """``python -m tests.cli ARGS`` in a subprocess (``cli_runner``)."""
+    return cli_runner(CLI_MODULE)
 
 
 def read_metrics(run_dir: Path, version: int | None = None) -> list[dict[str, str]]:
@@ -123,4 +151,4 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
 def project(tmp_path: Path, project_args: list[str]) -> Project:
     """The engine's ``project`` fixture (multigpu/testing.py) with this suite's environment, its commands forked
     from the prewarmed server (tests/prewarmed.py)."""
-    return Project(REPO, tmp_path, project_args, env=cli_env(), runner=prewarmed.run)
+    return Project(REPO, tmp_path, project_args, cli=CLI_MODULE, env=cli_env(), runner=prewarmed.run)

@@ -16,7 +16,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from multigpu.compat import collective_timeout
 from multigpu.strategies.model_parallel import ClipAcrossMeshes
-from src.cli import CLI, DEFAULT_CONFIG, main
+from tests.cli import CLI, DEFAULT_CONFIG, main
 from tests.conftest import REPO, TINY, cli_env, last_value, read_metrics
 
 
@@ -28,7 +28,7 @@ def print_config(capsys, *args: str) -> dict:
 
 
 def test_the_imports_run_without_garbage_collection_which_resumes_as_it_was():
-    """Every process of a run imports ``src.cli`` first: the collector is off while torch and Lightning are
+    """Every process of a run imports ``multigpu.cli`` first: the collector is off while torch and Lightning are
     imported, their objects are frozen out of later collections, and collection resumes only if it was on."""
     probe = (
         "import gc, runpy\n"
@@ -312,7 +312,7 @@ def test_a_project_subclass_adds_an_option_and_keeps_every_option_of_the_engine(
 
 
 def test_cli_builds_the_objects_without_running_for_notebooks_and_scripts():
-    from src.cli import CLI
+    from tests.cli import CLI
     from tests.fixtures.workload import TinyClassifier, TinyData
 
     cli = CLI(args=[*TINY, "--trainer.max_steps=3", "--data.init_args.batch_size=64"], run=False)

@@ -5,6 +5,7 @@ backticks exists; every code fence opens on a line of its own, so that no text b
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -26,6 +27,10 @@ NOT_HERE = {
     "configs/mine.yaml",
     "tests/test_model.py",
 }
+
+#: the example project's folders: the paths the pages name in them are checked with the examples
+#: (tests/examples/test_pages.py), so that these checks pass with the examples deleted
+EXAMPLE_PROJECT = ("src/", "configs/experiment/", "tests/examples/")
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
@@ -87,35 +92,43 @@ def exists(root: Path, path: str) -> bool:
     return any(root.glob(path)) if "*" in path else (root / path).exists()
 
 
-def page_problems(page: Path, root: Path = ROOT) -> list[str]:
-    """Every broken reference of ``page``, as ``page:line: what``."""
+def page_problems(page: Path, root: Path = ROOT, examples: bool | None = None) -> list[str]:
+    """Every broken reference of ``page``, as ``page:line: what``; with ``examples`` False those to paths outside the
+    example project (``EXAMPLE_PROJECT``) only, True those inside it only."""
+
+    def checked(path: str) -> bool:
+        return examples is None or path.startswith(EXAMPLE_PROJECT) == examples
+
     name, entries, problems = page.relative_to(root), repository_entries(root), []
     text = page.read_text()
-    if sum(1 for line in text.splitlines() if FENCE.match(line)) % 2:
+    if sum(1 for line in text.splitlines() if FENCE.match(line)) % 2 and checked(""):
         problems.append(f"{name}: a code fence is never closed")
     for number, line in prose_lines(text):
         where = f"{name}:{number}"
         code_spans = [match.group(2) for match in INLINE_CODE.finditer(line)]
-        if "```" in line:
+        if "```" in line and checked(""):
             problems.append(f"{where}: a code fence inside a line of text (a fence opens on a line of its own)")
         for target in LINK.findall(INLINE_CODE.sub("", line)):
             if re.match(r"^[a-z][a-z0-9+.-]*:", target):
                 continue  # https:, mailto:: not a file of the repository
             file_part, _, anchor = target.partition("#")
             linked = (page.parent / file_part).resolve() if file_part else page
+            if not checked(os.path.relpath(linked, root.resolve())):
+                continue
             if not linked.exists():
                 problems.append(f"{where}: the link {target} leads to no file")
             elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
                 problems.append(f"{where}: the link {target} names no heading of {linked.name}")
         for code in code_spans:
-            missing = [path for path in named_paths(code, entries) if path not in NOT_HERE]
+            missing = [path for path in named_paths(code, entries) if path not in NOT_HERE and checked(path)]
             problems += [f"{where}: `{path}` does not exist" for path in missing if not exists(root, path)]
     return problems
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
 def test_every_link_anchor_and_path_a_page_names_exists(page):
-    problems = page_problems(page)
+    """Those outside the example project (the example project's: tests/examples/test_pages.py)."""
+    problems = page_problems(page, examples=False)
     assert not problems, "\n".join(problems)
 
 
@@ -144,6 +157,9 @@ def test_a_broken_link_anchor_path_or_fence_is_found(tmp_path):
         "docs/page.md:5: `src/gone.py` does not exist",
         "docs/page.md:6: a code fence inside a line of text (a fence opens on a line of its own)",
     ]
+    # the example project's paths apart from the rest, and together all of them
+    assert page_problems(page, tmp_path, examples=True) == ["docs/page.md:5: `src/gone.py` does not exist"]
+    assert page_problems(page, tmp_path, examples=False) == [p for p in problems if "src/gone.py" not in p]
     (tmp_path / "docs" / "open.md").write_text("text\n```bash\nnever closed\n")
     assert page_problems(tmp_path / "docs" / "open.md", tmp_path)[0] == "docs/open.md: a code fence is never closed"
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import src.cli
+import tests.cli
 from multigpu.errors import DEBUG_ENV, ConfigurationError
-from src.cli import DEFAULT_CONFIG, main
 from tests import prewarmed
+from tests.cli import DEFAULT_CONFIG, main
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier
 
@@ -65,7 +65,7 @@ def tiny_run(tmp_path_factory) -> Path:
     """A finished two-step run of the tests' workload: checkpoints, logs and config."""
     run_dir = tmp_path_factory.mktemp("errors") / "run"
     sys_argv = sys.argv
-    sys.argv = ["src.cli"]
+    sys.argv = ["tests.cli"]
     try:
         main(["fit", *TINY_RUN, f"--trainer.default_root_dir={run_dir}", "--trainer.max_steps=2"])
     except SystemExit as stop:
@@ -95,7 +95,7 @@ PARSER_MISTAKES = {
     "abbreviated option": (["--trainer.max_epoch=3"], ["unrecognized arguments: --trainer.max_epoch=3"]),
     "wrong type": (["--trainer.max_epochs=abc"], ["trainer.max_epochs", "abc"]),
     "unknown model argument": (["--model.init_args.widthz=3"], ["widthz", "not accepted"]),
-    "unknown model class": (["--model=src.models.NoSuchModel"], ["src.models.NoSuchModel"]),
+    "unknown model class": (["--model=tests.fixtures.NoSuchModel"], ["tests.fixtures.NoSuchModel"]),
     "invalid precision": (["--trainer.precision=17"], ["trainer.precision", "17"]),
     "unknown strategy": (["--trainer.strategy=ddq"], ["--trainer.strategy=ddq", "not a known strategy"]),
     "zero devices": (["--trainer.devices=0"], ["--trainer.devices must be at least 1"]),
@@ -138,7 +138,7 @@ def test_bad_value_in_an_environment_variable(capsys, monkeypatch, untouched):
 def test_an_unknown_key_in_the_default_config(tmp_path, capsys, monkeypatch, untouched):
     default = tmp_path / "default.yaml"
     default.write_text(DEFAULT_CONFIG.read_text().replace("  max_epochs: 2", "  max_epoch: 2"))
-    monkeypatch.setattr(src.cli.CLI, "default_config", default)
+    monkeypatch.setattr(tests.cli.CLI, "default_config", default)
     # the tests' classes replace the default config's: the template gives the parser the file, less their sections
     fails_cleanly(capsys, resume(untouched), str(default), "trainer.max_epoch")
     fails_cleanly(capsys, ["fit", "--print_config"], "max_epoch")  # its own classes: the parser reads the file
@@ -377,7 +377,7 @@ def run_cli(*args: str, timeout: int = 90, **env: str) -> tuple[subprocess.Compl
     """Run the CLI in its own process group; on a hang, kill every rank (not only the first) and fail."""
     start = time.monotonic()
     process = prewarmed.popen(
-        [sys.executable, "-m", "src.cli", *args],
+        [sys.executable, "-m", "tests.cli", *args],
         cwd=REPO,
         env=cli_env(**env),
         stdout=subprocess.PIPE,
@@ -452,7 +452,7 @@ def test_no_environment_secret_reaches_any_file_a_run_writes(tmp_path):
 def test_collective_timeout_reaches_the_ddp_strategy():
     from multigpu.compat import collective_timeout
     from multigpu.trainer_arguments import COLLECTIVE_TIMEOUT_S
-    from src.cli import TemplateCLI
+    from tests.cli import TemplateCLI
 
     args = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn", "--trainer.devices=2"]
     cli = TemplateCLI(args=[*TINY, *args, "--collective_timeout=42"], run=False)
@@ -465,7 +465,7 @@ def test_collective_timeout_reaches_the_ddp_strategy():
 @pytest.mark.parametrize("strategy", ["fsdp2", "tensor_parallel", "auto"])
 def test_collective_timeout_reaches_the_model_parallel_strategies_and_auto(strategy):
     from multigpu.compat import collective_timeout
-    from src.cli import TemplateCLI
+    from tests.cli import TemplateCLI
 
     args = ["--trainer.accelerator=cpu", f"--trainer.strategy={strategy}", "--trainer.devices=2"]
     cli = TemplateCLI(args=[*TINY, *args, "--trainer.precision=64-true", "--collective_timeout=42"], run=False)

@@ -3,11 +3,13 @@ trains as before."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+import torch
 from torch import nn
 
 from multigpu import ConfigurationError, hook_readers, hooks
-from src.models.gpt import CausalLanguageModel
 
 
 class Declared(nn.Module):
@@ -27,24 +29,55 @@ def test_the_flops_hook_is_an_attribute_or_a_method_and_absent_is_none():
     assert not isinstance(Computed(), hooks.CountsFlops)  # each Protocol declares the name it reads
 
 
+class Stage(nn.Sequential):
+    """A pipeline stage that says which blocks it runs."""
+
+    def layers(self) -> list[nn.Module]:
+        return list(self)
+
+
+class Blocks(nn.Module):
+    """Two blocks with every optional hook: the three of ``pipeline`` and a check of its data module's sequences."""
+
+    def __init__(self, block_size: int = 8) -> None:
+        super().__init__()
+        self.block_size = block_size
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+    def pipeline_stage(self, index: int, count: int) -> nn.Module:
+        return Stage(*self.blocks[index * 2 // count : (index + 1) * 2 // count])
+
+    def pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(output, target)
+
+    def model_step(self, batch: Any) -> torch.Tensor:
+        inputs, target = batch
+        return self.pipeline_loss(self.blocks[1](self.blocks[0](inputs)), target)
+
+    def check_datamodule(self, datamodule: Any) -> None:
+        if datamodule.block_size > self.block_size:
+            raise ConfigurationError(f"block_size={datamodule.block_size} is longer than the model's {self.block_size}")
+
+
 def test_the_pipeline_hooks_a_model_lacks_are_named():
     assert hook_readers.missing_pipeline_hooks(nn.Linear(2, 2)) == list(hooks.PIPELINE_HOOKS)
-    gpt = CausalLanguageModel(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8)
-    assert hook_readers.missing_pipeline_hooks(gpt) == []
-    assert isinstance(gpt, hooks.Pipelined)
+    staged = Blocks()
+    assert hook_readers.missing_pipeline_hooks(staged) == []
+    assert isinstance(staged, hooks.Pipelined)
     assert tuple(name for name in vars(hooks.Pipelined) if not name.startswith("_")) == hooks.PIPELINE_HOOKS
-    assert hook_readers.stage_layer_count(gpt.pipeline_stage(0, 2)) == 1
+    assert hook_readers.stage_layer_count(staged.pipeline_stage(0, 2)) == 1
+    assert hook_readers.stage_layer_count(staged.pipeline_stage(0, 1)) == 2
     assert hook_readers.stage_layer_count(nn.Linear(2, 2)) is None
 
 
 def test_a_models_own_check_of_its_data_module_runs_and_refuses_in_one_paragraph():
-    gpt = CausalLanguageModel(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8)
+    staged = Blocks(block_size=8)
 
     class Data:
         block_size = 16
 
-    with pytest.raises(ConfigurationError, match=r"block_size=16 is longer than the model.s .*block_size=8"):
-        hook_readers.check_datamodule(gpt, Data())
+    with pytest.raises(ConfigurationError, match=r"block_size=16 is longer than the model.s 8"):
+        hook_readers.check_datamodule(staged, Data())
     Data.block_size = 8
-    hook_readers.check_datamodule(gpt, Data())  # fits: nothing raised
+    hook_readers.check_datamodule(staged, Data())  # fits: nothing raised
     hook_readers.check_datamodule(nn.Linear(2, 2), Data())  # no hook: nothing checked

@@ -31,7 +31,7 @@ def test_a_model_the_arguments_name_starts_from_its_own_defaults(tmp_path):
 
 
 def test_a_parser_error_is_one_paragraph_with_the_fix(capsys):
-    parser = TemplateArgumentParser(prog="python -m src.cli")
+    parser = TemplateArgumentParser(prog="python -m tests.cli")
     parser.add_argument("--steps", type=int)
     with pytest.raises(SystemExit) as stopped:
         parser.parse_args(["--steps=many"])
@@ -42,7 +42,7 @@ def test_a_parser_error_is_one_paragraph_with_the_fix(capsys):
 
 
 def test_an_abbreviated_option_is_refused_not_guessed(capsys):
-    parser = TemplateArgumentParser(prog="python -m src.cli")
+    parser = TemplateArgumentParser(prog="python -m tests.cli")
     parser.add_argument("--max_epochs", type=int)
     with pytest.raises(SystemExit):
         parser.parse_args(["--max_epoch=3"])
@@ -52,7 +52,7 @@ def test_an_abbreviated_option_is_refused_not_guessed(capsys):
 def test_a_config_file_that_is_no_yaml_is_named_with_its_line(tmp_path, capsys):
     broken = tmp_path / "broken.yaml"
     broken.write_text("trainer:\n  max_steps: [3\n")
-    parser = TemplateArgumentParser(prog="python -m src.cli")
+    parser = TemplateArgumentParser(prog="python -m tests.cli")
     with pytest.raises(SystemExit):
         parser.parse_args(["--config", str(broken)])
     err = capsys.readouterr().err

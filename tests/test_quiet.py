@@ -25,8 +25,8 @@ import torch
 from multigpu.checkpoints import files
 from multigpu.errors import DEBUG_ENV
 from multigpu.failures import user_error_of
-from src.cli import main
 from tests import prewarmed
+from tests.cli import main
 from tests.conftest import REPO, TINY, cli_env
 from tests.fixtures.workload import TinyClassifier, TinyData
 
@@ -150,7 +150,7 @@ def test_the_debug_switch_shows_the_network_errors_traceback(tmp_path, monkeypat
 def test_ddp_reports_a_failed_download_once_with_exit_status_1(tmp_path):
     args = data_args(tmp_path, "network", "--trainer.strategy=ddp", "--trainer.devices=2")
     result = prewarmed.run(
-        [sys.executable, "-m", "src.cli", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tests.cli", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("error: ") == 1, result.stderr
@@ -201,7 +201,7 @@ def assert_no_noise(output: str) -> None:
 
 def run_quietly(env: dict[str, str], *args: str, code: int = 0) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "src.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "tests.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     output = result.stdout + result.stderr
     assert result.returncode == code, output[-4000:]
@@ -298,7 +298,7 @@ def test_a_commands_output_ends_where_its_own_text_ends(ending, tmp_path):
     """
     args, code = ENDINGS[ending]
     result = prewarmed.run(
-        [sys.executable, "-m", "src.cli", *args, f"--trainer.default_root_dir={tmp_path}"],
+        [sys.executable, "-m", "tests.cli", *args, f"--trainer.default_root_dir={tmp_path}"],
         cwd=REPO,
         env=cli_env(),
         capture_output=True,

@@ -21,8 +21,8 @@ import torch
 from multigpu import run_lock
 from multigpu.errors import ConfigurationError
 from multigpu.run_lock import LOCK_FILE, TOKEN_ENV, Launch, hold_run_dir, read_lock, release_run_dir
-from src.cli import main
 from tests import prewarmed
+from tests.cli import main
 from tests.conftest import REPO, TINY, cli_env, read_metrics
 
 
@@ -209,7 +209,7 @@ COMMON = [*TINY, "--model.init_args.dropout=0.2", "--trainer.max_steps=24", "--p
 def start_paused(run_dir: Path, step: int, *args: str) -> tuple[subprocess.Popen, Path, Path]:
     """``fit`` into ``run_dir``, pausing after ``step`` until the returned resume file exists."""
     paused, resume = run_dir.parent / "paused", run_dir.parent / "resume"
-    command = [sys.executable, "-m", "src.cli", "fit", *COMMON, f"--trainer.default_root_dir={run_dir}", *args]
+    command = [sys.executable, "-m", "tests.cli", "fit", *COMMON, f"--trainer.default_root_dir={run_dir}", *args]
     command += ["--trainer.callbacks+=tests.helpers.PauseAtStep", f"--trainer.callbacks.step={step}"]
     command += [f"--trainer.callbacks.paused_file={paused}", f"--trainer.callbacks.resume_file={resume}"]
     process = prewarmed.popen(

@@ -17,7 +17,7 @@ from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import AtomicCheckpointIO
 from multigpu.facts import RunFacts
 from multigpu.trainer_arguments import checkpoint_plugins, strategy_options
-from src.cli import TemplateCLI
+from tests.cli import TemplateCLI
 from tests.conftest import TINY
 
 

@@ -1,19 +1,23 @@
-"""The measured pipeline bubble (``StageClock`` in benchmarks/clock.py, ``bubble_figures`` in benchmarks/stats.py)
-on real timings: threads play the stages of a GPipe schedule, each forward and backward of a micro-batch a real
-sleep, the micro-batches and their gradients handed on through queues. For stages of equal time the share each
-waited is the theory's, ``(stages - 1) / (micro_batches + stages - 1)``."""
+"""The measure of the pipeline bubble (``StageClock`` in benchmarks/clock.py, ``bubble_figures`` in
+benchmarks/stats.py) on a GPipe schedule played by threads (``benchmarks.bubble.play_gpipe``), the micro-batches and
+their gradients handed on through queues, on a logical clock: each forward and backward of a micro-batch is one unit
+of a stage's time, so that for stages of equal time the share each waited is the theory's,
+``(stages - 1) / (micro_batches + stages - 1)``, exactly and whatever the machine's load. The same schedule in real
+time (sleeps) is a benchmark: ``python -m benchmarks.bubble`` prints its median and spread."""
 
 from __future__ import annotations
 
 import csv
-import queue
 import statistics
 import threading
 import time
+import types
 
 import pytest
 import torch
 
+import benchmarks.clock
+from benchmarks.bubble import STEPS, main, play_gpipe
 from benchmarks.clock import StageClock
 from benchmarks.report import build_table, markdown, write_all
 from benchmarks.runner import Row
@@ -22,69 +26,74 @@ from benchmarks.timing import time_stage_work
 from multigpu.strategies.pipeline import PipelineOptions, bubble_fraction
 from tests.benchmarks.test_bench import _run, environment
 
-WORK_S = 0.02  # one stage's forward (or backward) of one micro-batch
-STEPS = 3  # the first is not timed (StageClock.result starts at the second step, as the step times do)
+
+class LogicalTime:
+    """Each stage's own clock, counted in pieces of work: a forward or backward of one micro-batch takes one unit, a
+    hand-over none (the receiver's clock moves on to the sender's time of sending, if it is behind), and the step
+    ends on every stage at the time of the last one to finish."""
+
+    def __init__(self, stages: int) -> None:
+        self.local = threading.local()
+        self.ends = [0.0] * stages
+
+    def now(self) -> float:
+        return getattr(self.local, "time", 0.0)
+
+    def work(self) -> None:
+        self.local.time = self.now() + 1
+
+    def send(self) -> float:
+        return self.now()
+
+    def receive(self, sent: float) -> None:
+        self.local.time = max(self.now(), sent)
+
+    def finish(self, index: int, done: threading.Barrier) -> None:
+        self.ends[index] = self.now()
+        done.wait()
+        self.local.time = max(self.ends)
+        done.wait()  # every stage has read the ends before one writes its next
 
 
-def play_gpipe(stages: int, micro_batches: int) -> list[dict]:
-    """Each stage in a thread: all forwards, then all backwards, waiting for its neighbours; the step ends when every
-    stage is done (as the template's sums over the stages make it). Returns what each stage's clock measured."""
-    activations = [queue.Queue() for _ in range(stages)]  # into stage i
-    gradients = [queue.Queue() for _ in range(stages)]  # into stage i, from stage i + 1
-    done = threading.Barrier(stages)
-    clocks = [StageClock(torch.device("cpu")) for _ in range(stages)]
+@pytest.fixture
+def logical_gpipe(monkeypatch: pytest.MonkeyPatch):
+    """``play_gpipe`` on a ``LogicalTime``, which the stages' clocks read in place of ``time.perf_counter``."""
 
-    def work(clock: StageClock) -> None:
-        clock.work_start()
-        time.sleep(WORK_S)
-        clock.work_end()
+    def play(stages: int, micro_batches: int) -> list[dict]:
+        timeline = LogicalTime(stages)
+        monkeypatch.setattr(benchmarks.clock, "time", types.SimpleNamespace(perf_counter=timeline.now))
+        return play_gpipe(stages, micro_batches, timeline)
 
-    def stage(index: int) -> None:
-        clock = clocks[index]
-        for _ in range(STEPS):
-            clock.window_start()
-            for _ in range(micro_batches):
-                if index > 0:
-                    activations[index].get()
-                work(clock)
-                if index < stages - 1:
-                    activations[index + 1].put(None)
-            for _ in range(micro_batches):
-                if index < stages - 1:
-                    gradients[index].get()
-                work(clock)
-                if index > 0:
-                    gradients[index - 1].put(None)
-            done.wait()
-            clock.window_end()
-            clock.step_end()
-
-    threads = [threading.Thread(target=stage, args=(index,)) for index in range(stages)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    return [{**clock.result(), "pipeline_stage": index} for index, clock in enumerate(clocks)]
+    return play
 
 
 @pytest.mark.parametrize(("stages", "micro_batches"), [(2, 4), (3, 2)])
-def test_the_measured_bubble_of_equal_stages_is_the_theorys(stages, micro_batches):
-    ranks = play_gpipe(stages, micro_batches)
+def test_the_measured_bubble_of_equal_stages_is_the_theorys(stages, micro_batches, logical_gpipe):
+    ranks = logical_gpipe(stages, micro_batches)
     timed = [True] * (STEPS - 1)
     for rank in ranks:  # every timed step: the window, and the stage's 2 x micro_batches pieces of work in it
         assert len(rank["pipeline_window_s"]) == len(rank["pipeline_work_s"]) == STEPS - 1
         for window, work in zip(rank["pipeline_window_s"], rank["pipeline_work_s"], strict=True):
-            assert work >= 2 * micro_batches * WORK_S and window > work
+            # the fill and the drain: every stage's window holds 2 x (micro_batches + stages - 1) pieces' time
+            assert (work, window) == (2 * micro_batches, 2 * (micro_batches + stages - 1))
     figures = bubble_figures(ranks, timed)
     theory = bubble_fraction(stages, micro_batches)
-    assert figures["bubble_measured"] == pytest.approx(theory, abs=0.05)
+    assert figures["bubble_measured"] == pytest.approx(theory)
     assert figures["bubble_p25"] <= figures["bubble_measured"] <= figures["bubble_p75"]
-    assert figures["bubble_per_stage"] == pytest.approx([theory] * stages, abs=0.05)
+    assert figures["bubble_per_stage"] == pytest.approx([theory] * stages)
     # a step left out of the timed ones (a warm-up step, an epoch boundary) is left out of the figures
     assert bubble_figures(ranks, [True, False])["bubble_measured"] == pytest.approx(
         sum(1 - r["pipeline_work_s"][0] / r["pipeline_window_s"][0] for r in ranks) / stages
     )
     assert bubble_figures([{"step_times_s": [0.1]}], [True]) == {}  # not a pipeline run: no figures
+
+
+def test_the_benchmark_plays_each_shape_in_real_time_and_prints_its_median_beside_the_theory(capsys):
+    main(["--repeats=2", "--work_ms=1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["2 stages, 4 micro-batches", "3 stages, 2 micro-batches"]
+    assert "theory 0.200, measured " in lines[0] and "theory 0.500, measured " in lines[1]
+    assert all("(median of 2, " in line for line in lines)
 
 
 def test_work_outside_the_window_is_not_counted():
@@ -105,8 +114,8 @@ def test_work_outside_the_window_is_not_counted():
     assert 0.01 <= work <= window
 
 
-def test_the_report_puts_the_measured_bubble_beside_the_theorys(tmp_path):
-    measured = [bubble_figures(play_gpipe(2, 4), [True] * (STEPS - 1)) for _ in range(2)]  # two repeats
+def test_the_report_puts_the_measured_bubble_beside_the_theorys(tmp_path, logical_gpipe):
+    measured = [bubble_figures(logical_gpipe(2, 4), [True] * (STEPS - 1)) for _ in range(2)]  # two repeats
     runs = [{**_run(40.0, 2.0), **figures} for figures in measured]
     row = Row("gpt", "pipeline", 2, "32-true", 16)
     table = build_table({Row("gpt", "single", 1, "32-true", 16): [_run(30.0, 2.0)], row: runs}, "cpu", {"gpt": {}}, {})

@@ -9,7 +9,7 @@ import pytest
 
 from multigpu.callbacks import PreemptionCheckpoint, RunPlan, SpeedMonitor
 from multigpu.callbacks.continuation import ExactContinuation
-from src.cli import TemplateCLI, main
+from tests.cli import TemplateCLI, main
 from tests.conftest import TINY
 
 

@@ -17,8 +17,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from multigpu.callbacks.checkpoint import interval_due
-from src.cli import main
 from tests.callbacks.test_preemption import COMMON, best_checkpoint, start, validation_rows, wait_for_lines
+from tests.cli import main
 from tests.conftest import TINY, load_state
 
 #: a user's model that logs ``val/mse``, not the default monitor ``val/loss``; 16 optimizer steps per epoch

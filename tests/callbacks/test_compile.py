@@ -14,7 +14,7 @@ from multigpu.callbacks.compile import compile_refusal
 from multigpu.checks import check_compile
 from multigpu.data.base import GlobalBatchDataModule
 from multigpu.strategies import DataParallelStrategy
-from src.cli import TemplateCLI, main
+from tests.cli import TemplateCLI, main
 from tests.conftest import TINY, load_state, relative_difference
 
 

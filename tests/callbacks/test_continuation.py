@@ -33,7 +33,7 @@ from multigpu.callbacks.continuation import (
 )
 from multigpu.compat import logging_step, set_logging_step
 from multigpu.data.base import ResumableDataLoader
-from src.cli import TemplateCLI, main
+from tests.cli import TemplateCLI, main
 from tests.conftest import TINY, read_metrics
 
 #: the uninterrupted 40-step run is shared by several tests: one worker trains it once

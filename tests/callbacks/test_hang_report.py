@@ -79,7 +79,7 @@ def test_the_users_frame_is_the_innermost_outside_the_libraries_and_the_template
         Frame(C10D, 2800, "all_reduce"),
         Frame(f"{SITE}/lightning/pytorch/strategies/ddp.py", 300, "reduce"),
         Frame(str(REPO / "multigpu" / "callbacks" / "nan_guard.py"), 50, "on_train_batch_end"),
-        Frame(str(REPO / "src" / "models" / "mine.py"), 12, "training_step"),  # the user's project
+        Frame(str(REPO / "myproject" / "models" / "mine.py"), 12, "training_step"),  # the user's project
         Frame(threading.__file__, 300, "wait"),
     ]
     assert user_frame(frames) == frames[3]

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 
 from multigpu.callbacks.nan_guard import NonFiniteLoss
 from multigpu.checkpoints.background import wait_for_checkpoints
-from src.cli import main
+from tests.cli import main
 from tests.conftest import TINY, load_state
 
 CORRUPT_STEP = 12  # the 12th optimizer step, in the second epoch: the first ends with a checkpoint at step 8

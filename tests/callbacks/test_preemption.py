@@ -23,9 +23,9 @@ import torch
 
 from multigpu.checkpoints.files import is_intact
 from multigpu.run_lock import LOCK_FILE
-from src.cli import main
 from tests import prewarmed
 from tests.callbacks.test_continuation import assert_same_run as assert_same_continuation
+from tests.cli import main
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics
 from tests.test_quiet import assert_no_noise, newcomer_env_in
 
@@ -199,8 +199,8 @@ def test_time_based_validation_stop_and_resume(tmp_path):
 
 
 def fit_command(run_dir: Path, *args: str) -> list[str]:
-    """``python -m src.cli fit`` of this file's workload into ``run_dir``."""
-    return [sys.executable, "-m", "src.cli", "fit", *COMMON, f"--trainer.default_root_dir={run_dir}", *args]
+    """``python -m tests.cli fit`` of this file's workload into ``run_dir``."""
+    return [sys.executable, "-m", "tests.cli", "fit", *COMMON, f"--trainer.default_root_dir={run_dir}", *args]
 
 
 def start(
@@ -283,7 +283,7 @@ def test_signal_from_outside_saves_stops_with_its_exit_code_and_resumes_exactly(
     resume = [f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last"]
 
     def launch(*args: str) -> str:  # Lightning's launchers re-run the command: a process of its own
-        command = [sys.executable, "-m", "src.cli", "fit", *COMMON, *strategy, *extra, *args, *resume]
+        command = [sys.executable, "-m", "tests.cli", "fit", *COMMON, *strategy, *extra, *args, *resume]
         result = prewarmed.run(command, cwd=REPO, env=environment or cli_env(), capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-6000:]
         return result.stdout + result.stderr

@@ -19,8 +19,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from multigpu.callbacks.random_state import collect, derived_seed, restore
-from src.cli import main
 from tests.callbacks.test_preemption import validation_rows
+from tests.cli import main
 from tests.conftest import TINY
 from tests.fixtures.workload import gaussian_clusters
 

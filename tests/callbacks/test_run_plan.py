@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from src.cli import main
+from tests.cli import main
 from tests.conftest import TINY
 
 PLAN = [

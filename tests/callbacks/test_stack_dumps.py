@@ -47,7 +47,7 @@ FAIL_LINE = next(i for i, text in enumerate(Path(stuck.__file__).read_text().spl
 def start(*args: str) -> subprocess.Popen:
     """The CLI in a session of its own, so that a test can signal (or kill) every rank and none outlives it."""
     return prewarmed.popen(
-        [sys.executable, "-m", "src.cli", "fit", *TINY, *DDP_CPU, *args],
+        [sys.executable, "-m", "tests.cli", "fit", *TINY, *DDP_CPU, *args],
         cwd=REPO,
         env=cli_env(),
         stdout=subprocess.PIPE,
@@ -187,7 +187,7 @@ def test_sigusr2_to_a_live_run_dumps_every_rank_and_training_goes_on(tmp_path):
     while not (progress.is_file() and progress.read_text().strip()):  # every rank set up: past the first step
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGUSR2)  # every rank, as `scancel --signal=USR2` or `pkill -USR2 -f src.cli`
+    os.killpg(process.pid, signal.SIGUSR2)  # every rank, as `scancel --signal=USR2` or `pkill -USR2 -f tests.cli`
     time.sleep(0.5)
     # what `python -m multigpu.stacks RUN_DIR [--no-signal]` prints (the command itself: the stuck test above), called
     # here so that the run is still training when it signals (a command's start-up on a loaded machine takes

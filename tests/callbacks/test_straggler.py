@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from multigpu.callbacks.straggler import StragglerReport, describe_straggler, find_straggler, straggler_ratio
-from src.cli import TemplateCLI
 from tests import prewarmed
+from tests.cli import TemplateCLI
 from tests.conftest import REPO, TINY, cli_env, read_metrics
 
 
@@ -46,7 +46,7 @@ def test_the_factor_is_an_option_and_the_callback_can_be_left_out():
 def test_a_rank_that_sleeps_in_its_training_step_is_named_by_rank_0(tmp_path):
     run_dir = tmp_path / "run"
     command = [
-        sys.executable, "-m", "src.cli", "fit", *TINY, "--trainer.accelerator=cpu", "--trainer.strategy=ddp",
+        sys.executable, "-m", "tests.cli", "fit", *TINY, "--trainer.accelerator=cpu", "--trainer.strategy=ddp",
         "--trainer.devices=2", "--progress_bar=none", "--trainer.max_steps=15", "--trainer.log_every_n_steps=5",
         "--trainer.limit_val_batches=0", "--model=tests.zoo.stuck.SleepyClassifier",
         "--model.init_args.slow_seconds=0.15", "--collective_timeout=20", f"--trainer.default_root_dir={run_dir}",

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from multigpu.callbacks.throughput import dense_peak_flops, first_tensor
-from src.cli import main
+from tests.cli import main
 from tests.conftest import TINY, read_metrics
 
 LOAD_SECONDS = 0.02  # per batch, in the loader of the user workload below

@@ -1,4 +1,4 @@
-"""``python -m src.consolidate DIR OUT.ckpt`` (multigpu/checkpoints/consolidate.py): a folder that is no sharded
+"""``python -m multigpu.consolidate DIR OUT.ckpt`` (multigpu/checkpoints/consolidate.py): a folder that is no sharded
 checkpoint
 is refused. The consolidation of a trained fsdp2 run is tested in tests/strategies/test_model_parallel.py, on that
 module's shared runs."""

@@ -2,7 +2,7 @@
 runs ``os.system`` and would create a marker file) in every place of a checkpoint (a single file, a folder's index,
 an entry of a shard, ``meta.pt``), and folders that are damaged or of another layout, are each refused in one
 paragraph naming the file: by the check itself, and through the public commands (evaluation on one device and
-under ddp, an fsdp2 resume, ``python -m src.consolidate``), with exit status 2, the marker absent and the files
+under ddp, an fsdp2 resume, ``python -m multigpu.consolidate``), with exit status 2, the marker absent and the files
 unchanged. A folder a real fsdp2 run saved (the installed torch and Lightning) passes.
 
 The fast checks of the reading pieces are in tests/compat/test_checkpoint_index.py; the resumes of trained sharded runs
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.xdist_group("test_safe")
 REFUSED = RUNS_COMMAND_GLOBAL  # posix.system
 
 
-def command(*args: str, module: str = "src.cli") -> subprocess.CompletedProcess:
+def command(*args: str, module: str = "tests.cli") -> subprocess.CompletedProcess:
     return prewarmed.run(
         [sys.executable, "-m", module, *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600
     )
@@ -200,6 +200,6 @@ def test_consolidating_a_folder_whose_shard_would_run_code_is_refused(saved, tmp
     folder, marker = copy_of(saved, tmp_path) / "checkpoints" / "last.ckpt", tmp_path / "ran"
     entry_runs_code(folder, marker)
     before = digest(folder)
-    result = command(str(folder), str(tmp_path / "whole.ckpt"), module="src.consolidate")
+    result = command(str(folder), str(tmp_path / "whole.ckpt"), module="multigpu.consolidate")
     one_paragraph(result, str(folder / SHARD), REFUSED)
     assert not marker.exists() and digest(folder) == before and not (tmp_path / "whole.ckpt").exists()

@@ -886,29 +886,35 @@ def reaches(source: str, own: set[str]) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def scanned_files() -> list[Path]:
-    """The engine's modules but the seam itself, and this repository's project (the examples)."""
-    files = [*sorted((REPO / "multigpu").rglob("*.py")), *sorted((REPO / "src").rglob("*.py"))]
-    return [path for path in files if not path.is_relative_to(REPO / "multigpu" / "compat")]
+def scanned_files(folder: Path = REPO / "multigpu") -> list[Path]:
+    """The engine's modules but the seam itself (``folder``: a project's, tests/examples/test_project.py)."""
+    return [path for path in sorted(folder.rglob("*.py")) if not path.is_relative_to(REPO / "multigpu" / "compat")]
 
 
-def test_nothing_outside_compat_uses_a_private_name_of_a_library():
-    sources = {path: path.read_text() for path in scanned_files()}
-    assert len(sources) > 20  # the walk found the package
-    own = set().union(*(own_names(ast.parse(source)) for source in sources.values()))
-    found = [
+def private_reaches(files: list[Path]) -> list[str]:
+    """``path:line: what`` of each reach into a library's internals in ``files`` (a name the engine's or their
+    own classes define is theirs)."""
+    sources = {path: path.read_text() for path in files}
+    engine = [path.read_text() for path in scanned_files()]
+    own = set().union(*(own_names(ast.parse(source)) for source in [*engine, *sources.values()]))
+    return [
         f"{path.relative_to(REPO)}:{line}: {what}"
         for path, source in sources.items()
         for line, what in reaches(source, own)
     ]
+
+
+def test_nothing_outside_compat_uses_a_private_name_of_a_library():
+    files = scanned_files()
+    assert len(files) > 20  # the walk found the package
+    found = private_reaches(files)
     assert not found, "private names outside multigpu/compat/ (give each a function there):\n" + "\n".join(found)
 
 
-def test_the_protected_hooks_overridden_in_the_engine_are_the_ones_compat_lists():
-    """A method of a class in ``multigpu/`` or ``src/`` that overrides a protected method of a library base class is
-    such a hook: ``OVERRIDDEN_HOOKS`` lists each, and a test above runs it."""
+def overridden_hooks(files: list[Path]) -> set[str]:
+    """``Base._method`` of each protected method of a library base class that a class in ``files`` overrides."""
     overridden = set()
-    for path in scanned_files():
+    for path in files:
         module = importlib.import_module(".".join(path.relative_to(REPO).with_suffix("").parts))
         for node in ast.walk(ast.parse(path.read_text())):
             cls = getattr(module, node.name, None) if isinstance(node, ast.ClassDef) else None
@@ -917,7 +923,13 @@ def test_the_protected_hooks_overridden_in_the_engine_are_the_ones_compat_lists(
             methods = [item.name for item in node.body if isinstance(item, ast.FunctionDef) and private(item.name)]
             libraries = [base for base in cls.__mro__[1:] if not base.__module__.startswith(("src.", "multigpu."))]
             overridden |= {f"{base.__name__}.{name}" for name in methods for base in libraries if name in vars(base)}
-    assert overridden == set(compat.OVERRIDDEN_HOOKS)
+    return overridden
+
+
+def test_the_protected_hooks_overridden_in_the_engine_are_the_ones_compat_lists():
+    """A method of a class in ``multigpu/`` that overrides a protected method of a library base class is such a
+    hook: ``OVERRIDDEN_HOOKS`` lists each, and a test above runs it (a project's: tests/examples/test_project.py)."""
+    assert overridden_hooks(scanned_files()) == set(compat.OVERRIDDEN_HOOKS)
 
 
 def test_the_scan_finds_each_kind_of_reach():

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from multigpu.data.sampling import EvaluationBatches, global_evaluation_batches
-from src.cli import main
+from tests.cli import main
 from tests.conftest import TINY, read_metrics
 from tests.fixtures.workload import TinyClassifier, TinyData
 

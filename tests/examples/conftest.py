@@ -7,11 +7,19 @@ src/data/images.py, text.py, corpus.py, configs/experiment/): deleting them mean
 from __future__ import annotations
 
 import pickle
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
-from tests.conftest import REPO
+from multigpu.testing import Project
+from tests import prewarmed
+from tests.conftest import REPO, cli_env, cli_runner
+
+#: the examples' command line: this repository's project, as its users run it
+CLI_MODULE = "src.cli"
 
 #: the examples' presets
 EXPERIMENTS = REPO / "configs" / "experiment"
@@ -68,3 +76,15 @@ def write_cifar10(root: Path, per_file: int = 20) -> Path:
         with open(folder / name, "wb") as handle:
             pickle.dump({b"data": data, b"labels": labels, b"batch_label": name.encode()}, handle)
     return folder
+
+
+@pytest.fixture
+def run_cli() -> Callable[..., subprocess.CompletedProcess]:
+    """``python -m src.cli ARGS`` in a subprocess (``tests.conftest.cli_runner``)."""
+    return cli_runner(CLI_MODULE)
+
+
+@pytest.fixture
+def project(tmp_path: Path, project_args: list[str]) -> Project:
+    """The engine's ``project`` fixture on this repository's project (``python -m src.cli``)."""
+    return Project(REPO, tmp_path, project_args, cli=CLI_MODULE, env=cli_env(), runner=prewarmed.run)

@@ -1,4 +1,5 @@
-"""The examples' presets, configs/experiment/*.yaml: each parses to what it says, and runs."""
+"""The examples' presets, configs/experiment/*.yaml, and the project's configs/default.yaml, which names the image
+example: each parses to what it says, and runs."""
 
 from __future__ import annotations
 
@@ -9,11 +10,24 @@ import torch
 import yaml
 
 from src.cli import main
-from tests.conftest import REPO, last_value, read_metrics
+from tests.conftest import REPO, TINY, last_value, read_metrics
 from tests.examples.conftest import write_cifar10
-from tests.workflows.test_configs import assert_contains, resolved
+from tests.workflows.test_configs import assert_contains
+from tests.workflows.test_configs import resolved as resolved_by
 
 EXPERIMENTS = sorted((REPO / "configs" / "experiment").glob("*.yaml"))
+
+
+def resolved(capsys, *args: str) -> dict:
+    """The config ``python -m src.cli fit ARGS`` resolves to."""
+    return resolved_by(capsys, *args, command=main)
+
+
+def test_the_default_config_parses_to_what_it_says(capsys):
+    # after the tests' own config, as every config file of configs/ is read (tests/workflows/test_configs.py)
+    path = REPO / "configs" / "default.yaml"
+    config = resolved(capsys, *TINY, "--config", str(path))
+    assert_contains(yaml.safe_load(path.read_text()), config)
 
 
 def test_every_preset_is_tested():

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from multigpu import hook_readers, hooks
 from multigpu.errors import ConfigurationError
 from src.cli import main
 from src.data import TextDataModule
@@ -55,6 +57,21 @@ def test_gpt_generates_the_requested_number_of_tokens():
     model = CausalLanguageModel(n_layer=1, n_head=1, n_embd=8, block_size=8)
     out = model.generate(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=10, temperature=0)
     assert out.shape == (2, 13)
+
+
+def test_gpt_has_the_pipeline_hooks_and_its_stages_say_their_blocks():
+    gpt = CausalLanguageModel(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8)
+    assert hook_readers.missing_pipeline_hooks(gpt) == []
+    assert isinstance(gpt, hooks.Pipelined)
+    assert hook_readers.stage_layer_count(gpt.pipeline_stage(0, 2)) == 1
+
+
+def test_gpt_refuses_a_data_module_of_longer_sequences_in_one_paragraph():
+    gpt = CausalLanguageModel(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8)
+    longer, fitting = SimpleNamespace(block_size=16), SimpleNamespace(block_size=8)
+    with pytest.raises(ConfigurationError, match=r"block_size=16 is longer than the model.s .*block_size=8"):
+        hook_readers.check_datamodule(gpt, longer)
+    hook_readers.check_datamodule(gpt, fitting)  # nothing raised
 
 
 def test_help_lists_the_language_models_options(capsys):

@@ -39,7 +39,7 @@ def test_weighted_mean_weights_its_updates_and_keeps_several_means():
 
 
 def test_best_validation_accuracy_continues_from_the_checkpoint(tmp_path):
-    from src.cli import main
+    from tests.cli import main
     from tests.conftest import TINY, read_metrics
 
     common = [*TINY, f"--trainer.default_root_dir={tmp_path}", "--progress_bar=none",
@@ -56,7 +56,7 @@ def test_best_validation_accuracy_continues_from_the_checkpoint(tmp_path):
 
 
 def test_plateau_scheduler_steps_per_epoch_on_a_metric_validation_logs(tmp_path):
-    from src.cli import main
+    from tests.cli import main
 
     model = TinyClassifier(
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max"),

@@ -4,7 +4,7 @@ sharded checkpoints (atomic, resumable bit for bit, readable on one device and u
 The slow tests train the tests' workload (``TinyClassifier``, which has no ``configure_model``) in fp64 under fsdp2 on
 two processes: the default policy must give the model one device trains. They read one module-scoped set of runs, so the
 slow tests of ``multigpu/strategies/sharding.py``, ``multigpu/checkpoints/consolidate.py`` (and its command, ``python -m
-src.consolidate``) and ``multigpu/checkpoints/sharded.py`` on a trained run are here, not in their mirror files
+multigpu.consolidate``) and ``multigpu/checkpoints/sharded.py`` on a trained run are here, not in their mirror files
 (tests/strategies/test_sharding.py, tests/checkpoints/test_consolidate.py, tests/checkpoints/test_sharded.py).
 """
 
@@ -37,9 +37,9 @@ from multigpu.checkpoints.sharded import (
 from multigpu.errors import ConfigurationError
 from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
 from multigpu.strategies.model_parallel import clip_grad_norm, memory_per_rank
-from src.cli import main
 from tests import prewarmed
 from tests.callbacks.test_preemption import wait_for_lines
+from tests.cli import main
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics, relative_difference
 from tests.fixtures.workload import TinyClassifier
 from tests.helpers import RUNS_COMMAND_GLOBAL, entry_runs_code, folder_whose_index_runs_code
@@ -121,7 +121,7 @@ def test_a_resume_reads_the_folder_checked(strategy, tmp_path):
 
 
 def _fit(run_dir: Path, *args: str, exit_code: int = 0) -> None:
-    command = [sys.executable, "-m", "src.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64, *args]
+    command = [sys.executable, "-m", "tests.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64, *args]
     result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
     assert result.returncode == exit_code, result.stderr[-4000:]
 
@@ -200,7 +200,7 @@ def test_a_sharded_run_killed_before_its_first_validation_resumes_from_its_last_
     run_dir, progress = tmp_path / "run", tmp_path / "progress"
     every_step = ["--checkpoint.every_n_train_steps=1", "--trainer.callbacks+=tests.helpers.Pace",
                   f"--trainer.callbacks.progress_file={progress}"]  # fmt: skip
-    command = [sys.executable, "-m", "src.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64,
+    command = [sys.executable, "-m", "tests.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64,
                *FSDP2, *DROPOUT, f"--trainer.max_steps={STEPS}", *every_step]  # fmt: skip
     process = prewarmed.popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     kill_after = random.randint(3, 6)  # step 2's save began, so step 1's is in place: one write at a time
@@ -232,7 +232,7 @@ def test_one_device_and_ddp_validate_a_sharded_checkpoint(runs, tmp_path):
         main(["validate", *TINY, *FP64, f"--trainer.default_root_dir={run_dir}", f"--ckpt_path={checkpoint}"])
         losses[name] = float(read_metrics(run_dir)[-1]["val/loss"])
     ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", f"--trainer.default_root_dir={tmp_path / 'ddp'}"]
-    command = [sys.executable, "-m", "src.cli", "validate", *TINY, *FP64, *ddp, f"--ckpt_path={sharded}"]
+    command = [sys.executable, "-m", "tests.cli", "validate", *TINY, *FP64, *ddp, f"--ckpt_path={sharded}"]
     result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     losses["ddp"] = float(read_metrics(tmp_path / "ddp")[-1]["val/loss"])
@@ -244,7 +244,7 @@ def test_one_device_and_ddp_validate_a_sharded_checkpoint(runs, tmp_path):
 def test_consolidate_writes_the_single_file_a_one_device_run_writes(runs, tmp_path):
     output = tmp_path / "whole.ckpt"
     result = prewarmed.run(
-        [sys.executable, "-m", "src.consolidate", str(last_checkpoint(runs["fsdp2"])), str(output)],
+        [sys.executable, "-m", "multigpu.consolidate", str(last_checkpoint(runs["fsdp2"])), str(output)],
         cwd=REPO,
         env=cli_env(),
         capture_output=True,
@@ -276,9 +276,9 @@ def test_a_trained_folder_whose_shard_would_run_code_is_refused_before_any_rank_
     folder = last_checkpoint(run_dir)
     shard = entry_runs_code(folder, marker)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
-    resume = [sys.executable, "-m", "src.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64, *FSDP2,
+    resume = [sys.executable, "-m", "tests.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64, *FSDP2,
               f"--trainer.max_steps={STEPS + 8}", "--ckpt_path=last"]  # fmt: skip
-    consolidate = [sys.executable, "-m", "src.consolidate", str(folder), str(tmp_path / "whole.ckpt")]
+    consolidate = [sys.executable, "-m", "multigpu.consolidate", str(folder), str(tmp_path / "whole.ckpt")]
     for command in (resume, consolidate):
         result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True)
         assert result.returncode == 2, result.stderr[-4000:]

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from multigpu.strategies import register_dp_strategy
-from src.cli import main
 from tests import prewarmed
+from tests.cli import main
 from tests.conftest import (
     REPO,
     TINY,
@@ -98,11 +98,11 @@ def test_accumulation_keeps_the_same_training(reference, tmp_path):
 
 
 def test_dp_is_registered_by_each_cli_run_not_by_importing_the_cli(tmp_path):
-    """A fresh interpreter: ``import src.cli`` leaves Lightning's registry alone, and the CLI's entry point (what
-    ``python -m src.cli`` runs) registers ``dp`` itself, so ``--trainer.strategy=dp`` trains."""
+    """A fresh interpreter: ``import tests.cli`` leaves Lightning's registry alone, and the CLI's entry point (what
+    ``python -m tests.cli`` runs) registers ``dp`` itself, so ``--trainer.strategy=dp`` trains."""
     code = (
-        "import sys; import src.cli; from lightning.pytorch.strategies import StrategyRegistry;"
-        " print('after import:', 'dp' in StrategyRegistry); src.cli.main(sys.argv[1:])"
+        "import sys; import tests.cli; from lightning.pytorch.strategies import StrategyRegistry;"
+        " print('after import:', 'dp' in StrategyRegistry); tests.cli.main(sys.argv[1:])"
     )
     args = [*TINY, "--trainer.strategy=dp", "--trainer.max_steps=1", "--trainer.limit_val_batches=0"]
     result = prewarmed.run(

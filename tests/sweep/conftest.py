@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from tests import prewarmed
-from tests.conftest import REPO, TINY_CONFIG, cli_env, read_metrics
+from tests.conftest import TINY_CONFIG, cli_env, project_folder, read_metrics
 
 LR = "model.init_args.optimizer.init_args.lr"
 BATCH = "data.init_args.batch_size"
@@ -46,7 +46,7 @@ def write_sweep(folder: Path, **overrides: Any) -> Path:
 def sweep_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     result = prewarmed.run(
         [sys.executable, "-m", "multigpu.sweep", *args],
-        cwd=REPO,
+        cwd=project_folder(),  # its trials run the tests' command line
         env=cli_env(),
         capture_output=True,
         text=True,

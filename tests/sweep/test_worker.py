@@ -18,9 +18,9 @@ from optuna.trial import TrialState
 from multigpu.sweep import spec as sweep_spec
 from multigpu.sweep.study import ERROR_ATTR, STEPS_ATTR, Sweep, run_dir
 from multigpu.sweep.worker import logger_flags
-from src.cli import main as cli_main
 from tests import prewarmed
-from tests.conftest import REPO, TINY, cli_env, read_metrics
+from tests.cli import main as cli_main
+from tests.conftest import REPO, TINY, cli_env, project_folder, read_metrics
 from tests.sweep.conftest import (
     BATCH,
     LR,
@@ -51,7 +51,7 @@ def test_stopped_worker_resumes_its_trial_and_the_sweep_completes_once(tmp_path:
     first = prewarmed.popen(
         [sys.executable, "-m", "multigpu.sweep", "run", str(path), "--dir", str(sweep_dir), "--", *pace,
          f"--trainer.callbacks.progress_file={progress}"],
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=project_folder(), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not (progress.is_file() and len(progress.read_text().split()) >= 3):

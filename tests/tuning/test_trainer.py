@@ -1,4 +1,4 @@
-"""``python -m src.cli tune`` (multigpu/tuning/trainer.py): the largest micro-batch under a memory limit, a learning
+"""``python -m tests.cli tune`` (multigpu/tuning/trainer.py): the largest micro-batch under a memory limit, a learning
 rate,
 a config (the batch and learning-rate arithmetic: tests/tuning/test_scaling.py)."""
 
@@ -12,7 +12,7 @@ from torch import Tensor
 
 from multigpu.checkpoints.files import AtomicCheckpointIO
 from multigpu.tuning import Trainer as TuningTrainer
-from src.cli import CLI, main
+from tests.cli import CLI, main
 from tests.conftest import TINY, read_metrics
 from tests.fixtures.workload import TinyClassifier
 
@@ -53,7 +53,7 @@ def test_tune_under_ddp_finds_the_largest_power_of_two_that_fits_and_its_config_
     assert tuned["data"] == {"init_args": {"batch_size": 32}}
     lr = tuned["model"]["init_args"]["optimizer"]["init_args"]["lr"]
     assert 1e-8 < lr < 1.0 and f"learning rate: {lr:.3g} = LR finder's suggestion at batch 16" in printed
-    assert tuned_path.read_text().startswith("# Written by `python -m src.cli tune`:\n# measured on one cpu device")
+    assert tuned_path.read_text().startswith("# Written by `python -m tests.cli tune`:\n# measured on one cpu device")
     assert not list(run_dir.rglob("*.ckpt"))  # the finders' own checkpoints went to a scratch folder
 
     # the config trains: micro-batches of 16 per step of 32 (here by accumulation on one process, as ddp would)

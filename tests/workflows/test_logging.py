@@ -29,7 +29,7 @@ def job(tmp_path_factory) -> dict:
     common = [*TINY, "--config", "configs/logger/wandb.yaml", f"--trainer.default_root_dir={run_dir}", *QUICK]
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        result = prewarmed.run([sys.executable, "-m", "src.cli", "fit", *common, *args], cwd=REPO, env=cli_env(),
+        result = prewarmed.run([sys.executable, "-m", "tests.cli", "fit", *common, *args], cwd=REPO, env=cli_env(),
                                 capture_output=True, text=True, timeout=600)  # fmt: skip
         assert result.returncode == 0, result.stderr[-6000:]
         return result

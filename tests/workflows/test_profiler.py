@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from src.cli import main
+from tests.cli import main
 from tests.conftest import TINY
 
 SHORT = ["--trainer.limit_train_batches=6", "--trainer.limit_val_batches=1", "--progress_bar=none"]

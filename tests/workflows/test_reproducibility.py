@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.cli import main
+from tests.cli import main
 from tests.conftest import TINY, load_state, read_metrics, relative_difference
 
 SHORT = [*TINY, "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2", "--trainer.max_epochs=2"]

@@ -28,7 +28,7 @@ from multigpu import checks, environment
 from multigpu.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from multigpu.errors import ConfigurationError
 from multigpu.facts import RunFacts
-from tests.conftest import REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
+from tests.conftest import CLI_MODULE, REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
 from tests.zoo import stuck
 
 MAX_STEPS = 40  # 16 steps per epoch: the run crosses two epoch ends (validation, best-*.ckpt)
@@ -94,8 +94,8 @@ def job_records(job_id: str) -> list[dict[str, str]]:
 
 
 class Jobs:
-    """Submits the project's scripts with sbatch (from the project root, as a user would), waits for them, and
-    cancels whatever is still queued or running when the test ends."""
+    """Submits the project's scripts with sbatch (from the project root, as a user would; they run the tests' command
+    line, ``CLI_MODULE``), waits for them, and cancels whatever is still queued or running when the test ends."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -105,7 +105,7 @@ class Jobs:
         """``sbatch SBATCH_ARGS SCRIPT`` (or ``--wrap=COMMAND`` as the script) with ENV added to the environment.
 
         The scripts read CONFIG right after ``fit``: the tests' workload, unless ENV names another config."""
-        env = {"CONFIG": str(TINY_CONFIG), **env}
+        env = {"CONFIG": str(TINY_CONFIG), "CLI_MODULE": CLI_MODULE, **env}
         # the environment travels with the job (sbatch --export=ALL, the default): values may contain commas
         output = self.folder / ("%x-%A_%a.out" if any(a.startswith("--array") for a in sbatch_args) else "%x-%j.out")
         result = subprocess.run(
@@ -381,7 +381,7 @@ def test_torchrun_inside_a_slurm_job(jobs: Jobs) -> None:
     run_dir = jobs.folder / "run"
     torchrun = Path(sys.executable).with_name("torchrun")
     command = (
-        f"srun {torchrun} --standalone --nproc_per_node=2 -m src.cli fit {' '.join(TINY)}"
+        f"srun {torchrun} --standalone --nproc_per_node=2 -m tests.cli fit {' '.join(TINY)}"
         " --trainer.max_steps=8 --trainer.limit_val_batches=2 --progress_bar=none"
         f" --trainer.strategy=ddp --trainer.devices=2 --trainer.default_root_dir={run_dir}"
     )

@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 
 from multigpu.sweep import spec as sweep_spec
 from multigpu.sweep.study import Sweep, run_dir
+from tests.conftest import project_folder
 from tests.sweep.conftest import MAX_STEPS, assert_resumed_once, trained_steps, write_sweep
 from tests.workflows.test_slurm import Jobs, completed, final_step, jobs, slurm  # noqa: F401  (fixtures)
 
@@ -36,6 +37,7 @@ def test_sweep_array_with_a_preempted_task_runs_every_trial_once(jobs: Jobs) -> 
         SWEEP_FILE=str(sweep_file),
         SWEEP_DIR=str(sweep_dir),
         EXTRA_ARGS=" ".join(probe),
+        REPO=str(project_folder()),  # the sweep's trials run the command line its pyproject.toml names
     )
     records = jobs.wait(job, timeout=300)
     completed(records, jobs)

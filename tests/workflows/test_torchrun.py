@@ -1,4 +1,4 @@
-"""``torchrun -m src.cli fit``: one node with 2 processes, and 2 "nodes" (two torchrun launchers on loopback).
+"""``torchrun -m tests.cli fit``: one node with 2 processes, and 2 "nodes" (two torchrun launchers on loopback).
 
 Both must train the same model as one process: the data order does not depend on the world size, and in
 fp64 the weights agree to ~1e-14 after the same number of steps.
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.cli import main
 from tests import prewarmed
+from tests.cli import main
 from tests.conftest import REPO, TINY, cli_env, load_state, relative_difference
 
 #: the one-process reference is shared by both tests: one worker trains it once
@@ -84,7 +84,7 @@ def test_torchrun_two_processes_on_one_node(tmp_path: Path, single_process: Path
                 "--standalone",  # one node: a private rendezvous on a free local port
                 "--nproc_per_node=2",
                 "-m",
-                "src.cli",
+                "tests.cli",
                 "fit",
                 *ARGS,
                 "--trainer.strategy=ddp",
@@ -115,7 +115,7 @@ def test_torchrun_two_nodes_on_loopback(tmp_path: Path, single_process: Path) ->
                 "--master_addr=127.0.0.1",  # on a cluster: the first node's address
                 f"--master_port={port}",
                 "-m",
-                "src.cli",
+                "tests.cli",
                 "fit",
                 *ARGS,
                 "--trainer.strategy=ddp",

@@ -4,7 +4,7 @@ stop point: tests/callbacks/test_preemption.py; the examples' learning tests are
 import pytest
 import torch
 
-from src.cli import main
+from tests.cli import main
 from tests.conftest import TINY, load_state
 
 

@@ -18,7 +18,7 @@ from multigpu.callbacks.run_plan import batch_norm_note
 from multigpu.checks import check_sync_batchnorm
 from multigpu.errors import ConfigurationError
 from multigpu.strategies import DataParallelStrategy
-from src.cli import main
+from tests.cli import main
 from tests.conftest import REPO, TINY, load_state, relative_difference
 from tests.fixtures.batchnorm import BatchNormClassifier
 from tests.fixtures.workload import TinyClassifier

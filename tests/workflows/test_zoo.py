@@ -27,7 +27,7 @@ import pytest
 import torch
 import yaml
 
-from src.cli import main
+from tests.cli import main
 from tests.conftest import cli_env, last_value, load_state, read_metrics, relative_difference
 
 #: the single-device runs are shared by most tests: one worker trains them once
@@ -250,7 +250,7 @@ def test_random_seed_is_the_same_on_every_ddp_rank(tmp_path, run_cli):
 
 
 def test_a_users_own_model_trains_through_the_command_line_with_nothing_but_model_and_data(tmp_path, monkeypatch):
-    """`python -m src.cli fit --model=... --data=...`, everything else from configs/default.yaml."""
+    """`python -m tests.cli fit --model=... --data=...`, everything else from configs/default.yaml."""
     monkeypatch.chdir(tmp_path)
     messages = fit_in_process(
         ["fit", "--model=tests.zoo.regression.Regressor", "--data=tests.zoo.regression.RegressionData"]

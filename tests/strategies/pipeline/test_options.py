@@ -9,7 +9,7 @@ from torch import nn
 
 from multigpu.errors import ConfigurationError
 from multigpu.strategies.pipeline.options import PipelineOptions, bubble_fraction, check_pipeline, check_stages
-from src.cli import main
+from tests.cli import main
 from tests.conftest import TINY
 from tests.strategies.pipeline.conftest import Chain
 

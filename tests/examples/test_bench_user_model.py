@@ -1,4 +1,5 @@
-"""The benchmark on a user's own model (``--model``/``--data``, ``--config``), and without the example workloads."""
+"""The benchmark on a user's own model (``--model``/``--data``, ``--config``), and without the example workloads: it
+runs this repository's project (``python -m src.cli``), whose examples a user's copy deletes."""
 
 from __future__ import annotations
 

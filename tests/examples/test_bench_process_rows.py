@@ -1,6 +1,7 @@
 """The benchmark's rows that start processes, run one after another in the order ``python -m benchmarks --quick``
 runs them (the template's ddp, then bare Lightning's and plain PyTorch's DDP after the one-device
-rows): each ends with exit status 0 and every rank's figures, whatever the rows before it left behind."""
+rows): each ends with exit status 0 and every rank's figures, whatever the rows before it left behind. They train the
+benchmark's built-in workloads, the examples."""
 
 from __future__ import annotations
 
