@@ -96,10 +96,13 @@ class HostSnapshot:
             copies[id(original)] = reuse
             return reuse
 
+        # a copy is bound by memory bandwidth. One process: on torch's threads, which wait for it at the step boundary
+        # (28 ms on one thread, 18 ms on two for 124 MiB on 2 cores: scripts/checkpoint_stall.py). Several
+        # processes: one thread, since another rank's training may hold the cores and torch's parallel copy waits
+        # on them (measured 5 to 20 times slower on 2 busy cores)
         threads = torch.get_num_threads()
-        # one thread: a copy is bound by memory bandwidth, and where training's threads share the cores, torch's
-        # parallel copy waits on them (measured 5 to 20 times slower on 2 busy cores)
-        torch.set_num_threads(1)
+        several = torch.distributed.is_available() and torch.distributed.is_initialized()
+        torch.set_num_threads(1 if several and torch.distributed.get_world_size() > 1 else threads)
         try:
             copied = apply_to_collection(checkpoint, torch.Tensor, copy)
         finally:

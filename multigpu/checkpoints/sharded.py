@@ -26,6 +26,7 @@ from typing import Any
 
 from torch import nn
 
+from multigpu.checkpoints.crc32 import without_crc32
 from multigpu.checkpoints.safe import INDEX_FILE, METADATA_FILE, CheckedFolder, check_sharded_checkpoint
 from multigpu.compat import checked_reader, read_whole_checkpoint
 from multigpu.errors import ConfigurationError, describe
@@ -94,7 +95,8 @@ def shard_writer(folder: Path) -> Any:
     class ShardWriter(FileSystemWriter):
         def write_data(self, plan: Any, planner: Any) -> Any:
             try:
-                return super().write_data(plan, planner)
+                with without_crc32():  # each shard file is a torch.save archive
+                    return super().write_data(plan, planner)
             except Exception as error:
                 cause = file_system_cause(error)
                 if cause is None:

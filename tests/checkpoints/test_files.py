@@ -2,7 +2,6 @@
 real run's write is tested in tests/callbacks/test_preemption.py)."""
 
 import pickle
-import zipfile
 
 import pytest
 import torch
@@ -14,7 +13,6 @@ from multigpu.checkpoints.files import (
     link_checkpoint,
     newest_intact_checkpoint,
     with_atomic_io,
-    without_crc32,
 )
 from multigpu.errors import ConfigurationError
 from tests.helpers import RUNS_COMMAND_GLOBAL, RunsCommand, folder_whose_index_runs_code
@@ -32,26 +30,6 @@ def test_atomic_save_replaces_the_file_only_when_complete(tmp_path):
         atomic_torch_save({"step": 2, "tensor": torch.zeros(1000), "bad": Unpicklable()}, path)
     assert torch.load(path, weights_only=True) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
-
-
-def test_a_checkpoint_is_written_without_crc32s_and_a_users_torch_save_keeps_them(tmp_path):
-    def crcs(path):
-        with zipfile.ZipFile(path) as archive:
-            return {info.filename.rsplit("/", 1)[-1]: info.CRC for info in archive.infolist()}
-
-    weights = {"w": torch.arange(1000.0)}
-    atomic_torch_save(weights, tmp_path / "last.ckpt")
-    assert set(crcs(tmp_path / "last.ckpt").values()) == {0}  # none computed ...
-    assert torch.equal(torch.load(tmp_path / "last.ckpt", weights_only=True)["w"], weights["w"])  # ... none needed
-    torch.save(weights, tmp_path / "users.pt")
-    assert crcs(tmp_path / "users.pt")["0"] != 0  # torch's setting is back after the write
-    with without_crc32():
-        with without_crc32():  # a second write under way (the writer thread's, beside a synchronous one)
-            pass
-        torch.save(weights, tmp_path / "during.pt")
-        assert crcs(tmp_path / "during.pt")["0"] == 0  # still off while the first is under way
-    torch.save(weights, tmp_path / "after.pt")
-    assert crcs(tmp_path / "after.pt")["0"] != 0
 
 
 def test_intact_means_a_complete_archive_or_a_complete_folder_of_shards(tmp_path):
