@@ -44,8 +44,8 @@ class RunFacts:
     @classmethod
     def of(cls, options: Any, subcommand: str | None = None) -> RunFacts:
         """The facts of a subcommand's parsed options (or of a ``trainer`` mapping alone, for its launch facts)."""
-        trainer = options.get("trainer") if "trainer" in options else options
-        trainer = trainer or {}
+        whole = "trainer" in options  # a subcommand's options, else a trainer mapping alone
+        trainer = (options.get("trainer") if whole else options) or {}
         given = trainer.get("strategy", "auto")
         strategy = given.lower() if isinstance(given, str) else None
         accelerator = resolve_accelerator(trainer.get("accelerator", "auto"))
@@ -65,8 +65,8 @@ class RunFacts:
             trainer_strategy=trainer_strategy,
             processes=processes,
             run_dir=Path(trainer.get("default_root_dir") or os.getcwd()),
-            model_class=class_path(options.get("model") if "trainer" in options else None),
-            data_class=class_path(options.get("data") if "trainer" in options else None),
+            model_class=class_path(options.get("model")) if whole else None,
+            data_class=class_path(options.get("data")) if whole else None,
         )
 
     def resuming(self, checkpoint: Path | None) -> RunFacts:
