@@ -5,9 +5,9 @@ Each is a small function with a one-line reason. Nothing else in the engine or t
 library's internals, with one kind of exception: a subclass may override a protected hook of its own base class
 (``OVERRIDDEN_HOOKS`` lists them, with the reason). ``tests/compat/`` runs each function and each hook on real objects
 (a Trainer and its loops, a strategy, a ``ModelCheckpoint``, a parser) and fails when a library release changes the
-behaviour relied on; it also scans ``multigpu/`` and ``src/`` and fails on a private name used anywhere else. The
-reading of torch's distributed-checkpoint index is ``checkpoint_index.py``, re-exported here. An upgrade of a library
-is checked by running ``tests/compat/``.
+behaviour relied on; it also scans ``multigpu/`` (``tests/examples/`` scans the project, ``src/``) and fails on a
+private name used anywhere else. The reading of torch's distributed-checkpoint index is ``checkpoint_index.py``,
+re-exported here. An upgrade of a library is checked by running ``tests/compat/``.
 """
 
 from __future__ import annotations
