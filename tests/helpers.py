@@ -17,6 +17,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from multigpu.checkpoints.background import wait_for_checkpoints
+
 # the engine ships the callback a project's tests stop runs with; the tests' commands name it here too
 from multigpu.testing import SignalAtStep as SignalAtStep
 
@@ -137,8 +139,10 @@ class CrashAtStep(Callback):
 
 
 class PauseAtStep(Callback):
-    """Test-only: after optimizer step ``step`` (rank 0), create ``paused_file`` and wait until ``resume_file``
-    exists (at most ``timeout`` seconds), so that a test acts while the run is alive at a known step."""
+    """Test-only: after optimizer step ``step`` (rank 0), let the checkpoints queued so far reach the disk, create
+    ``paused_file`` and wait until ``resume_file`` exists (at most ``timeout`` seconds), so that a test acts while the
+    run is alive at a known step with the files of that step's past written (a background write of a loaded machine
+    can outlast a few steps)."""
 
     def __init__(self, step: int, paused_file: str, resume_file: str = "", timeout: float = 300) -> None:
         self.step = step
@@ -151,6 +155,7 @@ class PauseAtStep(Callback):
     ) -> None:
         if trainer.global_step != self.step or not trainer.is_global_zero:
             return
+        wait_for_checkpoints(trainer)
         open(self.paused_file, "w").close()
         deadline = time.monotonic() + self.timeout
         while not (self.resume_file and os.path.exists(self.resume_file)) and time.monotonic() < deadline:
