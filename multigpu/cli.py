@@ -47,11 +47,7 @@ from multigpu.reporting import report
 from multigpu.run import run_command
 from multigpu.run_dir import shared_random_seed
 from multigpu.run_lock import release_run_dir
-from multigpu.strategies import (
-    register_dp_strategy,
-    register_model_parallel_strategies,
-    register_pipeline_strategy,
-)
+from multigpu.strategies import register_strategies
 from multigpu.trainer_arguments import strategy_as_class
 
 gc.freeze()  # what the imports created stays: no later collection walks it again
@@ -120,9 +116,7 @@ class TemplateCLI(LightningCLI):
         #: whether the model and data module keep the parsed options, so that ``load_from_checkpoint`` rebuilds them
         self.load_from_checkpoint_support = kwargs.pop("load_from_checkpoint_support", True)
         silence_known_noise()  # multigpu/quiet.py: the lines every run printed that say nothing about the run
-        register_dp_strategy()
-        register_model_parallel_strategies()
-        register_pipeline_strategy()
+        register_strategies()  # multigpu/strategies/__init__.py: dp, fsdp2, tensor_parallel, pipeline
         #: a trainer_class given here runs every subcommand; else `tune` alone runs on the engine's tuning Trainer
         self.own_trainer_class = "trainer_class" in kwargs
         if not self.own_trainer_class:

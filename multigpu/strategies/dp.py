@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.utilities.types import ReduceOp
-from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from torch.nn.parallel import gather, parallel_apply, replicate
@@ -315,15 +315,3 @@ class DataParallelStrategy(ParallelStrategy):
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         return decision
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        strategy_registry.register(
-            cls.strategy_name, cls, description="DataParallel: one process, each forward split across the GPUs"
-        )
-
-
-def register_dp_strategy() -> None:
-    """Make ``strategy="dp"`` resolve to ``DataParallelStrategy`` (idempotent)."""
-    if DataParallelStrategy.strategy_name not in StrategyRegistry:
-        DataParallelStrategy.register_strategies(StrategyRegistry)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins import Precision
-from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -241,14 +241,6 @@ class FSDP2Strategy(_ModelParallelMixin, ModelParallelStrategy):
             self._default_policy = None
         super().teardown()
 
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        strategy_registry.register(
-            cls.strategy_name,
-            cls,
-            description="FSDP2: parameters, gradients and optimizer state sharded over all ranks",
-        )
-
 
 class TensorParallelStrategy(_ModelParallelMixin, ModelParallelStrategy):
     """Tensor parallelism within a node and FSDP2 across nodes (Lightning's ``ModelParallelStrategy`` defaults).
@@ -292,19 +284,6 @@ class TensorParallelStrategy(_ModelParallelMixin, ModelParallelStrategy):
                 " --trainer.strategy=fsdp2, which shards any model without code."
             )
         super().setup_environment()
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        strategy_registry.register(
-            cls.strategy_name, cls, description="Tensor parallel within a node, FSDP2 across nodes"
-        )
-
-
-def register_model_parallel_strategies() -> None:
-    """Make ``strategy="fsdp2"`` and ``strategy="tensor_parallel"`` resolve to the classes above (idempotent)."""
-    for strategy in (FSDP2Strategy, TensorParallelStrategy):
-        if strategy.strategy_name not in StrategyRegistry:
-            strategy.register_strategies(StrategyRegistry)
 
 
 def prediction_replica(trainer: pl.Trainer) -> int | None:

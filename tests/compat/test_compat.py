@@ -460,10 +460,9 @@ def test_trained_class_path_is_the_class_lightning_cli_built_the_model_as():
 
 
 def test_registered_strategy_rebuilds_what_the_trainer_builds_from_the_name():
-    from multigpu.strategies import register_dp_strategy, register_model_parallel_strategies
+    from multigpu.strategies import register_strategies
 
-    register_dp_strategy()
-    register_model_parallel_strategies()
+    register_strategies()
     checked = []
     for name in StrategyRegistry.available_strategies():
         try:

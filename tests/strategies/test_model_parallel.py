@@ -35,7 +35,7 @@ from multigpu.checkpoints.sharded import (
     restore_interrupted,
 )
 from multigpu.errors import ConfigurationError
-from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy, register_model_parallel_strategies
+from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy, register_strategies
 from multigpu.strategies.model_parallel import clip_grad_norm, memory_per_rank
 from tests import prewarmed
 from tests.callbacks.test_preemption import wait_for_lines
@@ -56,7 +56,7 @@ pytestmark = pytest.mark.xdist_group("test_model_parallel")
 
 
 def test_strategy_names_resolve_and_accept_fp64():
-    register_model_parallel_strategies()
+    register_strategies()
     assert StrategyRegistry["fsdp2"]["strategy"] is FSDP2Strategy
     assert StrategyRegistry["tensor_parallel"]["strategy"] is TensorParallelStrategy
     trainer = L.Trainer(strategy="fsdp2", accelerator="cpu", devices=2, precision="64-true", logger=False)

@@ -16,7 +16,7 @@ import lightning as L
 import pytest
 import torch
 
-from multigpu.strategies import register_dp_strategy
+from multigpu.strategies import register_strategies
 from tests import prewarmed
 from tests.cli import main
 from tests.conftest import (
@@ -136,7 +136,7 @@ def test_dp_on_cpu_runs_as_one_device_with_a_warning_and_the_same_result():
         assert trainer.world_size == 1
         return model.state_dict()
 
-    register_dp_strategy()
+    register_strategies()
     single = train(devices=1)
     with pytest.warns(UserWarning, match="strategy=dp with accelerator=cpu runs as a single device"):
         dp = train(strategy="dp", devices=2)

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from multigpu.strategies import DataParallelStrategy, register_dp_strategy
+from multigpu.strategies import DataParallelStrategy, register_strategies
 from tests.conftest import TINY, relative_difference
 from tests.fixtures.workload import TinyClassifier, TinyData
 from tests.strategies import test_dp
@@ -137,7 +137,7 @@ def test_autocast_dtype_inside_dp_replicas(precision, dtype, dp_strategy):
 
 
 def test_dp_name_resolves_on_gpu():
-    register_dp_strategy()
+    register_strategies()
     trainer = L.Trainer(strategy="dp", accelerator="gpu", devices=1, logger=False)
     assert isinstance(trainer.strategy, DataParallelStrategy)
 

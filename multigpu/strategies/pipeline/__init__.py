@@ -7,7 +7,7 @@
 """
 
 from multigpu.strategies.pipeline.options import PipelineOptions, bubble_fraction, check_pipeline, check_stages
-from multigpu.strategies.pipeline.strategy import PipelineStrategy, register_pipeline_strategy
+from multigpu.strategies.pipeline.strategy import PipelineStrategy
 
 __all__ = [
     "PipelineOptions",
@@ -15,5 +15,4 @@ __all__ = [
     "bubble_fraction",
     "check_pipeline",
     "check_stages",
-    "register_pipeline_strategy",
 ]

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
@@ -405,18 +405,6 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         flat = StateDictOptions(flatten_optimizer_state_dict=True, cpu_offload=True)
         load_shards(path, checked, self.model, self.optimizers, self.lightning_module.strict_loading, flat)
         return checked.meta
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        strategy_registry.register(
-            cls.strategy_name, cls, description="Pipeline parallel: layers in stages over ranks, FSDP2 within a stage"
-        )
-
-
-def register_pipeline_strategy() -> None:
-    """Make ``strategy="pipeline"`` resolve to ``PipelineStrategy`` (idempotent)."""
-    if PipelineStrategy.strategy_name not in StrategyRegistry:
-        PipelineStrategy.register_strategies(StrategyRegistry)
 
 
 @contextlib.contextmanager
