@@ -21,12 +21,10 @@ from multigpu.callbacks.continuation import ExactContinuation, RunTimer
 from multigpu.callbacks.loaders import EngineLoaders
 from multigpu.callbacks.precision import Float64Metrics, PrecisionBeforeRestore
 from multigpu.callbacks.preemption import forward_stop_signals_to_workers
-from multigpu.callbacks.process_group import DestroyProcessGroupAtExit
 from multigpu.callbacks.progress import progress_bar
 from multigpu.callbacks.random_state import RandomState
-from multigpu.callbacks.spawn import UnshareSpawnedTensors
+from multigpu.callbacks.ranks import DestroyProcessGroupAtExit, StopOtherRanksOnError, UnshareSpawnedTensors
 from multigpu.callbacks.stack_dumps import StackDumps
-from multigpu.callbacks.stop_other_ranks import StopOtherRanksOnError
 from multigpu.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from multigpu.checkpoints.resume import resolve_checkpoint
 from multigpu.checks import check_before_launch, check_built, check_resumed

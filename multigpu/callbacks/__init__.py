@@ -34,9 +34,9 @@ docs/engine.md ("What runs around your training step") tells the hooks each runs
 - ``StackDumps`` (stack_dumps.py), always, acting with several processes: every rank's stacks to
   ``<run dir>/stacks/rank-N.txt`` on ``SIGUSR2``, and a collective that times out or loses its connection
   reported as the rank that did not arrive, with its line (before the next one kills the other ranks).
-- ``StopOtherRanksOnError`` (stop_other_ranks.py), ``UnshareSpawnedTensors`` (spawn.py), ``DestroyProcessGroupAtExit``
-  (process_group.py), always, acting where a process group exists: an error on one rank stops the others; private
-  metric states in ``ddp_spawn`` workers; the process group destroyed at exit, or gloo may abort a finished rank.
+- ``StopOtherRanksOnError``, ``UnshareSpawnedTensors``, ``DestroyProcessGroupAtExit`` (ranks.py), always, acting
+  where a process group exists: an error on one rank stops the others; private metric states in ``ddp_spawn``
+  workers; the process group destroyed at exit, or gloo may abort a finished rank.
 - ``checkpoint``: ``RunCheckpoint`` (checkpoint.py): ``best-<step>.ckpt`` and ``last.ckpt``.
 """
 
