@@ -18,8 +18,8 @@ from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedExc
 from multigpu.errors import debug_mode, one_paragraph
 from multigpu.failures import collective_failure, collective_failure_message, user_error_of
 
-#: how long a rank other than 0 waits before it reports: rank 0 usually meets the same error and stops it first
-#: (``StopOtherRanksOnError``), reporting alone
+#: how long a rank other than 0 waits before it reports a user error or a failed collective: rank 0 usually meets
+#: the same error and stops it first (``StopOtherRanksOnError``), reporting alone
 REPORT_GRACE_SECONDS = 2.0
 #: the exit status of a rank whose collective timed out or lost its connection (EX_SOFTWARE): not a bad option (2)
 #: nor a failure of the machine (1), and not requeued
@@ -39,6 +39,8 @@ def report(exception: BaseException) -> int:
         return getattr(error, "exit_code", 2)
     if collective_failure(exception):  # the report of where every rank is, not the survivor's 150-line traceback
         rank = getattr(rank_zero_only, "rank", 0)
+        if rank:
+            time.sleep(REPORT_GRACE_SECONDS)  # a desync fails on rank 0 too: its report and exit status come first
         print(f"error: {f'(rank {rank}) ' if rank else ''}{collective_failure_message(exception)}", file=sys.stderr)
         return COLLECTIVE_FAILURE_EXIT_CODE
     if isinstance(exception, ProcessExitedException):  # a ddp_spawn worker was killed: one line, no traceback

@@ -256,6 +256,10 @@ class StackDumps(Callback):
                 record_failure(self.folder, self.rank, exception)
             return
         self.phase = FAILED
+        # the ranks this process started leave Lightning's watch: its observer thread would SIGKILL this process as
+        # soon as one of them exits, and in a desync the other side fails too and may end its report first
+        # (StopOtherRanksOnError, after this callback, still stops them)
+        release_started_processes(trainer)
         others = [rank for rank in range(trainer.world_size) if rank != self.rank]
         failure = first_failure(self.folder, others, since=self._since)
         if failure is not None:  # another rank raised: its error is the one to read, not this rank's lost peer
@@ -306,10 +310,6 @@ class StackDumps(Callback):
             for view in views
             if view.rank != self.rank and view.frames is not None and collective_of(view.frames) is None
         ]
-        if any(alive_here(view.state) for view in stuck):
-            # the ranks this process started leave Lightning's watch first: its observer thread would SIGKILL this
-            # process when one exits on the signal below, before it reports and exits with its own status
-            release_started_processes(trainer)
         for view in stuck:
             if alive_here(view.state):
                 with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -219,14 +219,17 @@ def registered_with(name: Any, options: dict[str, Any]) -> Iterator[None]:
 def release_started_processes(trainer: L.Trainer) -> list[subprocess.Popen]:
     """Take the ddp ranks this process started out of the launcher's watch and return them (none where it was
     started itself). Lightning's observer thread SIGKILLs this process as soon as one of them exits non-zero, which
-    is wrong when every rank stops on purpose with the same status; it watches the launcher's ``procs`` list itself,
-    so an empty list ends its watch."""
+    is wrong when every rank stops on purpose with the same status, or while this process reports a failure; it
+    watches the launcher's ``procs`` list itself, so an empty list ends its watch. Every call returns every process
+    released so far."""
     launcher = trainer.strategy.launcher
     if not isinstance(launcher, _SubprocessScriptLauncher):
         return []
-    started = list(launcher.procs)
+    # kept on the launcher: a second call (the stack report, then the callback that stops them) gets them too
+    released = launcher.__dict__.setdefault("_multigpu_released", [])
+    released.extend(launcher.procs)
     launcher.procs.clear()
-    return started
+    return list(released)
 
 
 def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:

@@ -498,6 +498,7 @@ def test_released_ranks_are_no_longer_watched_by_lightnings_observer():
         observer = _ChildProcessObserver(main_pid=launching.pid, child_processes=fit.strategy.launcher.procs)
         if released:
             assert compat.release_started_processes(fit) == [stopped]
+            assert compat.release_started_processes(fit) == [stopped]  # a second call: the same processes
         assert observer._run() is True  # one look, and its watch is over
         if released:
             assert launching.poll() is None  # it killed nothing
