@@ -205,9 +205,10 @@ def digest(sample: Any) -> str:
 
     def walk(value: Any) -> None:
         if isinstance(value, torch.Tensor):
-            tensor = value.detach().cpu().contiguous()
+            tensor = value.detach().cpu()
             hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-            hasher.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+            # flat first: a 0-dim tensor (a sample's label, x[i] of a 1-D tensor) cannot be viewed as bytes
+            hasher.update(tensor.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
         elif isinstance(value, Mapping):
             for key in value:
                 hasher.update(repr(key).encode())

@@ -132,3 +132,7 @@ def test_a_samples_fingerprint_is_its_values():
     value = torch.arange(4.0)
     assert digest({"x": value, "y": [1, "a"]}) == digest({"x": value.clone(), "y": [1, "a"]})
     assert digest({"x": value}) != digest({"x": value + 1})
+    label = torch.tensor(3)  # 0-dim, 8 bytes: a stream's ``y[i]``
+    assert digest((value, label)) == digest((value, torch.tensor(3))) != digest((value, torch.tensor(4)))
+    assert digest(torch.tensor(3)) != digest(torch.tensor([3]))  # the shape counts
+    assert digest(torch.empty(0, dtype=torch.int64)) != digest(torch.empty(0))
