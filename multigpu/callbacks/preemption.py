@@ -222,28 +222,38 @@ class PreemptionCheckpoint(Callback):
         wait_for_checkpoints(trainer)  # written in the background: on disk before any rank goes on
         trainer.strategy.barrier("preemption")  # every rank is done before a requeue can end the job step
 
+    @staticmethod
+    def _requeue(trainer: L.Trainer, job_id: str, saved: str) -> str:
+        """``scontrol requeue`` from rank 0; the message to stop with. The requeue ends the job step at once (SIGTERM
+        to every task), so the logs and the saved line are written before it: after it, this process may be gone.
+        The slurm/ scripts pass --preemption.requeue=false and requeue after all ranks have exited instead."""
+        for logger in trainer.loggers:
+            logger.save()
+        print(
+            f"{Preempted.label}: {saved}; requeuing SLURM job {job_id}, which resumes from it.",
+            file=sys.stderr,
+            flush=True,
+        )
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+        if result.returncode == 0:
+            return f"requeued SLURM job {job_id}."
+        log.warning("scontrol requeue %s failed: %s", job_id, result.stderr.strip())
+        return (
+            f"scontrol requeue {job_id} failed, the job is not requeued; resume with --ckpt_path=last"
+            " (same --trainer.default_root_dir)."
+        )
+
     def _stop(self, trainer: L.Trainer) -> None:
         wait_for_checkpoints(trainer)  # ModelCheckpoint's save of the same step too, before the requeue or exit
         preempted = self._stop_signal == self.signal_number
         job_id = os.environ.get("SLURM_JOB_ID")
         if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:  # what scontrol requeue needs
             job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-        requeued = False
-        if preempted and self.requeue and job_id and trainer.is_global_zero:
-            # `scontrol requeue` ends the running job at once (SIGTERM to every task): write the logs first.
-            # The slurm/ scripts pass --preemption.requeue=false and requeue after all ranks have exited instead.
-            for logger in trainer.loggers:
-                logger.save()
-            result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
-            requeued = result.returncode == 0
-            if not requeued:
-                log.warning("scontrol requeue %s failed: %s", job_id, result.stderr.strip())
         name = signal.Signals(self._stop_signal).name
-        message = (
-            f"{name}: saved {self._saved_path} at step {trainer.global_step}"
-            + (f" and requeued SLURM job {job_id}" if requeued else "")
-            + "; resume with --ckpt_path=last (same --trainer.default_root_dir)."
-        )
+        saved = f"{name}: saved {self._saved_path} at step {trainer.global_step}"
+        message = f"{saved}; resume with --ckpt_path=last (same --trainer.default_root_dir)."
+        if preempted and self.requeue and job_id and trainer.is_global_zero:
+            message = self._requeue(trainer, job_id, saved)
         exit_code = Preempted.exit_code if preempted else 128 + self._stop_signal
         if multiprocessing.parent_process() is not None:
             # a ddp_spawn worker: an exception would reach the launching process as a traceback, an exit status

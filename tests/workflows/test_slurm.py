@@ -236,7 +236,7 @@ def test_preempted_job_saves_requeues_and_resumes_exactly(
         assert [line for line in log.splitlines() if "srun: error" in line and "exit code 75" not in line] == []
         assert not re.search(r"STEP \S+ ON \S+ CANCELLED", log) and "Terminated" not in log
     else:
-        assert f"and requeued SLURM job {job}" in log
+        assert f"requeuing SLURM job {job}, which resumes from it" in log  # written before the requeue ends it
         assert re.search(rf"STEP {job}\.0 ON \S+ CANCELLED AT \S+ DUE TO JOB REQUEUE", log)  # SLURM ended it
 
     # the same run as without the interruption: same steps, same weights
