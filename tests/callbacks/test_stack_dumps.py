@@ -24,6 +24,10 @@ from tests import prewarmed
 from tests.conftest import REPO, TINY, cli_env
 from tests.zoo import stuck
 
+# one worker runs these one after another: most of each is waiting for a collective timeout, and two such waits at
+# once leave a core idle that the other workers' tests would use
+pytestmark = pytest.mark.xdist_group("test_stack_dumps")
+
 
 def test_one_process_registers_nothing(tmp_path):
     callback = StackDumps()

@@ -45,20 +45,30 @@ def test_baselines_build_the_workload_through_the_cli(workload):
 
 
 @pytest.mark.slow
-def test_quick_benchmark_runs_all_three_implementations(tmp_path):
-    """A real, small run: the template, bare Lightning and plain PyTorch train the same thing, and start-up."""
-    command = [sys.executable, "-m", "benchmarks", "--quick", "--strategies=single", "--steps=3", "--warmup=1"]
+def test_quick_benchmark_runs_all_three_implementations_and_their_ddp_rows_in_order(tmp_path):
+    """A real, small run: the template, bare Lightning and plain PyTorch train the same thing, on one device and
+    under DDP, and start-up. The rows that start processes run one after another in the order ``python -m benchmarks
+    --quick`` runs them (the template's ddp, then each baseline's DDP after its one-device row): each ends with exit
+    status 0 and every rank's figures, whatever the rows before it left behind."""
+    command = [sys.executable, "-m", "benchmarks", "--quick", "--strategies=ddp", "--steps=3", "--warmup=1"]
     command += ["--startup-repeats=1", "--no-plots", f"--out={tmp_path}"]
     result = prewarmed.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
 
     results = json.loads((tmp_path / "results.json").read_text())
+    order = [row["strategy"] for row in results["rows"]]
+    # the order they ran in: the template's rows, then each baseline's one-device row before its DDP row
+    assert order == ["single", "ddp", "bare-lightning", "bare-lightning-ddp", "plain-loop", "plain-ddp"]
     rows = {row["strategy"]: row for row in results["rows"]}
-    assert set(rows) == {"single", "bare-lightning", "plain-loop"}
     for row in rows.values():
+        assert row["status"] == "ok" and row["repeats_ok"] == 1, row
         assert row["samples_per_s"] > 0 and row["step_ms_p25"] <= row["step_ms_median"] <= row["step_ms_p75"]
-        assert row["startup_s"] > 0 and row["peak_memory_mb"] > 0 and row["threads_per_process"] == [1]
-        assert row["repeats_ok"] == 1 and row["per_process_batch"] == 32
+        assert row["startup_s"] > 0 and row["peak_memory_mb"] > 0
+        processes = 2 if row["strategy"] in ("ddp", "bare-lightning-ddp", "plain-ddp") else 1
+        assert row["processes"] == processes and row["per_process_batch"] == 32 // processes
+        assert row["threads_per_process"] == [1]  # every rank's thread count, each value once
+    for log in (tmp_path / "runs").glob("*/output.log"):
+        assert "terminate called" not in log.read_text(), log
     # the same network, data and optimizer in all three: the same losses, bit for bit on a CPU
     assert rows["single"]["same_loss_as_bare"] and rows["single"]["same_loss_as_plain"]
     assert rows["bare-lightning"]["same_loss_as_plain"]
