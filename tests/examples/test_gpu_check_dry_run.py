@@ -43,9 +43,10 @@ def test_the_dry_run_starts_every_part_and_writes_its_outputs(tmp_path):
     assert all(s["mode"] == "cpu-stand-in" and s["steps"] == 2 and s["total"] > 0 for s in syncs)
     assert "ProgressBar" in " ".join(syncs[0]["callbacks"]) and "RunCheckpoint" in syncs[0]["callbacks"]
 
+    rows = json.loads((out / "bench_gpt" / "results.json").read_text())["rows"]
+    assert {row["strategy"] for row in rows} >= {"single", "plain-loop"}
+    assert "planned" in (out / "bench_image.log").read_text()  # the same function; trained by the quick benchmark test
     for workload in ("gpt", "image"):
-        rows = json.loads((out / f"bench_{workload}" / "results.json").read_text())["rows"]
-        assert {row["strategy"] for row in rows} >= {"single", "plain-loop"}
         # the rows the GPU run asks for, planned from the same options (the dry run trains three of them)
         real = (out / f"bench_{workload}.args").read_text().split("\n")[:-1]
         rows, skipped = plan(parse_args(real), "cpu", {workload: 32})

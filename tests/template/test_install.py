@@ -34,6 +34,16 @@ PIPS = {"bundled": [], "newest": ["install", "--quiet", "--upgrade", "pip"]}
 LOCAL_TORCH = ["install", "--quiet", "--no-compile", f"torch=={version('torch')}"]  # imports compile what they use
 
 
+def user_env() -> dict[str, str]:
+    """A user's shell: one thread per process (the tests share the cores), and Python's own bytecode cache. This
+    machine sets PYTHONDONTWRITEBYTECODE=1; with torch put in without bytecode (``--no-compile``, above), every
+    process of the project would compile torch's modules again (about 2.5 s each, ten processes), where a user's
+    Python compiles them once."""
+    result = env(OMP_NUM_THREADS="1")
+    result.pop("PYTHONDONTWRITEBYTECODE", None)
+    return result
+
+
 @dataclass
 class Installed:
     """One fresh venv's run of the README's commands in a clone of the project."""
@@ -85,7 +95,7 @@ def installed(published: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         # with the bundled pip, the first (the install, which is what a pip decides) with the newest
         commands = readme_commands(root) if name == "bundled" else readme_commands(root).splitlines()[0]
         script = "\n".join(["python3 -m venv .venv", *steps, commands])
-        process = subprocess.Popen(["bash", "-e", "-c", script], cwd=root, env=env(OMP_NUM_THREADS="1"),
+        process = subprocess.Popen(["bash", "-e", "-c", script], cwd=root, env=user_env(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         started[name] = (root, process)
     result = {}
