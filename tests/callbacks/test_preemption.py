@@ -325,6 +325,32 @@ def test_second_ctrl_c_stops_at_once_without_saving(tmp_path):
     assert not (run_dir / "checkpoints" / "last.ckpt").exists()
 
 
+@pytest.mark.parametrize("requeued", [True, False])
+def test_a_requeue_from_the_run_writes_the_saved_line_before_the_requeue_ends_it(requeued, tmp_path):
+    """``scontrol requeue`` ends the job step at once (SIGTERM to every task): the saved line is out before it runs.
+    The test's scontrol does what SLURM does to the process that called it, or fails."""
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n" + ("kill -TERM $PPID\nsleep 5\n" if requeued else "echo no such job >&2\nexit 1\n"))
+    fake.chmod(0o755)
+    code = (
+        "from types import SimpleNamespace\n"
+        "from multigpu.callbacks.preemption import PreemptionCheckpoint\n"
+        "saved = 'SIGUSR1: saved last.ckpt at step 11'\n"
+        "print(PreemptionCheckpoint._requeue(SimpleNamespace(loggers=[]), '392', saved))"
+    )
+    env = cli_env(PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    result = prewarmed.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    saved = "preempted: SIGUSR1: saved last.ckpt at step 11; requeuing SLURM job 392, which resumes from it."
+    assert result.stderr.splitlines()[0] == saved, result.stderr
+    if requeued:
+        assert result.returncode == -signal.SIGTERM and result.stdout == ""  # ended by the requeue, as on SLURM
+    else:
+        assert result.returncode == 0, result.stderr
+        assert "scontrol requeue 392 failed: no such job" in result.stderr  # the warning, with scontrol's reason
+        assert result.stdout.startswith("scontrol requeue 392 failed, the job is not requeued; resume with")
+
+
 # -- atomic checkpoints --------------------------------------------------------------------------------------------
 
 
