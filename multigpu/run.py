@@ -80,8 +80,7 @@ def run_command(cli: LightningCLI) -> None:
     cli.model, cli.datamodule = built.get("model"), built.get("data")
     compat.add_optimizer_options_to_model(cli)
 
-    callbacks, switches = run_callbacks(options, built)
-    off = switches.pop("off")
+    callbacks, switches, off = run_callbacks(options, built)
     strategy_settings = strategy_options(facts.trainer_strategy, options.get("collective_timeout"), cli.model)
     if facts.trainer_strategy == PipelineStrategy.strategy_name:
         strategy_settings.update(options.pipeline.as_dict())  # --pipeline.*
@@ -111,10 +110,11 @@ def run_command(cli: LightningCLI) -> None:
             compat.run_subcommand(cli)
 
 
-def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback], dict[str, Any]]:
-    """The run's callbacks in the order the Trainer holds them, which is the order Lightning calls them at each hook,
-    and the Trainer switches that go with them. Lightning then appends LightningCLI's ``SaveConfigCallback`` and
-    moves the ``ModelCheckpoint`` to the end. ``switches["off"]`` is the set of callbacks left out.
+def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback], dict[str, Any], set[str]]:
+    """The run's callbacks in the order the Trainer holds them, which is the order Lightning calls them at each hook;
+    the Trainer switches that go with them; the names of the callbacks left out (``--callbacks_off``, and
+    ``checkpoint`` where checkpointing is off). Lightning then appends LightningCLI's ``SaveConfigCallback`` and
+    moves the ``ModelCheckpoint`` to the end.
 
     ``options``: the run's parsed options (``--callbacks_off``, ``--progress_bar``, ``--compile``, ...); ``built``:
     the objects built from them (your ``--trainer.callbacks``, the engine's callbacks with options). What each
@@ -124,7 +124,7 @@ def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback],
     off = set(options.get("callbacks_off") or [])
     yours = trainer.get("callbacks") or []
     yours = list(yours) if isinstance(yours, list) else [yours]
-    switches: dict[str, Any] = {"off": off}
+    switches: dict[str, Any] = {}
 
     bar = None if "progress_bar" in off else progress_bar(options.get("progress_bar", "auto"))
     if trainer.get("enable_progress_bar") is False or any(isinstance(c, ProgressBar) for c in yours):
@@ -179,7 +179,7 @@ def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback],
         UnshareSpawnedTensors(),
         DestroyProcessGroupAtExit(),
     ]
-    return [callback for callback in callbacks if callback is not None], switches
+    return [callback for callback in callbacks if callback is not None], switches, off
 
 
 def building_error(error: Exception, facts: RunFacts, objects_built: bool) -> ConfigurationError:
