@@ -41,6 +41,8 @@ STOP_EXIT_CODES = (Preempted.exit_code, *(128 + s for s in STOP_SIGNALS))
 #: a terminal sends Ctrl-C to every process of the job and ddp_spawn's launching process forwards it too: a second
 #: SIGINT this soon after the first is the same key press
 SAME_KEY_PRESS_S = 0.5
+#: how every stop message ends
+RESUME_HINT = "--ckpt_path=last (same --trainer.default_root_dir)."
 
 
 class AnyRankVote:
@@ -141,7 +143,7 @@ class PreemptionCheckpoint(Callback):
             # a second Ctrl-C: the person does not want to wait for the step to end
             raise Preempted(
                 "a second Ctrl-C stopped training at once, without saving; resume from the last saved checkpoint"
-                " with --ckpt_path=last (same --trainer.default_root_dir).",
+                f" with {RESUME_HINT}",
                 exit_code=128 + signal.SIGINT,
             )
         if signum == signal.SIGINT and not self._first_sigint:
@@ -238,10 +240,7 @@ class PreemptionCheckpoint(Callback):
         if result.returncode == 0:
             return f"requeued SLURM job {job_id}."
         log.warning("scontrol requeue %s failed: %s", job_id, result.stderr.strip())
-        return (
-            f"scontrol requeue {job_id} failed, the job is not requeued; resume with --ckpt_path=last"
-            " (same --trainer.default_root_dir)."
-        )
+        return f"scontrol requeue {job_id} failed, the job is not requeued; resume with {RESUME_HINT}"
 
     def _stop(self, trainer: L.Trainer) -> None:
         wait_for_checkpoints(trainer)  # ModelCheckpoint's save of the same step too, before the requeue or exit
@@ -251,7 +250,7 @@ class PreemptionCheckpoint(Callback):
             job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
         name = signal.Signals(self._stop_signal).name
         saved = f"{name}: saved {self._saved_path} at step {trainer.global_step}"
-        message = f"{saved}; resume with --ckpt_path=last (same --trainer.default_root_dir)."
+        message = f"{saved}; resume with {RESUME_HINT}"
         if preempted and self.requeue and job_id and trainer.is_global_zero:
             message = self._requeue(trainer, job_id, saved)
         exit_code = Preempted.exit_code if preempted else 128 + self._stop_signal
