@@ -200,3 +200,70 @@ def entry_runs_code(folder: Path, marker: Path, entry: str = "optimizer_0.param_
     index.storage_data[key] = dataclasses.replace(index.storage_data[key], offset=offset, length=length)
     (folder / ".metadata").write_bytes(pickle.dumps(index))
     return shard.name
+
+
+class KillAt(Callback):
+    """Test-only: SIGKILL every process of the run (its process group: all ranks, as a node failure ends them) at
+    ``moment`` of optimizer step ``step``, rank 0 deciding:
+
+    - ``step``: once the step's optimizer update is done, before its checkpoint is saved;
+    - ``optimizer``: inside the step, after its backward, before the optimizer's update;
+    - ``write``: on the checkpoint writer, half-way through writing the step's checkpoint (a temporary file);
+    - ``rename``: on the checkpoint writer, right after the step's checkpoint was renamed into place;
+    - ``anywhere``: at a random time within the step (its length taken from the step before).
+
+    ``write`` and ``rename`` need a checkpoint at ``step`` (``--checkpoint.every_n_train_steps``).
+    """
+
+    MOMENTS = ("step", "optimizer", "write", "rename", "anywhere")
+
+    def __init__(self, step: int, moment: str = "step") -> None:
+        if moment not in self.MOMENTS:
+            raise ValueError(f"moment must be one of {self.MOMENTS}, not {moment!r}")
+        self.step = step
+        self.moment = moment
+        self.started = 0.0
+
+    @staticmethod
+    def kill() -> None:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.moment in ("write", "rename") and trainer.is_global_zero:
+            from multigpu.checkpoints import background, files
+
+            original = background.atomic_torch_save
+
+            def save(obj: Any, path: str | os.PathLike) -> None:
+                if not (isinstance(obj, dict) and obj.get("global_step") == self.step):
+                    original(obj, path)
+                elif self.moment == "write":
+                    buffer = io.BytesIO()
+                    torch.save(obj, buffer)
+                    temporary = Path(path).with_name(f".{Path(path).name}.killed.tmp")
+                    temporary.write_bytes(buffer.getvalue()[: buffer.tell() // 2])
+                    self.kill()
+                else:
+                    original(obj, path)
+                    self.kill()
+
+            background.atomic_torch_save = files.atomic_torch_save = save
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.moment != "anywhere" or not trainer.is_global_zero:
+            return
+        previous, self.started = self.started, time.monotonic()
+        if trainer.global_step + 1 == self.step:  # a kill at a random moment of this step, as long as the one before
+            import random
+            import threading
+
+            length = self.started - previous if previous else 0.1
+            threading.Timer(random.uniform(0, length), self.kill).start()
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        if self.moment == "optimizer" and trainer.global_step + 1 == self.step and trainer.is_global_zero:
+            self.kill()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.moment == "step" and trainer.global_step == self.step and trainer.is_global_zero:
+            self.kill()
