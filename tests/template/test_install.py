@@ -29,8 +29,8 @@ pytestmark = [pytest.mark.xdist_group("template-install"), pytest.mark.slow, pyt
 #: what each venv gets before the README's commands: the newest pip for one (from the package index)
 PIPS = {"bundled": [], "newest": ["install", "--quiet", "--upgrade", "pip"]}
 #: the tests' own step, not the user's: the torch build this suite runs on, first (here a CPU build on local disk;
-#: GitHub's CI job gets it from PyTorch's CPU index), as the README tells a user without a GPU to do; else the
-#: project's `torch` range would have pip fetch a multi-GB CUDA build
+#: GitHub's CI job gets it from PyTorch's CPU index). The README's first command installs that build from PyTorch's
+#: CPU index where there is no GPU, which finds it installed here (that index cannot be reached from this machine)
 LOCAL_TORCH = ["install", "--quiet", "--no-compile", f"torch=={version('torch')}"]  # imports compile what they use
 
 
@@ -55,11 +55,12 @@ class Installed:
         return run(self.root / ".venv" / "bin" / "python", *args, cwd=self.root, check=check, timeout=900)
 
 
-def readme_commands(root: Path) -> str:
-    """The first ``bash`` block of the README's "Set up and train", as a user copies it."""
+def readme_commands(root: Path) -> list[str]:
+    """The commands of the first ``bash`` block of the README's "Set up and train", as a user copies it (a line that
+    ends in a backslash goes on on the next)."""
     readme = (root / "README.md").read_text()
     section = readme[readme.index("## Set up and train") :]
-    return re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1)
+    return re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1).replace("\\\n", "").splitlines()
 
 
 @pytest.fixture(scope="session")
@@ -93,8 +94,8 @@ def installed(published: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         steps = [f"{python} -m pip {shlex.join(step)}" for step in (LOCAL_TORCH, pip) if step]
         # the README's own first step, done early for the two above; then its commands as they are written: both
         # with the bundled pip, the first (the install, which is what a pip decides) with the newest
-        commands = readme_commands(root) if name == "bundled" else readme_commands(root).splitlines()[0]
-        script = "\n".join(["python3 -m venv .venv", *steps, commands])
+        commands = readme_commands(root) if name == "bundled" else readme_commands(root)[:1]
+        script = "\n".join(["python3 -m venv .venv", *steps, *commands])
         process = subprocess.Popen(["bash", "-e", "-c", script], cwd=root, env=user_env(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         started[name] = (root, process)
