@@ -258,7 +258,8 @@ class KillAt(Callback):
             import threading
 
             length = self.started - previous if previous else 0.1
-            threading.Timer(random.uniform(0, length), self.kill).start()
+            delay = random.Random().uniform(0, length)  # not the global generator, which the checkpoint saves
+            threading.Timer(delay, self.kill).start()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         if self.moment == "optimizer" and trainer.global_step + 1 == self.step and trainer.is_global_zero:
