@@ -323,7 +323,9 @@ def test_a_requeue_from_the_run_writes_the_saved_line_before_the_requeue_ends_it
     The test's scontrol does what SLURM does to the process that called it, or fails."""
     fake = tmp_path / "bin" / "scontrol"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\n" + ("kill -TERM $PPID\nsleep 5\n" if requeued else "echo no such job >&2\nexit 1\n"))
+    # requeued, it returns only once its caller is gone (kill -0 fails once the ended process is reaped)
+    requeue = "kill -TERM $PPID\nwhile kill -0 $PPID 2>/dev/null; do sleep 0.01; done\n"
+    fake.write_text("#!/bin/sh\n" + (requeue if requeued else "echo no such job >&2\nexit 1\n"))
     fake.chmod(0o755)
     code = (
         "from types import SimpleNamespace\n"
