@@ -308,7 +308,7 @@ def test_second_ctrl_c_stops_at_once_without_saving(tmp_path):
     wait_for(held.exists, "the run held at step 2", process=process)
     process.send_signal(signal.SIGINT)
     wait_for(lambda: "received SIGINT" in lines(held), "the first Ctrl-C handled", process=process)
-    # another key press, not the same one: SAME_KEY_PRESS_S after the first was handled, before the line above
+    # another key press, not the same one: over SAME_KEY_PRESS_S after the first, handled before the wait returned
     time.sleep(SAME_KEY_PRESS_S)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
