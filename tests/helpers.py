@@ -9,7 +9,9 @@ import json
 import os
 import pickle
 import signal
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,43 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from multigpu.callbacks.preemption import PreemptionCheckpoint
 from multigpu.checkpoints.background import wait_for_checkpoints
 
 # the engine ships the callback a project's tests stop runs with; the tests' commands name it here too
 from multigpu.testing import SignalAtStep as SignalAtStep
+
+
+def wait_for(
+    condition: Callable[[], object],
+    what: str,
+    timeout: float = 120,
+    process: subprocess.Popen | None = None,
+    poll: float = 0.01,
+) -> None:
+    """Return once ``condition()`` is true. Fail naming ``what`` when it is not after ``timeout`` seconds (a bound
+    on a failure, never a pause), or, with ``process``, as soon as that process has exited without it (with the end
+    of its output); ``process`` is killed on a timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        exited = process is not None and process.poll() is not None  # before the check: it may exit just after it
+        if condition():
+            return
+        if exited:
+            assert process is not None
+            outputs = [o.decode(errors="replace") if isinstance(o, bytes) else o for o in process.communicate()]
+            tail = "\n".join(text[-3000:] for text in outputs if text)
+            raise AssertionError(f"waiting for {what}: the process exited ({process.returncode}) without it\n{tail}")
+        if time.monotonic() > deadline:
+            if process is not None:
+                process.kill()
+            raise AssertionError(f"waiting for {what}: not within {timeout} s")
+        time.sleep(poll)
+
+
+def lines(path: Path) -> list[str]:
+    """The complete lines of a file another process appends to (none while it does not exist)."""
+    return path.read_text().split("\n")[:-1] if path.exists() else []
 
 
 class RecordParameters(Callback):
@@ -39,8 +74,9 @@ class RecordParameters(Callback):
 
 
 class Pace(Callback):
-    """Test-only: sleep after each optimizer step and append the step to ``progress_file`` (rank 0), so that a
-    test can signal a job in the middle of training. Sleeping changes no number."""
+    """Test-only: sleep ``seconds`` after each training batch and append the step to ``progress_file`` (rank 0): steps
+    that take time, for what is measured in time (``max_time``, a time-based ``val_check_interval``, a rank's stack
+    inside its step). Sleeping changes no number. A test that acts at a step holds the run there (``HoldAtStep``)."""
 
     def __init__(self, seconds: float = 0.1, progress_file: str = "") -> None:
         self.seconds = seconds
@@ -53,6 +89,69 @@ class Pace(Callback):
         if self.progress_file and trainer.is_global_zero:
             with open(self.progress_file, "a") as handle:
                 handle.write(f"{trainer.global_step}\n")
+
+
+class HoldAtStep(Callback):
+    """Test-only, on rank 0: holds the run after optimizer step ``step``, inside the step (the engine's callbacks,
+    which come after the user's, have not acted on it yet), so that a test signals or kills the run at a known step.
+
+    Writes ``held at step <step>`` to ``held_file``, then holds until this process has received a stop signal (the
+    engine's ``PreemptionCheckpoint`` handled it) or, with ``release_file``, until that file exists; each signal
+    received while held adds ``received <name>`` to ``held_file``. Held for ``timeout`` seconds, the run fails,
+    naming what it waited for. With ``progress_file``, every optimizer step is appended to it."""
+
+    def __init__(
+        self, step: int, held_file: str, release_file: str = "", progress_file: str = "", timeout: float = 300
+    ) -> None:
+        self.step = step
+        self.held_file = held_file
+        self.release_file = release_file
+        self.progress_file = progress_file
+        self.timeout = timeout
+        self.last_step = -1
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not trainer.is_global_zero or trainer.global_step == self.last_step:
+            return  # another rank, or a micro-batch that made no optimizer step
+        self.last_step = trainer.global_step
+        if self.progress_file:
+            with open(self.progress_file, "a") as handle:
+                handle.write(f"{trainer.global_step}\n")
+        if trainer.global_step == self.step:
+            self._hold(trainer)
+
+    def _hold(self, trainer: L.Trainer) -> None:
+        preemption = next((c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)), None)
+        if preemption is None and not self.release_file:
+            raise RuntimeError("HoldAtStep waits for a stop signal that PreemptionCheckpoint handles: the run has none")
+        self._note(f"held at step {self.step}")
+        seen = 0
+
+        def released() -> bool:
+            nonlocal seen
+            if preemption is not None and preemption.received != seen:
+                seen = preemption.received
+                self._note(f"received {signal.Signals(seen).name}")
+            return os.path.exists(self.release_file) if self.release_file else bool(seen)
+
+        until = f"{self.release_file} to exist" if self.release_file else "a stop signal"
+        wait_for(released, f"{until}, the run held at step {self.step}", self.timeout)
+
+    def _note(self, line: str) -> None:
+        with open(self.held_file, "a") as handle:
+            handle.write(line + "\n")
+
+
+def hold_at(step: int, held: Path, **options: Path) -> list[str]:
+    """The arguments that hold the run after optimizer step ``step`` until it has received a stop signal
+    (``HoldAtStep``, with ``options`` such as ``release_file`` or ``progress_file``)."""
+    settings = {"step": step, "held_file": held, **options}
+    return [
+        "--trainer.callbacks+=tests.helpers.HoldAtStep",
+        *(f"--trainer.callbacks.{k}={v}" for k, v in settings.items()),
+    ]
 
 
 class SignalAtBatch(Callback):
@@ -140,11 +239,11 @@ class CrashAtStep(Callback):
 
 class PauseAtStep(Callback):
     """Test-only: after optimizer step ``step`` (rank 0), let the checkpoints queued so far reach the disk, create
-    ``paused_file`` and wait until ``resume_file`` exists (at most ``timeout`` seconds), so that a test acts while the
-    run is alive at a known step with the files of that step's past written (a background write of a loaded machine
-    can outlast a few steps)."""
+    ``paused_file`` and wait until ``resume_file`` exists (failing after ``timeout`` seconds), so that a test acts
+    while the run is alive at a known step with the files of that step's past written (a background write of a loaded
+    machine can outlast a few steps)."""
 
-    def __init__(self, step: int, paused_file: str, resume_file: str = "", timeout: float = 300) -> None:
+    def __init__(self, step: int, paused_file: str, resume_file: str, timeout: float = 300) -> None:
         self.step = step
         self.paused_file = paused_file
         self.resume_file = resume_file
@@ -157,9 +256,8 @@ class PauseAtStep(Callback):
             return
         wait_for_checkpoints(trainer)
         open(self.paused_file, "w").close()
-        deadline = time.monotonic() + self.timeout
-        while not (self.resume_file and os.path.exists(self.resume_file)) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        what = f"{self.resume_file} to exist, the run paused at step {self.step}"
+        wait_for(lambda: os.path.exists(self.resume_file), what, self.timeout)
 
 
 class RunsCommand:

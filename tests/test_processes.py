@@ -15,10 +15,15 @@ def python(code: str) -> subprocess.Popen:
 
 
 def test_processes_that_exit_in_time_keep_their_status_and_one_still_running_at_the_deadline_is_killed():
-    quick, stuck = python("raise SystemExit(75)"), python("import time; time.sleep(60)")
+    exits_on_eof = "import sys; print('up', flush=True); sys.stdin.read(); raise SystemExit(75)"
+    quick = subprocess.Popen([sys.executable, "-c", exits_on_eof], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    stuck = python("import time; time.sleep(60)")
+    assert quick.stdout.readline() == b"up\n"  # started: all it has left to do by the deadline is exit
+    quick.stdin.close()
     start = time.monotonic()
     wait_for_exit([quick, stuck], timeout_s=3.0)
     assert quick.returncode == 75 and stuck.wait(timeout=10) < 0  # killed: a signal's status
+    quick.stdout.close()
     assert time.monotonic() - start < 20  # one deadline for all, not one each
 
 

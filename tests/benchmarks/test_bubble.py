@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import statistics
 import threading
-import time
 import types
 
 import pytest
@@ -96,22 +95,32 @@ def test_the_benchmark_plays_each_shape_in_real_time_and_prints_its_median_besid
     assert all("(median of 2, " in line for line in lines)
 
 
-def test_work_outside_the_window_is_not_counted():
+def test_work_outside_the_window_is_not_counted(monkeypatch):
+    now = [0.0]  # the clock the stage reads, moved by the test
+
+    def elapse(seconds: float) -> None:
+        now[0] += seconds
+
+    monkeypatch.setattr(benchmarks.clock, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     clock = StageClock(torch.device("cpu"))
     clock.work_start()  # the first step builds the stages: not timed
+    elapse(5)
     clock.work_end()
     clock.step_end()
     clock.window_start()
+    elapse(1)
     clock.work_start()
-    time.sleep(0.01)
+    elapse(2)
     clock.work_end()
     clock.window_start()  # a second batch of the same optimizer step (accumulation) keeps the window open
+    elapse(1)
     clock.window_end()
     clock.work_start()  # after the window closed (the optimizer step): not the stage's pipelined work
+    elapse(8)
     clock.work_end()
     clock.step_end()
     (window,), (work,) = clock.result().values()
-    assert 0.01 <= work <= window
+    assert work <= window and (work, window) == (2, 4)  # the work inside the window; the window from its first batch
 
 
 def test_the_report_puts_the_measured_bubble_beside_the_theorys(tmp_path, logical_gpipe):

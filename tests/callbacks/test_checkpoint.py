@@ -17,9 +17,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from multigpu.callbacks.checkpoint import interval_due
-from tests.callbacks.test_preemption import COMMON, best_checkpoint, start, validation_rows, wait_for_lines
+from tests.callbacks.test_preemption import COMMON, best_checkpoint, start, validation_rows
 from tests.cli import main
 from tests.conftest import TINY, load_state
+from tests.helpers import hold_at, lines, wait_for
 
 #: a user's model that logs ``val/mse``, not the default monitor ``val/loss``; 16 optimizer steps per epoch
 REGRESSION = [
@@ -101,12 +102,13 @@ def test_a_run_killed_before_its_first_validation_resumes_from_its_last_interval
     schedule = ["--checkpoint.every_n_train_steps=1", "--trainer.val_check_interval=30",
                 "--trainer.check_val_every_n_epoch=null"]  # fmt: skip
     kill_after = random.randint(2, 25)
-    run_dir, straight = tmp_path / "run", tmp_path / "straight"
-    process, progress = start(run_dir, *schedule)
-    wait_for_lines(progress, kill_after, process)
+    run_dir, straight, progress = tmp_path / "run", tmp_path / "straight", tmp_path / "progress"
+    # held at step 29 until the kill: it lands before the validation at 30 however late it comes
+    process = start(run_dir, *schedule, *hold_at(29, tmp_path / "held", progress_file=progress))
+    wait_for(lambda: len(lines(progress)) >= kill_after, f"step {kill_after}", process=process)
     process.kill()
     process.wait()
-    reached = len(progress.read_text().splitlines())
+    reached = len(lines(progress))
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert reached - 2 <= saved <= reached + 1 and saved < 30, (kill_after, reached, saved)
     main(["fit", *COMMON, *schedule, f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last"])
@@ -123,8 +125,10 @@ def test_sigterm_while_a_background_write_is_in_progress_saves_its_step_before_e
     the stop's save waits for it, writes its own step, and is on disk when the process exits."""
     run_dir = tmp_path / "run"
     ballast = ["--trainer.callbacks+=tests.helpers.Ballast", "--trainer.callbacks.megabytes=16"]
-    process, progress = start(run_dir, "--checkpoint.every_n_train_steps=1", "--trainer.limit_val_batches=0", *ballast)
-    wait_for_lines(progress, 3, process)
+    held = tmp_path / "held"
+    every_step = ["--checkpoint.every_n_train_steps=1", "--trainer.limit_val_batches=0"]
+    process = start(run_dir, *every_step, *ballast, *hold_at(3, held))
+    wait_for(held.exists, "the run held at step 3", process=process)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 143, stderr[-3000:]

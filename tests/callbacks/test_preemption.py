@@ -21,12 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from multigpu.callbacks.preemption import SAME_KEY_PRESS_S
 from multigpu.checkpoints.files import is_intact
 from multigpu.run_lock import LOCK_FILE
 from tests import prewarmed
 from tests.callbacks.test_continuation import assert_same_run as assert_same_continuation
 from tests.cli import main
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics
+from tests.helpers import hold_at, lines, wait_for
 from tests.test_quiet import assert_no_noise, newcomer_env_in
 
 #: the uninterrupted runs are shared by the tests: one worker trains them once
@@ -203,28 +205,15 @@ def fit_command(run_dir: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "tests.cli", "fit", *COMMON, f"--trainer.default_root_dir={run_dir}", *args]
 
 
-def start(
-    run_dir: Path, *args: str, environment: dict[str, str] | None = None, **env: str
-) -> tuple[subprocess.Popen, Path]:
-    progress = run_dir.parent / f"{run_dir.name}.progress"
-    pace = ["--trainer.callbacks+=tests.helpers.Pace", f"--trainer.callbacks.progress_file={progress}"]
-    command = fit_command(run_dir, *pace, *args)
-    process = prewarmed.popen(
-        command, cwd=REPO, env=environment or cli_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+def start(run_dir: Path, *args: str, environment: dict[str, str] | None = None, **env: str) -> subprocess.Popen:
+    return prewarmed.popen(
+        fit_command(run_dir, *args),
+        cwd=REPO,
+        env=environment or cli_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    return process, progress
-
-
-def wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and len(path.read_text().splitlines()) >= count:
-            return
-        if process.poll() is not None:
-            raise AssertionError(f"exited early ({process.returncode}): {process.communicate()[1][-3000:]}")
-        time.sleep(0.005)
-    process.kill()
-    raise AssertionError(f"{path} did not reach {count} lines")
 
 
 DDP = ["--trainer.strategy=ddp", "--trainer.devices=2"]
@@ -270,8 +259,9 @@ def test_signal_from_outside_saves_stops_with_its_exit_code_and_resumes_exactly(
     environment = newcomer_env_in(tmp_path) if quiet else None
     extra = ["--trainer.enable_model_summary=true"] if quiet else []
     first_limit = ["--trainer.max_steps=20"] if quiet else []
-    process, progress = start(run_dir, *strategy, *extra, *first_limit, environment=environment)
-    wait_for_lines(progress, 6, process)
+    held = tmp_path / "held"
+    process = start(run_dir, *strategy, *extra, *first_limit, *hold_at(6, held), environment=environment)
+    wait_for(held.exists, "the run held at step 6", process=process)
     process.send_signal(signal.Signals[name])  # to the launched process only: under ddp, rank 0
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.Signals[name], stderr[-3000:]
@@ -310,14 +300,16 @@ def test_signal_from_outside_saves_stops_with_its_exit_code_and_resumes_exactly(
 
 @pytest.mark.slow
 def test_second_ctrl_c_stops_at_once_without_saving(tmp_path):
-    run_dir = tmp_path / "run"
-    process, progress = start(run_dir, "--trainer.callbacks.seconds=4.0", "--trainer.limit_val_batches=0")
-    wait_for_lines(progress, 1, process)
-    # both inside the second step's 4 s, a second from either end: the first Ctrl-C waits for the step's end, the
-    # second does not. (Sent at once, the first could come before the end of the first step on a loaded machine.)
-    time.sleep(1.0)
+    """Both Ctrl-Cs come while the second step is held, never released: the first waits for the step's end, the
+    second does not."""
+    run_dir, held = tmp_path / "run", tmp_path / "held"
+    hold = hold_at(2, held, release_file=tmp_path / "never")
+    process = start(run_dir, "--trainer.limit_val_batches=0", *hold)
+    wait_for(held.exists, "the run held at step 2", process=process)
     process.send_signal(signal.SIGINT)
-    time.sleep(1.0)
+    wait_for(lambda: "received SIGINT" in lines(held), "the first Ctrl-C handled", process=process)
+    # another key press, not the same one: over SAME_KEY_PRESS_S after the first, handled before the wait returned
+    time.sleep(SAME_KEY_PRESS_S)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr[-3000:]
@@ -331,7 +323,9 @@ def test_a_requeue_from_the_run_writes_the_saved_line_before_the_requeue_ends_it
     The test's scontrol does what SLURM does to the process that called it, or fails."""
     fake = tmp_path / "bin" / "scontrol"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\n" + ("kill -TERM $PPID\nsleep 5\n" if requeued else "echo no such job >&2\nexit 1\n"))
+    # requeued, it returns only once its caller is gone (kill -0 fails once the ended process is reaped)
+    requeue = "kill -TERM $PPID\nwhile kill -0 $PPID 2>/dev/null; do sleep 0.01; done\n"
+    fake.write_text("#!/bin/sh\n" + (requeue if requeued else "echo no such job >&2\nexit 1\n"))
     fake.chmod(0o755)
     code = (
         "from types import SimpleNamespace\n"
@@ -368,17 +362,15 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_one_intact(tmp_path)
         "--trainer.callbacks+=tests.helpers.Ballast",
         "--trainer.callbacks.megabytes=256",
     ]
-    process, _ = start(run_dir, *args, TMPDIR=str(staging))
+    # held at step 5 until the kill: the only write after last.ckpt's (step 2) is step 4's
+    process = start(run_dir, *args, *hold_at(5, tmp_path / "held"), TMPDIR=str(staging))
     folder = run_dir / "checkpoints"
-    deadline = time.monotonic() + 300
 
     def rewriting_last() -> bool:  # last.ckpt exists and its next version is being written beside it
         names = os.listdir(folder) if folder.is_dir() else []
         return "last.ckpt" in names and any(name.startswith(".") and name.endswith(".tmp") for name in names)
 
-    while not rewriting_last():
-        assert process.poll() is None and time.monotonic() < deadline, "never saw last.ckpt being rewritten in place"
-        time.sleep(0.001)
+    wait_for(rewriting_last, "last.ckpt being rewritten in place", timeout=300, process=process, poll=0.001)
     process.kill()  # a few milliseconds into writing hundreds of megabytes: mid-write
     process.wait()
     partial = [p for p in folder.iterdir() if p.name.endswith(".tmp")]

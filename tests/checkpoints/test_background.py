@@ -8,7 +8,6 @@ import contextlib
 import errno
 import os
 import threading
-import time
 import warnings
 
 import pytest
@@ -51,24 +50,30 @@ def test_a_save_writes_the_state_of_its_call_while_the_caller_goes_on(tmp_path, 
 
 
 def test_one_writer_at_a_time_and_removals_after_the_write_that_replaces_them(tmp_path, monkeypatch):
+    """best-2.ckpt's write is held until the test has looked for best-1.ckpt, whose removal is queued behind it."""
     active, most, order = [0], [0], []
+    writing, release = threading.Event(), threading.Event()
     write = files.atomic_torch_save
 
-    def slow_write(obj, path):
+    def counted_write(obj, path):
         active[0] += 1
         most[0] = max(most[0], active[0])
-        time.sleep(0.05)
+        if path.name == "best-2.ckpt":
+            writing.set()
+            assert release.wait(30)
         write(obj, path)
         order.append(("write", path.name))
         active[0] -= 1
 
-    monkeypatch.setattr(background, "atomic_torch_save", slow_write)
+    monkeypatch.setattr(background, "atomic_torch_save", counted_write)
     io = BackgroundCheckpointIO()
     io.save_checkpoint({"global_step": 1, "w": torch.ones(10)}, tmp_path / "best-1.ckpt")
     io.save_checkpoint({"global_step": 2, "w": torch.ones(10)}, tmp_path / "best-2.ckpt")
     io.remove_checkpoint(tmp_path / "best-1.ckpt")  # ModelCheckpoint drops the old best once the new one is saved
+    assert writing.wait(30)
     assert (tmp_path / "best-1.ckpt").exists()  # not before best-2.ckpt is on disk
     io.link_checkpoint(tmp_path / "best-2.ckpt", tmp_path / "last.ckpt")
+    release.set()
     io.teardown()
     assert most[0] == 1 and order == [("write", "best-1.ckpt"), ("write", "best-2.ckpt")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best-2.ckpt", "last.ckpt"]

@@ -38,11 +38,10 @@ from multigpu.errors import ConfigurationError
 from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy, register_strategies
 from multigpu.strategies.model_parallel import clip_grad_norm, memory_per_rank
 from tests import prewarmed
-from tests.callbacks.test_preemption import wait_for_lines
 from tests.cli import main
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics, relative_difference
 from tests.fixtures.workload import TinyClassifier
-from tests.helpers import RUNS_COMMAND_GLOBAL, entry_runs_code, folder_whose_index_runs_code
+from tests.helpers import RUNS_COMMAND_GLOBAL, entry_runs_code, folder_whose_index_runs_code, hold_at, lines, wait_for
 
 FP64 = ["--trainer.precision=64-true", "--trainer.val_check_interval=8"]
 FSDP2 = ["--trainer.strategy=fsdp2", "--trainer.devices=2"]
@@ -198,17 +197,17 @@ def test_a_sharded_run_killed_before_its_first_validation_resumes_from_its_last_
     every process killed with SIGKILL at a random step before the first validation (step 8): ``--ckpt_path=last``
     resumes from a step at most two before the kill, and the finished run is the uninterrupted one bit for bit."""
     run_dir, progress = tmp_path / "run", tmp_path / "progress"
-    every_step = ["--checkpoint.every_n_train_steps=1", "--trainer.callbacks+=tests.helpers.Pace",
-                  f"--trainer.callbacks.progress_file={progress}"]  # fmt: skip
+    # held at step 7 until the kill: it lands before the validation at 8 however late it comes
+    every_step = ["--checkpoint.every_n_train_steps=1", *hold_at(7, tmp_path / "held", progress_file=progress)]
     command = [sys.executable, "-m", "tests.cli", "fit", *TINY, f"--trainer.default_root_dir={run_dir}", *FP64,
                *FSDP2, *DROPOUT, f"--trainer.max_steps={STEPS}", *every_step]  # fmt: skip
     process = prewarmed.popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     kill_after = random.randint(3, 6)  # step 2's save began, so step 1's is in place: one write at a time
-    wait_for_lines(progress, kill_after, process)
+    wait_for(lambda: len(lines(progress)) >= kill_after, f"step {kill_after}", process=process)
     for pid in [*descendants(process.pid), process.pid]:  # a node failure: no process says goodbye
         os.kill(pid, signal.SIGKILL)
     process.wait()
-    reached = len(progress.read_text().splitlines())
+    reached = len(lines(progress))
     restore_interrupted(last_checkpoint(run_dir).parent)  # as the resume does first: a kill between the two renames
     saved = load_sharded_checkpoint(last_checkpoint(run_dir))["global_step"]
     assert reached - 2 <= saved <= reached + 1 and saved < 8, (kill_after, reached, saved)

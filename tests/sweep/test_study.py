@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -35,13 +35,15 @@ def test_a_directory_keeps_its_sweep(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
 
 
-def _claim_all(path: str, sweep_dir: str, out: str) -> None:
-    """A worker without fit runs: claim trials until none is left, complete each, write down their numbers."""
+def _claim_all(path: str, sweep_dir: str, out: str, together: threading.Barrier) -> None:
+    """A worker without fit runs: claim trials until none is left, complete each, write down their numbers. Each
+    worker holds its first trial until every worker holds one: the later claims meet trials that others run."""
     sweep = Sweep(sweep_spec.load(path), Path(sweep_dir))
     numbers = []
     while (claimed := claim(sweep)) is not None:
         numbers.append(claimed.trial.number)
-        time.sleep(0.01)  # a trial takes time: the others claim meanwhile
+        if len(numbers) == 1:
+            together.wait(timeout=60)
         sweep.study.tell(claimed.trial.number, claimed.trial.params[LR])
         claimed.release()
     Path(out).write_text(json.dumps(numbers))
@@ -53,7 +55,8 @@ def test_workers_share_one_journal_and_never_run_a_trial_twice(tmp_path: Path) -
     bind(sweep_spec.load(path), sweep_dir)
     context = multiprocessing.get_context("fork")  # separate processes, each with its own view of the journal
     outs = [tmp_path / f"worker{i}.json" for i in range(3)]
-    workers = [context.Process(target=_claim_all, args=(str(path), str(sweep_dir), str(o))) for o in outs]
+    together = context.Barrier(len(outs))
+    workers = [context.Process(target=_claim_all, args=(str(path), str(sweep_dir), str(o), together)) for o in outs]
     for worker in workers:
         worker.start()
     for worker in workers:

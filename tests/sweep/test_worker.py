@@ -7,7 +7,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from multigpu.sweep.worker import logger_flags
 from tests import prewarmed
 from tests.cli import main as cli_main
 from tests.conftest import REPO, TINY, cli_env, project_folder, read_metrics
+from tests.helpers import hold_at, wait_for
 from tests.sweep.conftest import (
     BATCH,
     LR,
@@ -46,17 +46,12 @@ def test_wandb_logger_gets_the_sweep_group_and_trial_name(run_cli: Any, tmp_path
 @pytest.mark.slow
 def test_stopped_worker_resumes_its_trial_and_the_sweep_completes_once(tmp_path: Path) -> None:
     path = write_sweep(tmp_path, trials=2)
-    sweep_dir, progress = tmp_path / "sweep", tmp_path / "progress"
-    pace = ["--trainer.callbacks+=tests.helpers.Pace", "--trainer.callbacks.seconds=0.2"]
+    sweep_dir, held = tmp_path / "sweep", tmp_path / "held"
     first = prewarmed.popen(
-        [sys.executable, "-m", "multigpu.sweep", "run", str(path), "--dir", str(sweep_dir), "--", *pace,
-         f"--trainer.callbacks.progress_file={progress}"],
+        [sys.executable, "-m", "multigpu.sweep", "run", str(path), "--dir", str(sweep_dir), "--", *hold_at(3, held)],
         cwd=project_folder(), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not (progress.is_file() and len(progress.read_text().split()) >= 3):
-        assert time.monotonic() < deadline and first.poll() is None, first.communicate()[0]
-        time.sleep(0.1)
+    wait_for(held.exists, "trial 0 held at step 3", process=first)
     first.send_signal(signal.SIGTERM)  # the worker passes it to its fit run, which saves and stops
     output = first.communicate(timeout=120)[0]
     assert first.returncode == 143, output

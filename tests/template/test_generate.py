@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import yaml
 
 import multigpu
 from tests.template.conftest import REPO, WORKLOADS, copier, env, generate, git, run
-from tests.workflows.test_slurm import TERMINAL_STATES, job_records, slurm  # noqa: F401 (the fixture)
+from tests.workflows.test_slurm import Jobs, slurm  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.xdist_group("template")  # one worker generates the projects once
 
@@ -300,14 +299,7 @@ def test_the_stub_projects_sbatch_script_trains_on_the_ci_cluster(projects: dict
     )
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 240
-    records = job_records(job)
-    while not records or not all(r["JobState"] in TERMINAL_STATES for r in records):
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job], check=False)
-            pytest.fail(f"job {job} did not finish: {records}")
-        time.sleep(1)
-        records = job_records(job)
+    records = Jobs(tmp_path).wait(job, timeout=240)
     log = "\n".join(p.read_text() for p in tmp_path.glob("*.out"))
     assert [(r["JobState"], r["ExitCode"]) for r in records] == [("COMPLETED", "0:0")], log[-3000:]
     assert "--trainer.devices=2 --trainer.num_nodes=1" in log  # one process per task of the allocation

@@ -29,10 +29,11 @@ from multigpu.checkpoints.sharded import is_sharded_checkpoint, load_sharded_che
 from multigpu.errors import ConfigurationError
 from multigpu.facts import RunFacts
 from tests.conftest import CLI_MODULE, REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
+from tests.helpers import hold_at, wait_for
 from tests.zoo import stuck
 
 MAX_STEPS = 40  # 16 steps per epoch: the run crosses two epoch ends (validation, best-*.ckpt)
-PREEMPT_AFTER = 8  # signal the job once it has done this many steps
+PREEMPT_AFTER = 8  # signal the job once it has done this many steps (held there until the signal came)
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 #: arguments shared by every training job (after the tests' config, which Jobs.submit passes as CONFIG); fp64 so
 #: that equal math gives equal weights to ~1e-14
@@ -42,14 +43,6 @@ TRAIN_ARGS = [
     "--trainer.precision=64-true",
     "--progress_bar=none",
 ]
-
-
-def pace_args(progress_file: Path, seconds: float = 0.05) -> list[str]:
-    return [
-        "--trainer.callbacks+=tests.helpers.Pace",
-        f"--trainer.callbacks.seconds={seconds}",
-        f"--trainer.callbacks.progress_file={progress_file}",
-    ]
 
 
 # -- the cluster ------------------------------------------------------------------------------------------------
@@ -123,14 +116,28 @@ class Jobs:
 
     def wait(self, job_id: str, timeout: float = 180) -> list[dict[str, str]]:
         """Wait until every record of the job is finished (a requeued job passes through PENDING again)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            records = job_records(job_id)
-            if records and all(r["JobState"] in TERMINAL_STATES for r in records):
-                return records
-            time.sleep(0.5)
-        subprocess.run(["scancel", job_id], check=False)
-        raise AssertionError(f"job {job_id} did not finish in {timeout} s: {job_records(job_id)}\n{self.logs(4000)}")
+        records: list[dict[str, str]] = []
+
+        def finished() -> bool:
+            records[:] = job_records(job_id)
+            return bool(records) and all(r["JobState"] in TERMINAL_STATES for r in records)
+
+        try:
+            wait_for(finished, f"job {job_id} to finish", timeout, poll=0.5)
+        except AssertionError as late:
+            subprocess.run(["scancel", job_id], check=False)
+            raise AssertionError(f"{late}: {records}\n{self.logs(4000)}") from None
+        return records
+
+    def hold(self, job_id: str, held: Path) -> None:
+        """Wait until the job's run is held at its step (``hold_at``), failing at once if the job ends first."""
+
+        def held_or_ended() -> bool:
+            state = job_records(job_id)[0]["JobState"]
+            assert state in ("PENDING", "RUNNING"), f"job {job_id} {state} before its run was held\n{self.logs()}"
+            return held.exists()
+
+        wait_for(held_or_ended, f"job {job_id}'s run held at its step", timeout=120, poll=0.2)
 
     def logs(self, tail: int = 10**9) -> str:
         """The jobs' output files (the last ``tail`` characters of each)."""
@@ -170,7 +177,7 @@ def reference(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             job = submitted.submit(
                 "slurm/cpu.sbatch",
                 RUN_DIR=str(run_dir),
-                EXTRA_ARGS=" ".join(TRAIN_ARGS + pace_args(folder / "progress")),
+                EXTRA_ARGS=" ".join(TRAIN_ARGS),
             )
             completed(submitted.wait(job), submitted)
             done.append(run_dir)
@@ -205,18 +212,14 @@ def test_preempted_job_saves_requeues_and_resumes_exactly(
 ) -> None:
     """The scripts requeue once every rank has exited; with ``--preemption.requeue=true`` (for one's own
     scripts) rank 0 runs ``scontrol requeue`` itself, which ends the job step at once."""
-    run_dir, progress = jobs.folder / "run", jobs.folder / "progress"
-    extra = [*TRAIN_ARGS, *pace_args(progress, seconds=0.1)]
+    run_dir, held = jobs.folder / "run", jobs.folder / "held"
+    extra = [*TRAIN_ARGS, *hold_at(PREEMPT_AFTER, held)]
     if requeued_by == "batch script":
         extra.append("--trainer.logger+=lightning.pytorch.loggers.WandbLogger")  # must continue the same wandb run
     else:
         extra.append("--preemption.requeue=true")  # after the script's --preemption.requeue=false: the last wins
     job = jobs.submit("slurm/cpu.sbatch", RUN_DIR=str(run_dir), EXTRA_ARGS=" ".join(extra))
-    deadline = time.monotonic() + 120
-    while not (progress.is_file() and len(progress.read_text().split()) >= PREEMPT_AFTER):
-        assert time.monotonic() < deadline, f"no training progress\n{jobs.logs()}"
-        assert job_records(job)[0]["JobState"] in ("PENDING", "RUNNING"), jobs.logs()
-        time.sleep(0.2)
+    jobs.hold(job, held)
     # what SLURM does 90 s before the time limit (--signal=SIGUSR1@90): SIGUSR1 to the training processes
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
     (record,) = jobs.wait(job, timeout=240)
@@ -318,14 +321,10 @@ def test_multi_node_script_trains_the_same_model_on_two_nodes(jobs: Jobs, refere
 def test_multi_node_fsdp2_job_preempted_requeues_and_resumes_from_its_sharded_checkpoint(
     jobs: Jobs, reference: Callable[[], Path]
 ) -> None:
-    run_dir, progress = jobs.folder / "run", jobs.folder / "progress"
-    extra = [*TRAIN_ARGS, *pace_args(progress, seconds=0.1), "--trainer.strategy=fsdp2"]  # after the script's ddp
+    run_dir, held = jobs.folder / "run", jobs.folder / "held"
+    extra = [*TRAIN_ARGS, *hold_at(PREEMPT_AFTER, held), "--trainer.strategy=fsdp2"]  # after the script's ddp
     job = submit_on_two_nodes(jobs, run_dir, extra)
-    deadline = time.monotonic() + 120
-    while not (progress.is_file() and len(progress.read_text().split()) >= PREEMPT_AFTER):
-        assert time.monotonic() < deadline, f"no training progress\n{jobs.logs()}"
-        assert job_records(job)[0]["JobState"] in ("PENDING", "RUNNING"), jobs.logs()
-        time.sleep(0.2)
+    jobs.hold(job, held)
     subprocess.run(["scancel", "--signal=USR1", job], check=True)  # as SLURM does before a time limit
     (record,) = jobs.wait(job, timeout=240)
     completed([record], jobs)
