@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,14 +41,16 @@ from multigpu.callbacks.hang_report import (
     latest_main_stack,
     user_frame,
 )
-from multigpu.compat import release_started_processes
 from multigpu.errors import TrainingStopped, describe, one_paragraph
 from multigpu.failures import attach_collective_report, collective_failure, spawned_collective_failure
+from multigpu.reporting import speak_for_the_run
 
 #: the signal every rank dumps its stacks on (SIGUSR1 is the preemption notice)
 DUMP_SIGNAL = signal.SIGUSR2
-#: how long the reporting rank waits for the other ranks' dumps after signalling them
+#: how long the reporting rank waits at most for the other ranks' dumps after signalling them
 DUMP_WAIT_S = 2.0
+#: how often a wait for the dumps looks at the stack files and at the signalled processes in ``/proc``
+POLL_S = 0.01
 #: how often the daemon thread may rewrite ``rank-<N>.json`` (only when the step or phase changed, or to show
 #: the rank is alive every ``HEARTBEAT_S``)
 STATE_EVERY_S = 1.0
@@ -100,36 +103,91 @@ def alive_here(state: dict[str, Any]) -> bool:
     return started is not None and started == state.get("started")
 
 
-def signal_ranks(folder: Path, states: dict[int, dict[str, Any]], skip: int | None = None) -> dict[int, int]:
-    """Send the dump signal to every live rank of this host but ``skip``; return the size each one's stack file
-    had before, by rank, to read its new dump from."""
-    signalled: dict[int, int] = {}
+@dataclass(frozen=True)
+class DumpMark:
+    """A live rank's process and the size of its stack file before a dump: its dump is what follows."""
+
+    pid: int
+    size: int
+
+
+def dump_marks(folder: Path, states: dict[int, dict[str, Any]], skip: int | None = None) -> dict[int, DumpMark]:
+    """Where the next dump of every live rank of this host but ``skip`` begins, by rank."""
+    marks: dict[int, DumpMark] = {}
     for rank, state in states.items():
-        if rank == skip or not alive_here(state):
-            continue
-        path = folder / f"rank-{rank}.txt"
-        size = path.stat().st_size if path.is_file() else 0
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(int(state["pid"]), DUMP_SIGNAL)
-            signalled[rank] = size
-    return signalled
-
-
-def wait_for_dumps(folder: Path, signalled: dict[int, int], timeout_s: float = DUMP_WAIT_S) -> dict[int, str]:
-    """The text each signalled rank appended to its stack file, waiting up to ``timeout_s`` for all of them."""
-    deadline = time.monotonic() + timeout_s
-    grown: dict[int, str] = {}
-    while True:
-        for rank, size in signalled.items():
+        if rank != skip and alive_here(state):
             path = folder / f"rank-{rank}.txt"
-            if rank not in grown and path.is_file() and path.stat().st_size > size:
-                time.sleep(0.1)  # the handler writes frame by frame: let it finish
-                with open(path) as handle:
-                    handle.seek(size)
-                    grown[rank] = handle.read()
-        if len(grown) == len(signalled) or time.monotonic() > deadline:
-            return grown
-        time.sleep(0.05)
+            marks[rank] = DumpMark(int(state["pid"]), path.stat().st_size if path.is_file() else 0)
+    return marks
+
+
+def signal_ranks(folder: Path, states: dict[int, dict[str, Any]], skip: int | None = None) -> dict[int, DumpMark]:
+    """Send the dump signal to every live rank of this host but ``skip``; return the marks of those signalled."""
+    marks = dump_marks(folder, states, skip)
+    for rank, mark in list(marks.items()):
+        try:
+            os.kill(mark.pid, DUMP_SIGNAL)
+        except (ProcessLookupError, PermissionError):
+            del marks[rank]
+    return marks
+
+
+def _signal_masks(status: Path) -> dict[str, int]:
+    """The signal sets of a ``/proc`` status file (``SigPnd``, ``ShdPnd``, ``SigBlk``, ``SigIgn``), as integers."""
+    masks = {}
+    for line in status.read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("SigPnd", "ShdPnd", "SigBlk", "SigIgn"):
+            masks[name] = int(value.strip(), 16)
+    return masks
+
+
+def dump_state(pid: int) -> str:
+    """Where a process stands with the dump signal: ``"ignored"`` (it will never dump), ``"busy"`` (the signal is
+    pending, or its handler is writing: the kernel blocks a signal in the thread that runs its handler, and
+    faulthandler's handler is registered without ``SA_NODEFER``), else ``"done"`` (also where ``/proc`` cannot tell:
+    the process is gone)."""
+    bit = 1 << (DUMP_SIGNAL - 1)
+    try:
+        process = _signal_masks(Path(f"/proc/{pid}/status"))
+        threads = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return "done"
+    if process.get("SigIgn", 0) & bit:
+        return "ignored"
+    busy = process.get("ShdPnd", 0) & bit
+    for thread in threads:  # after the process's pending set: a signal it held moves to a thread, never back
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            masks = _signal_masks(thread / "status")
+            busy |= (masks.get("SigPnd", 0) | masks.get("SigBlk", 0)) & bit
+    return "busy" if busy else "done"
+
+
+def wait_for_dumps(folder: Path, marks: dict[int, DumpMark], timeout_s: float = DUMP_WAIT_S) -> dict[int, str]:
+    """The dump each rank of ``marks`` appended to its stack file, each read once it is whole: the file grew, then
+    the rank's process neither holds the signal nor runs its handler, and the file did not grow meanwhile. A rank
+    that ignores the signal is not waited for; the others up to ``timeout_s`` in all (a failure bound: a rank
+    blocked with the signal masked never answers)."""
+    deadline = time.monotonic() + timeout_s
+    dumps: dict[int, str] = {}
+    waiting = dict(marks)
+    while waiting:
+        for rank, mark in list(waiting.items()):
+            path = folder / f"rank-{rank}.txt"
+            size = path.stat().st_size if path.is_file() else 0
+            state = dump_state(mark.pid)
+            if state == "ignored":
+                del waiting[rank]
+            elif size > mark.size and state == "done" and path.stat().st_size == size:
+                with open(path, "rb") as handle:
+                    handle.seek(mark.size)
+                    dumps[rank] = handle.read(size - mark.size).decode(errors="replace")
+                del waiting[rank]
+        if waiting and time.monotonic() > deadline:
+            break
+        if waiting:
+            time.sleep(POLL_S)  # the next look at the files and /proc; the deadline bounds a rank that never answers
+    return dumps
 
 
 def failure_file(folder: Path, rank: int) -> Path:
@@ -256,10 +314,10 @@ class StackDumps(Callback):
                 record_failure(self.folder, self.rank, exception)
             return
         self.phase = FAILED
-        # the ranks this process started leave Lightning's watch: its observer thread would SIGKILL this process as
-        # soon as one of them exits, and in a desync the other side fails too and may end its report first
-        # (StopOtherRanksOnError, after this callback, still stops them)
-        release_started_processes(trainer)
+        # this process reports for the run from here on (a rank's report handed over to it meanwhile is not printed),
+        # and the ranks it started leave Lightning's watch: its observer thread would SIGKILL this process as soon as
+        # one of them exits (StopOtherRanksOnError, after this callback, still stops them)
+        speak_for_the_run(trainer)
         others = [rank for rank in range(trainer.world_size) if rank != self.rank]
         failure = first_failure(self.folder, others, since=self._since)
         if failure is not None:  # another rank raised: its error is the one to read, not this rank's lost peer
@@ -302,7 +360,12 @@ class StackDumps(Callback):
                 view.missing = f"it did not answer {DUMP_SIGNAL.name} within {DUMP_WAIT_S:g} s"
             views.append(view)
         text = hang_report(self.rank, describe(exception), sorted(views, key=lambda v: v.rank), self.folder)
-        attach_collective_report(exception, text)  # multigpu/reporting.py prints it
+        # rank 0 failing in a collective too reports the same hang, from its side: this rank's report is kept
+        zero = next((view for view in views if view.rank == 0 and view.rank != self.rank), None)
+        waits = zero is not None and (
+            zero.state.get("phase") == FAILED or (zero.frames is not None and collective_of(zero.frames) is not None)
+        )
+        attach_collective_report(exception, text, rank_zero_reports=waits)  # multigpu/reporting.py prints it
         # a rank stuck in its own code never times out: under srun (which leaves the other tasks running when one
         # fails) it would hold the job until its time limit; its stacks are taken, so end it (this host only)
         stuck = [

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from multigpu.callbacks.hang_report import latest_main_stack, parse_dumps
-from multigpu.callbacks.stack_dumps import StackDumps
+from multigpu.callbacks.stack_dumps import DumpMark, StackDumps, dump_marks, dump_state, read_states, wait_for_dumps
 from multigpu.checkpoints.files import is_intact
 from multigpu.stacks import stacks_of
 from tests import prewarmed
@@ -37,10 +37,51 @@ def test_one_process_registers_nothing(tmp_path):
     assert callback.folder is None and not (tmp_path / "stacks").exists()
 
 
+#: a process that dumps its stacks on SIGUSR2 as a rank does, with 90 threads (a dump of many writes; faulthandler
+#: names 100 at most), or ignores the signal as a reporting rank does; it says when it is ready, and exits when its
+#: input closes
+DUMPER = """
+import faulthandler, signal, sys, threading
+if sys.argv[2] == "ignore":
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+else:
+    faulthandler.register(signal.SIGUSR2, file=open(sys.argv[1], "a"), all_threads=True, chain=False)
+release = threading.Event()
+for _ in range(90):
+    threading.Thread(target=release.wait, daemon=True).start()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("answer", ["dump", "ignore"])
+def test_a_dump_is_read_once_its_writer_is_done_and_a_rank_that_ignores_the_signal_is_not_waited_for(tmp_path, answer):
+    path = tmp_path / "rank-0.txt"
+    path.write_text("# an earlier dump\n")
+    process = subprocess.Popen(
+        [sys.executable, "-c", DUMPER, str(path), answer], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout.readline() == "ready\n"
+        os.kill(process.pid, signal.SIGUSR2)
+        started = time.monotonic()
+        dumps = wait_for_dumps(tmp_path, {0: DumpMark(process.pid, len("# an earlier dump\n"))}, timeout_s=60)
+        if answer == "ignore":
+            assert dumps == {} and dump_state(process.pid) == "ignored" and time.monotonic() - started < 30
+            assert path.read_text() == "# an earlier dump\n"
+        else:
+            (threads,) = parse_dumps(dumps[0])  # one dump, whole: every thread of the process
+            assert len(threads) == 91 and dump_state(process.pid) == "done"
+            assert "# an earlier dump\n" + dumps[0] == path.read_text()
+    finally:
+        process.stdin.close()
+        process.wait(timeout=60)
+
+
 # -- two processes ----------------------------------------------------------------------------------------------
 
-#: the collective timeout of the stuck runs; torch's rendezvous waits as long for rank 1, which ddp starts only
-#: once rank 0 is set up: its start-up (imports) on a loaded 2-core machine must fit in it
+#: the collective timeout of the stuck runs; the ranks' start (rank 1's imports, which ddp begins only once rank 0
+#: is set up) is bounded apart, by multigpu/strategies/ddp.py's START_TIMEOUT
 TIMEOUT_S = 20
 DDP_CPU = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.devices=2", "--progress_bar=none"]
 STUCK_LINE = next(i for i, text in enumerate(Path(stuck.__file__).read_text().splitlines(), 1) if "STUCK" in text)
@@ -191,8 +232,10 @@ def test_sigusr2_to_a_live_run_dumps_every_rank_and_training_goes_on(tmp_path):
     while not (progress.is_file() and progress.read_text().strip()):  # every rank set up: past the first step
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.05)
+    marks = dump_marks(run_dir / "stacks", read_states(run_dir / "stacks"))
+    assert sorted(marks) == [0, 1], marks
     os.killpg(process.pid, signal.SIGUSR2)  # every rank, as `scancel --signal=USR2` or `pkill -USR2 -f tests.cli`
-    time.sleep(0.5)
+    assert sorted(wait_for_dumps(run_dir / "stacks", marks, timeout_s=60)) == [0, 1]  # each rank's dump, whole
     # what `python -m multigpu.stacks RUN_DIR [--no-signal]` prints (the command itself: the stuck test above), called
     # here so that the run is still training when it signals (a command's start-up on a loaded machine takes
     # seconds)
