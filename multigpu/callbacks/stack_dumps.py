@@ -58,6 +58,8 @@ HEARTBEAT_S = 30.0
 STACKS_DIR = "stacks"
 #: the phase of a rank whose collective failed, while it reports
 FAILED = "failed in a collective"
+#: the phase of a rank whose training ended (it answers the dump signal no more)
+FINISHED = "finished"
 
 
 # -- the files of a run ---------------------------------------------------------------------------------------------
@@ -166,8 +168,9 @@ def dump_state(pid: int) -> str:
 def wait_for_dumps(folder: Path, marks: dict[int, DumpMark], timeout_s: float = DUMP_WAIT_S) -> dict[int, str]:
     """The dump each rank of ``marks`` appended to its stack file, each read once it is whole: the file grew, then
     the rank's process neither holds the signal nor runs its handler, and the file did not grow meanwhile. A rank
-    that ignores the signal is not waited for; the others up to ``timeout_s`` in all (a failure bound: a rank
-    blocked with the signal masked never answers)."""
+    that ignores the signal dumps nothing: it reports a failed collective itself, or has finished, and is waited for
+    until its state file says so (its own stack is then in its stack file). Up to ``timeout_s`` in all: a failure
+    bound, for a rank that never answers."""
     deadline = time.monotonic() + timeout_s
     dumps: dict[int, str] = {}
     waiting = dict(marks)
@@ -177,7 +180,8 @@ def wait_for_dumps(folder: Path, marks: dict[int, DumpMark], timeout_s: float = 
             size = path.stat().st_size if path.is_file() else 0
             state = dump_state(mark.pid)
             if state == "ignored":
-                del waiting[rank]
+                if _phase(folder, rank) in (FAILED, FINISHED):  # written after its own stack, and after the
+                    del waiting[rank]  # signal was ignored: a reader's next look finds its stack of record
             elif size > mark.size and state == "done" and path.stat().st_size == size:
                 with open(path, "rb") as handle:
                     handle.seek(mark.size)
@@ -188,6 +192,14 @@ def wait_for_dumps(folder: Path, marks: dict[int, DumpMark], timeout_s: float = 
         if waiting:
             time.sleep(POLL_S)  # the next look at the files and /proc; the deadline bounds a rank that never answers
     return dumps
+
+
+def _phase(folder: Path, rank: int) -> str | None:
+    """The phase a rank's state file says, or None (no file yet, or one being replaced)."""
+    try:
+        return json.loads((folder / f"rank-{rank}.json").read_text()).get("phase")
+    except (OSError, ValueError):
+        return None
 
 
 def failure_file(folder: Path, rank: int) -> Path:
@@ -313,7 +325,6 @@ class StackDumps(Callback):
             if not isinstance(exception, TrainingStopped):  # an agreed stop is no failure
                 record_failure(self.folder, self.rank, exception)
             return
-        self.phase = FAILED
         # this process reports for the run from here on (a rank's report handed over to it meanwhile is not printed),
         # and the ranks it started leave Lightning's watch: its observer thread would SIGKILL this process as soon as
         # one of them exits (StopOtherRanksOnError, after this callback, still stops them)
@@ -321,6 +332,7 @@ class StackDumps(Callback):
         others = [rank for rank in range(trainer.world_size) if rank != self.rank]
         failure = first_failure(self.folder, others, since=self._since)
         if failure is not None:  # another rank raised: its error is the one to read, not this rank's lost peer
+            self.phase = FAILED
             collective = collective_of(frames_of_traceback(exception.__traceback__))
             attach_collective_report(exception, first_failure_report(self.rank, collective, failure))
             return
@@ -333,6 +345,8 @@ class StackDumps(Callback):
         if self._file is not None:
             self._file.write(format_stack(own))
             self._file.flush()
+        # said once its own stack is in its file (and the signal ignored): a rank that reads this phase reads that
+        self.phase = FAILED
         self._write_state()
         states = read_states(self.folder)
         reporting = {rank for rank, state in states.items() if state.get("phase") == FAILED and rank != self.rank}
@@ -402,7 +416,7 @@ class StackDumps(Callback):
             self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.phase = "finished"
+        self.phase = FINISHED
         self._write_state()
         faulthandler.unregister(DUMP_SIGNAL)
         faulthandler.unregister(signal.SIGTERM)  # where registered; puts back the handler it chained to
