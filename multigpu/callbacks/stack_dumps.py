@@ -79,12 +79,14 @@ def run_dir_of(trainer: L.Trainer) -> Path:
 
 def process_start(pid: int) -> str | None:
     """When a process started (``/proc/<pid>/stat``), to tell a live rank from a later process with its pid;
-    None where unknown (no such process, no ``/proc``)."""
+    None where unknown (no such process, no ``/proc``) or where it runs no more (killed, and not yet reaped by its
+    parent: a zombie answers no signal)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[-1].split()[19]  # field 22, counted after the command name
+    fields = stat.rsplit(")", 1)[-1].split()  # field 3 on, counted after the command name
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def read_states(folder: Path) -> dict[int, dict[str, Any]]:
