@@ -38,7 +38,7 @@ from multigpu.failures import collective_failure, collective_failure_message, us
 #: nor a failure of the machine (1), and not requeued
 COLLECTIVE_FAILURE_EXIT_CODE = 70
 #: the address of rank 0's ``ReportDesk`` (a Unix socket of Linux's abstract namespace), for the ranks it starts
-REPORT_DESK_ENV = "MULTIGPU_REPORT_DESK"
+REPORT_DESK_ENV = "TEMPLATE_REPORT_DESK"
 
 
 def report(exception: BaseException) -> int:
