@@ -129,10 +129,12 @@ def collective_failure(exception: BaseException) -> bool:
     return False
 
 
-def attach_collective_report(exception: BaseException, report: str) -> None:
-    """Give a failed collective's exception the report that ``report`` prints instead of its traceback."""
+def attach_collective_report(exception: BaseException, report: str, rank_zero_reports: bool = False) -> None:
+    """Give a failed collective's exception the report that ``report`` prints instead of its traceback;
+    ``rank_zero_reports``: rank 0 waits in a collective too (or reports already), and its report will cover it."""
     with contextlib.suppress(AttributeError):
         exception.collective_report = report  # type: ignore[attr-defined]
+        exception.rank_zero_reports = rank_zero_reports  # type: ignore[attr-defined]
 
 
 def spawned_collective_failure(exception: BaseException) -> bool:

@@ -167,7 +167,8 @@ def add_template_options(parser: LightningArgumentParser) -> None:
         " stuck or dead rank cannot hang the job; for a strategy given by name (ddp, ddp_spawn, fsdp2,"
         " tensor_parallel, and auto with several processes). null leaves Lightning's own default (30 minutes). A"
         " strategy given as a class (class_path, with its init_args) keeps its own timeout. Raise it if rank 0"
-        " alone does long work (a download).",
+        " alone does long work (a download). The ranks' start (until all have joined) waits 30 minutes however"
+        " short this is.",
     )
 
 

@@ -5,43 +5,56 @@ the file system, told by the exception's type, an ``EnvironmentFailure`` (exit s
 processes that timed out or lost its connection, the report of where every rank was
 (``multigpu/callbacks/stack_dumps.py``; exit status ``COLLECTIVE_FAILURE_EXIT_CODE``, 70); any other exception keeps
 its traceback, as every error does under ``JSONARGPARSE_DEBUG=true``.
+
+One process speaks for a run that Lightning's launcher started from it (``ddp`` from one command): rank 0. It opens a
+``ReportDesk`` before the launch, and the ranks it starts hand their report to it instead of printing it. A report
+handed over while rank 0 reports a failure of its own is not printed (an error every rank meets is printed once,
+by rank 0, which stops the others); one that comes first is printed by rank 0, which then stops the other ranks and
+exits with that rank's status; one of a failed collective that rank 0 waits in too is kept until rank 0's own
+report, which covers it. A rank whose rank 0 is gone prints its own. Under srun and torchrun, which start every rank
+themselves, each rank prints its own, prefixed with its rank.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import socket
 import sys
-import time
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
+from multigpu.compat import release_started_processes
 from multigpu.errors import debug_mode, one_paragraph
 from multigpu.failures import collective_failure, collective_failure_message, user_error_of
 
-#: how long a rank other than 0 waits before it reports a user error or a failed collective: rank 0 usually meets
-#: the same error and stops it first (``StopOtherRanksOnError``), reporting alone
-REPORT_GRACE_SECONDS = 2.0
 #: the exit status of a rank whose collective timed out or lost its connection (EX_SOFTWARE): not a bad option (2)
 #: nor a failure of the machine (1), and not requeued
 COLLECTIVE_FAILURE_EXIT_CODE = 70
+#: the address of rank 0's ``ReportDesk`` (a Unix socket of Linux's abstract namespace), for the ranks it starts
+REPORT_DESK_ENV = "TEMPLATE_REPORT_DESK"
 
 
 def report(exception: BaseException) -> int:
     """Print a user error as one paragraph and return the exit status; re-raise anything else."""
     if debug_mode():
         raise exception
+    rank = getattr(rank_zero_only, "rank", 0)
+    prefix = f"(rank {rank}) " if rank else ""
     error = user_error_of(exception)
     if error is not None:
-        rank = getattr(rank_zero_only, "rank", 0)
-        if rank:
-            time.sleep(REPORT_GRACE_SECONDS)
-        print(f"error: {f'(rank {rank}) ' if rank else ''}{error}", file=sys.stderr)
-        return getattr(error, "exit_code", 2)
+        status = getattr(error, "exit_code", 2)
+        say(f"error: {prefix}{error}", status)
+        return status
     if collective_failure(exception):  # the report of where every rank is, not the survivor's 150-line traceback
-        rank = getattr(rank_zero_only, "rank", 0)
-        if rank:
-            time.sleep(REPORT_GRACE_SECONDS)  # a desync fails on rank 0 too: its report and exit status come first
-        print(f"error: {f'(rank {rank}) ' if rank else ''}{collective_failure_message(exception)}", file=sys.stderr)
+        waits = bool(getattr(exception, "rank_zero_reports", False))
+        say(f"error: {prefix}{collective_failure_message(exception)}", COLLECTIVE_FAILURE_EXIT_CODE, waits)
         return COLLECTIVE_FAILURE_EXIT_CODE
     if isinstance(exception, ProcessExitedException):  # a ddp_spawn worker was killed: one line, no traceback
         print(f"stopped: {one_paragraph(str(exception))}", file=sys.stderr)
@@ -54,3 +67,126 @@ def report(exception: BaseException) -> int:
     if origin is not None:  # an error of the user's own code keeps its traceback, headed by where it came from
         print(f"error in {origin}; its traceback follows.", file=sys.stderr, flush=True)
     raise exception
+
+
+def say(text: str, status: int, rank_zero_reports: bool = False) -> None:
+    """Print a report: here, or, in a rank that Lightning's launcher started, by rank 0 (``ReportDesk``), which
+    prints it or its own. ``rank_zero_reports``: rank 0 waits in a collective that will fail too."""
+    address = os.environ.get(REPORT_DESK_ENV)
+    message = {"text": text, "status": status, "rank_zero_reports": rank_zero_reports}
+    if _desk is None and getattr(rank_zero_only, "rank", 0) and address and hand_over(address, message):
+        return
+    speak_for_the_run()
+    print(text, file=sys.stderr, flush=True)
+
+
+def hand_over(address: str, message: dict[str, Any]) -> bool:
+    """Give a report to rank 0's desk at ``address``; True once rank 0 has taken it (printed it, or reports its own
+    failure), False where rank 0 is gone (no desk, or it closed before it answered): this rank prints its own. A
+    report that rank 0's own covers waits here until rank 0, reporting, stops this process."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect("\0" + address)
+        connection.sendall(json.dumps(message).encode() + b"\n")
+        with connection.makefile("rb") as answers:
+            return bool(answers.readline())  # an empty line: the desk closed without an answer
+    return False
+
+
+# -- rank 0: the one process that speaks for the run --------------------------------------------------------------
+
+_lock = threading.Lock()
+_speaking = False  # rank 0 reports a failure of its own: a report handed over now is not printed
+_desk: ReportDesk | None = None
+
+
+def speak_for_the_run(trainer: Any = None) -> None:
+    """From now on this process reports for the run: a report a rank hands over is not printed (rank 0 stops the
+    ranks it started after this). With ``trainer``, those ranks leave Lightning's watch first, whose observer would
+    SIGKILL this process as soon as one of them exits. Blocks for good where rank 0 already prints a rank's report:
+    this process is about to exit with that rank's status."""
+    global _speaking
+    if trainer is not None:
+        release_started_processes(trainer)
+    with _lock:
+        _speaking = True
+
+
+class ReportDesk:
+    """Rank 0's end of the hand-over: a thread that answers the ranks' reports on a Unix socket of the abstract
+    namespace (no file; gone with this process, so that a rank finds no desk where rank 0 is dead).
+
+    Args:
+        trainer: The Trainer whose launcher starts the other ranks.
+        before_exit: What must still happen when this process exits with a rank's status (os._exit runs no
+            ``atexit`` handler): the run directory let go of.
+    """
+
+    def __init__(self, trainer: Any, before_exit: Callable[[], None] = lambda: None) -> None:
+        self.trainer, self.before_exit = trainer, before_exit
+        self.address = f"multigpu-report-{uuid.uuid4().hex}"
+        self.waiting: list[socket.socket] = []  # ranks whose report rank 0's own will cover
+        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.socket.bind("\0" + self.address)
+        self.socket.listen()
+        threading.Thread(target=self._serve, name="report-desk", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._answer, args=(connection,), name="report-desk-rank", daemon=True).start()
+
+    def _answer(self, connection: socket.socket) -> None:
+        try:
+            with connection.makefile("rb") as lines:
+                message = json.loads(lines.readline())
+        except (OSError, ValueError):
+            connection.close()
+            return
+        with _lock:
+            if _speaking:  # rank 0 reports its own failure and stops the ranks
+                self._close(connection, b"rank 0 reports\n")
+            elif message.get("rank_zero_reports"):
+                self.waiting.append(connection)  # rank 0 will fail in its collective too, and report
+            else:  # the run's first failure is that rank's: rank 0 prints it and ends the run with its status
+                # out of Lightning's watch before that rank exits: its observer would SIGKILL this process
+                started = release_started_processes(self.trainer)
+                print(message["text"], file=sys.stderr, flush=True)
+                self._close(connection, b"printed\n")
+                for process in started:
+                    process.kill()
+                self.before_exit()
+                sys.stdout.flush()
+                os._exit(int(message["status"]))
+
+    @staticmethod
+    def _close(connection: socket.socket, answer: bytes) -> None:
+        with contextlib.suppress(OSError):
+            connection.sendall(answer)
+        connection.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)  # wakes the thread in accept
+        self.socket.close()
+        for connection in self.waiting:
+            connection.close()
+
+
+@contextlib.contextmanager
+def report_desk(trainer: Any, before_exit: Callable[[], None] = lambda: None) -> Iterator[ReportDesk]:
+    """Within the block, this process (rank 0, which Lightning's launcher starts the other ranks from) speaks for
+    the run: the ranks it starts hand their reports to its ``ReportDesk`` (its address in ``REPORT_DESK_ENV``,
+    which they inherit)."""
+    global _desk, _speaking
+    desk = _desk = ReportDesk(trainer, before_exit)
+    _speaking = False
+    os.environ[REPORT_DESK_ENV] = desk.address
+    try:
+        yield desk
+    finally:
+        os.environ.pop(REPORT_DESK_ENV, None)
+        desk.close()
+        _desk = None

@@ -8,6 +8,7 @@ fact reads it from ``RunFacts`` (``facts.py``), never from the options again.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from jsonargparse import Namespace
@@ -32,12 +33,18 @@ from multigpu.command import prog
 from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, describe
 from multigpu.facts import RunFacts
 from multigpu.failures import user_error_of
+from multigpu.reporting import report_desk
 from multigpu.run_dir import place_loggers, shared_random_seed
-from multigpu.run_lock import hold_run_dir, this_launch
+from multigpu.run_lock import hold_run_dir, release_run_dir, this_launch
 from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy
 from multigpu.strategies.model_parallel import ClipAcrossMeshes
 from multigpu.strategies.pipeline import PipelineStrategy
-from multigpu.trainer_arguments import checkpoint_plugins, flight_recorder_defaults, strategy_options
+from multigpu.trainer_arguments import (
+    checkpoint_plugins,
+    flight_recorder_defaults,
+    strategy_class,
+    strategy_options,
+)
 
 
 def run_command(cli: LightningCLI) -> None:
@@ -94,7 +101,9 @@ def run_command(cli: LightningCLI) -> None:
     arguments = {"strategy": facts.trainer_strategy} if strategy_settings else {}
     try:
         # a strategy given by name is built from Lightning's registry, which keeps its precision handling
-        with compat.registered_with(arguments.get("strategy"), strategy_settings):
+        with compat.registered_with(
+            arguments.get("strategy"), strategy_settings, strategy_class(arguments.get("strategy"))
+        ):
             cli.trainer = cli.instantiate_trainer(**arguments, **switches, callbacks=callbacks, plugins=plugins)
     except Exception as error:
         raise building_error(error, facts, objects_built=True) from error
@@ -105,8 +114,11 @@ def run_command(cli: LightningCLI) -> None:
     cli.after_instantiate_classes()  # the project's hook
 
     if facts.subcommand is not None:
-        # under ddp_spawn the launching process passes stop signals on to its workers while they train
-        with forward_stop_signals_to_workers(facts.strategy if facts.subcommand == "fit" else None):
+        # under ddp_spawn the launching process passes stop signals on to its workers while they train; under ddp
+        # from one command this process speaks for the ranks it starts (multigpu/reporting.py)
+        speaks = compat.starts_other_ranks(cli.trainer)
+        desk = report_desk(cli.trainer, before_exit=release_run_dir) if speaks else contextlib.nullcontext()
+        with forward_stop_signals_to_workers(facts.strategy if facts.subcommand == "fit" else None), desk:
             compat.run_subcommand(cli)
 
 

@@ -54,6 +54,10 @@ TOKEN_ENV = "TEMPLATE_RUN_LOCK_TOKEN"
 #: how long a takeover's guard file may stand before it counts as left by a process killed while taking over
 GUARD_STALE_S = 30.0
 TAKE_ATTEMPTS = 20
+#: how often a process that waits for another's change of the lock (rank 0 of its launch taking it over, another
+#: run's takeover) looks again: on a shared file system a change made on another host is seen only by looking, as
+#: no lock reaches across hosts on every cluster file system (flock is node-local on some Lustre and NFS mounts)
+LOOK_AGAIN_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -184,15 +188,13 @@ def _take(path: Path, command: str, launch: Launch) -> HeldRunDir:
             why = gone_because(holder, path, launch)
             if why is None:
                 raise ConfigurationError(refusal(path, holder, command))
-            with _takeover_guard(path) as guarded:
-                current = read_lock(path) if guarded else None
+            with _takeover_guard(path):  # after another run's takeover: what it left is read next
+                current = read_lock(path)
                 if current is not None and current[1] == text:  # still the lock judged gone, not a new run's
                     path.unlink()
                     if _create(path, record):
                         notice(f"taking over {path.parent}: its {LOCK_FILE} named {describe(holder)}, gone ({why}).")
                         return _hold(path, token, created)
-                elif not guarded:
-                    time.sleep(0.1)  # another run is taking it over: read what it leaves
         raise ConfigurationError(
             f"--trainer.default_root_dir={path.parent}: {path} changed hands {TAKE_ATTEMPTS} times while this run"
             " tried to take it, so several runs are starting into it at once. Fix: start one run per directory."
@@ -229,20 +231,23 @@ def _create(path: Path, record: Mapping[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def _takeover_guard(path: Path) -> Iterator[bool]:
-    """True while this process alone may replace the lock: two runs that both found it gone must not both take it,
-    nor the second delete the lock the first has just made."""
+def _takeover_guard(path: Path) -> Iterator[None]:
+    """Within the block this process alone may replace the lock: two runs that both found it gone must not both
+    take it, nor the second delete the lock the first has just made. Another run's guard is waited for until that
+    run lets go of it, or, older than ``GUARD_STALE_S``, counts as left by a process killed while taking over."""
     guard = path.with_name(path.name + ".takeover")
+    while True:
+        try:
+            os.close(os.open(guard, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            break
+        except FileExistsError:
+            age = _age(guard)
+            if age is not None and age > GUARD_STALE_S:
+                guard.unlink(missing_ok=True)
+            elif age is not None:
+                time.sleep(LOOK_AGAIN_S)  # until the other run lets go of its guard (a file on a shared file system)
     try:
-        os.close(os.open(guard, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-    except FileExistsError:
-        age = _age(guard)
-        if age is not None and age > GUARD_STALE_S:
-            guard.unlink(missing_ok=True)
-        yield False
-        return
-    try:
-        yield True
+        yield
     finally:
         guard.unlink(missing_ok=True)
 
@@ -262,7 +267,7 @@ def _wait_for_rank_zero(path: Path, command: str, launch: Launch) -> None:
             return
         if time.monotonic() >= deadline:
             raise ConfigurationError(refusal(path, holder, command))
-        time.sleep(0.5)
+        time.sleep(LOOK_AGAIN_S)  # until rank 0 takes the lock over, or the deadline
 
 
 def gone_because(holder: Mapping[str, Any], path: Path, launch: Launch) -> str | None:

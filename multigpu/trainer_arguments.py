@@ -20,6 +20,7 @@ from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.files import with_atomic_io
 from multigpu.compat import optimizer_count, registered_strategy
 from multigpu.facts import RunFacts
+from multigpu.strategies.ddp import DDPStrategy as StartBoundedDDPStrategy
 
 #: a collective that waits longer fails the job: long enough for checkpointing and validation, short enough
 #: that a dead rank does not hold the others for Lightning's default of 30 minutes
@@ -81,6 +82,16 @@ def strategy_options(strategy: Any, seconds: float | None, model: L.LightningMod
     if ddp and "find_unused_parameters" not in init_params and steps_networks_apart(model):
         options["find_unused_parameters"] = True  # a GAN backpropagates one network at a time: some get no grad
     return options
+
+
+def strategy_class(strategy: Any) -> type[Strategy] | None:
+    """The class the engine builds a strategy given by name as, where not the registered one: Lightning's
+    ``DDPStrategy`` (every ``ddp`` name) as the engine's subclass, whose ranks may take longer to start than a
+    collective may wait (``multigpu/strategies/ddp.py``; fsdp2, tensor_parallel and pipeline do so themselves)."""
+    registered = registered_strategy(strategy) if isinstance(strategy, str) else None
+    if registered is not None and registered[0] is DDPStrategy:
+        return StartBoundedDDPStrategy
+    return None
 
 
 def steps_networks_apart(model: L.LightningModule) -> bool:

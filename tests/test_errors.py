@@ -413,6 +413,18 @@ def test_ddp_configuration_error_is_reported_once_without_a_gloo_traceback(tmp_p
     assert seconds < 60
 
 
+@pytest.mark.slow
+def test_a_configuration_error_only_rank_1_meets_is_printed_once_by_rank_0_with_its_exit_status(tmp_path):
+    """Rank 1 hands its paragraph to rank 0, which prints it, stops the ranks and exits with rank 1's status, instead
+    of the connection rank 0 lost in its all-reduce."""
+    failing = ["--model=tests.zoo.stuck.FailingClassifier", "--model.init_args.configuration_error=true"]
+    result, _ = run_cli("fit", *TINY_RUN, *DDP_CPU, f"--trainer.default_root_dir={tmp_path}", *failing)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.count("error: ") == 1, result.stderr[-3000:]
+    assert "error: (rank 1) rank 1's shard is empty. Fix: give every rank samples." in result.stderr
+    assert "Traceback" not in result.stderr and "Connection" not in result.stderr, result.stderr[-3000:]
+
+
 # -- nothing a run writes holds a secret from the environment ---------------------------------------------------
 
 FAKE_SECRETS = {

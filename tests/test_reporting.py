@@ -1,14 +1,20 @@
 """How the command line reports an exception (multigpu/reporting.py): one paragraph and the exit status of its kind;
-an error of the code keeps its traceback. The reports of real runs: tests/test_errors.py."""
+an error of the code keeps its traceback; rank 0 speaks for the ranks it starts (its desk, in a process of its own
+here). The reports of real runs: tests/test_errors.py, tests/callbacks/test_stack_dumps.py."""
 
 from __future__ import annotations
 
 import errno
+import subprocess
+import sys
+import threading
 
 import pytest
 
 from multigpu.errors import DEBUG_ENV, ConfigurationError
-from multigpu.reporting import COLLECTIVE_FAILURE_EXIT_CODE, report
+from multigpu.reporting import COLLECTIVE_FAILURE_EXIT_CODE, hand_over, report
+from tests import prewarmed
+from tests.conftest import REPO, cli_env
 from tests.test_failures import GLOO_TIMEOUT
 
 
@@ -37,3 +43,87 @@ def test_user_errors_are_one_paragraph_with_their_exit_status_and_others_keep_th
     monkeypatch.setenv(DEBUG_ENV, "true")  # every error as a traceback
     with pytest.raises(ValueError):
         report(wrapped)
+
+
+# -- rank 0 speaks for the ranks it starts --------------------------------------------------------------------------
+
+#: rank 0 with its desk open, as under ddp from one command: it says the desk's address, then takes its orders on
+#: stdin ("speak": it reports a failure of its own, and says so; end of input: the desk closes); at an exit with a
+#: rank's status, ``before_exit`` writes the file ``argv[1]``
+RANK_ZERO = """
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from multigpu.reporting import report_desk, speak_for_the_run
+trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=None))
+with report_desk(trainer, before_exit=lambda: Path(sys.argv[1]).write_text("let go")) as desk:
+    print(desk.address, flush=True)
+    for order in sys.stdin:
+        speak_for_the_run()
+        print("speaking", flush=True)
+"""
+
+
+@pytest.fixture
+def rank_zero(tmp_path):
+    process = prewarmed.popen(
+        [sys.executable, "-c", RANK_ZERO, str(tmp_path / "exited")],
+        cwd=REPO,
+        env=cli_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    address = process.stdout.readline().strip()
+    assert address.startswith("multigpu-report-"), process.communicate()[1]
+    yield process, address
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    for pipe in (process.stdin, process.stdout, process.stderr):
+        pipe.close()
+
+
+def ended(process: subprocess.Popen) -> str:
+    """What rank 0 printed on stderr, once it has exited."""
+    if not process.stdin.closed:
+        process.stdin.close()
+    stderr = process.stderr.read()  # to its end: the process has exited
+    process.wait(timeout=60)
+    return stderr
+
+
+def test_a_rank_whose_failure_comes_first_is_reported_by_rank_0_which_exits_with_its_status(rank_zero, tmp_path):
+    process, address = rank_zero
+    assert hand_over(address, {"text": "error: (rank 1) --data.x=1 is wrong. Fix: y.", "status": 2}) is True
+    stderr = ended(process)
+    assert process.returncode == 2 and stderr == "error: (rank 1) --data.x=1 is wrong. Fix: y.\n"
+    assert (tmp_path / "exited").read_text() == "let go"  # the run directory's lock, where a run holds one
+
+
+def test_a_rank_reports_nothing_while_rank_0_reports_its_own_failure(rank_zero):
+    process, address = rank_zero
+    process.stdin.write("speak\n")
+    process.stdin.flush()
+    assert process.stdout.readline() == "speaking\n"
+    assert hand_over(address, {"text": "error: (rank 1) the same error", "status": 2}) is True  # taken, not printed
+    stderr = ended(process)
+    assert process.returncode == 0 and stderr == ""
+
+
+def test_a_report_that_rank_0s_covers_waits_for_it_and_a_rank_whose_rank_0_is_gone_reports_itself(rank_zero):
+    process, address = rank_zero
+    answered: list[bool] = []
+    waiting = threading.Thread(target=lambda: answered.append(hand_over(address, COVERED)))
+    waiting.start()
+    assert waiting.is_alive()  # no answer: rank 0 fails in its collective too, reports, and stops this rank
+    process.stdin.close()  # here the desk closes instead: this rank hears that nobody reports for it
+    waiting.join(timeout=60)
+    assert answered == [False]
+    stderr = ended(process)
+    assert process.returncode == 0 and stderr == ""
+    assert hand_over(address, {"text": "error: (rank 1) x", "status": 2}) is False  # no desk: rank 0 is gone
+
+
+COVERED = {"text": "error: (rank 1) a collective failed on rank 1", "status": 70, "rank_zero_reports": True}

@@ -130,6 +130,46 @@ def test_a_lock_whose_process_is_gone_is_taken_over_with_a_note(tmp_path, capsys
     assert "is another program now, started after the lock was taken" in capsys.readouterr().err
 
 
+#: a run that takes its run directory once told to go (every run at once), and holds it until its input closes
+TAKER = """
+import sys
+from multigpu.errors import ConfigurationError
+from multigpu.run_lock import hold_run_dir
+print("ready", flush=True)
+sys.stdin.readline()
+try:
+    hold_run_dir(sys.argv[1], "fit")
+    print("held", flush=True)
+except ConfigurationError:
+    print("refused", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_runs_taking_over_one_gone_lock_at_once_leave_it_to_one_of_them(tmp_path):
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    path = locked(tmp_path / "run", holder(pid=ended.pid))
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    command = [sys.executable, "-c", TAKER, str(tmp_path / "run")]
+    runs = [prewarmed.popen(command, cwd=REPO, env=cli_env(), **pipes) for _ in range(4)]
+    for run in runs:
+        assert run.stdout.readline() == "ready\n"
+    for run in runs:  # all together: each finds the lock gone, and they take it over at the same time
+        run.stdin.write("go\n")
+        run.stdin.flush()
+    outcomes = [run.stdout.readline().strip() for run in runs]
+    assert sorted(outcomes) == ["held", "refused", "refused", "refused"]
+    assert read_lock(path)[0]["pid"] == runs[outcomes.index("held")].pid
+    notes = []
+    for run in runs:
+        run.stdin.close()
+        notes.append(run.stderr.read())
+        assert run.wait(timeout=60) == 0
+    assert sum("note: taking over" in note for note in notes) == 1
+    assert sorted(p.name for p in path.parent.iterdir()) == []  # the lock went with its run; no guard is left
+
+
 def test_a_lock_from_another_host_is_taken_over_only_without_heartbeat(tmp_path, monkeypatch, capsys):
     elsewhere = holder(host="node-elsewhere", machine="another boot", pid=4242)
     path = locked(tmp_path / "run", elsewhere, age_s=2)

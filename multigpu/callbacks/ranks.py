@@ -24,6 +24,7 @@ from torch import nn
 from multigpu.compat import release_started_processes
 from multigpu.errors import TrainingStopped
 from multigpu.processes import wait_for_exit
+from multigpu.reporting import speak_for_the_run
 
 # -- ddp_spawn: private metric states ----------------------------------------------------------------------------------
 
@@ -82,8 +83,10 @@ class StopOtherRanksOnError(L.Callback):
             # (their shards and logs), and exit after them, so the job's status is this one's
             atexit.register(wait_for_exit, release_started_processes(trainer), STOPPED_RANKS_GRACE_S)
             return
-        # out of Lightning's watch first: its observer thread SIGKILLs this process when one of them exits on the
+        # this process reports for the run (a report a rank hands over from now on is not printed), and the ranks
+        # leave Lightning's watch first: its observer thread SIGKILLs this process when one of them exits on the
         # signal, which can come before this process reports and exits with its own status
+        speak_for_the_run(trainer)
         for process in release_started_processes(trainer):
             process.kill()
 

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,14 +41,16 @@ from multigpu.callbacks.hang_report import (
     latest_main_stack,
     user_frame,
 )
-from multigpu.compat import release_started_processes
 from multigpu.errors import TrainingStopped, describe, one_paragraph
 from multigpu.failures import attach_collective_report, collective_failure, spawned_collective_failure
+from multigpu.reporting import speak_for_the_run
 
 #: the signal every rank dumps its stacks on (SIGUSR1 is the preemption notice)
 DUMP_SIGNAL = signal.SIGUSR2
-#: how long the reporting rank waits for the other ranks' dumps after signalling them
+#: how long the reporting rank waits at most for the other ranks' dumps after signalling them
 DUMP_WAIT_S = 2.0
+#: how often a wait for the dumps looks at the stack files and at the signalled processes in ``/proc``
+POLL_S = 0.01
 #: how often the daemon thread may rewrite ``rank-<N>.json`` (only when the step or phase changed, or to show
 #: the rank is alive every ``HEARTBEAT_S``)
 STATE_EVERY_S = 1.0
@@ -55,6 +58,8 @@ HEARTBEAT_S = 30.0
 STACKS_DIR = "stacks"
 #: the phase of a rank whose collective failed, while it reports
 FAILED = "failed in a collective"
+#: the phase of a rank whose training ended (it answers the dump signal no more)
+FINISHED = "finished"
 
 
 # -- the files of a run ---------------------------------------------------------------------------------------------
@@ -74,12 +79,14 @@ def run_dir_of(trainer: L.Trainer) -> Path:
 
 def process_start(pid: int) -> str | None:
     """When a process started (``/proc/<pid>/stat``), to tell a live rank from a later process with its pid;
-    None where unknown (no such process, no ``/proc``)."""
+    None where unknown (no such process, no ``/proc``) or where it runs no more (killed, and not yet reaped by its
+    parent: a zombie answers no signal)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[-1].split()[19]  # field 22, counted after the command name
+    fields = stat.rsplit(")", 1)[-1].split()  # field 3 on, counted after the command name
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def read_states(folder: Path) -> dict[int, dict[str, Any]]:
@@ -100,36 +107,101 @@ def alive_here(state: dict[str, Any]) -> bool:
     return started is not None and started == state.get("started")
 
 
-def signal_ranks(folder: Path, states: dict[int, dict[str, Any]], skip: int | None = None) -> dict[int, int]:
-    """Send the dump signal to every live rank of this host but ``skip``; return the size each one's stack file
-    had before, by rank, to read its new dump from."""
-    signalled: dict[int, int] = {}
+@dataclass(frozen=True)
+class DumpMark:
+    """A live rank's process and the size of its stack file before a dump: its dump is what follows."""
+
+    pid: int
+    size: int
+
+
+def dump_marks(folder: Path, states: dict[int, dict[str, Any]], skip: int | None = None) -> dict[int, DumpMark]:
+    """Where the next dump of every live rank of this host but ``skip`` begins, by rank."""
+    marks: dict[int, DumpMark] = {}
     for rank, state in states.items():
-        if rank == skip or not alive_here(state):
-            continue
-        path = folder / f"rank-{rank}.txt"
-        size = path.stat().st_size if path.is_file() else 0
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(int(state["pid"]), DUMP_SIGNAL)
-            signalled[rank] = size
-    return signalled
-
-
-def wait_for_dumps(folder: Path, signalled: dict[int, int], timeout_s: float = DUMP_WAIT_S) -> dict[int, str]:
-    """The text each signalled rank appended to its stack file, waiting up to ``timeout_s`` for all of them."""
-    deadline = time.monotonic() + timeout_s
-    grown: dict[int, str] = {}
-    while True:
-        for rank, size in signalled.items():
+        if rank != skip and alive_here(state):
             path = folder / f"rank-{rank}.txt"
-            if rank not in grown and path.is_file() and path.stat().st_size > size:
-                time.sleep(0.1)  # the handler writes frame by frame: let it finish
-                with open(path) as handle:
-                    handle.seek(size)
-                    grown[rank] = handle.read()
-        if len(grown) == len(signalled) or time.monotonic() > deadline:
-            return grown
-        time.sleep(0.05)
+            marks[rank] = DumpMark(int(state["pid"]), path.stat().st_size if path.is_file() else 0)
+    return marks
+
+
+def signal_ranks(folder: Path, states: dict[int, dict[str, Any]], skip: int | None = None) -> dict[int, DumpMark]:
+    """Send the dump signal to every live rank of this host but ``skip``; return the marks of those signalled."""
+    marks = dump_marks(folder, states, skip)
+    for rank, mark in list(marks.items()):
+        try:
+            os.kill(mark.pid, DUMP_SIGNAL)
+        except (ProcessLookupError, PermissionError):
+            del marks[rank]
+    return marks
+
+
+def _signal_masks(status: Path) -> dict[str, int]:
+    """The signal sets of a ``/proc`` status file (``SigPnd``, ``ShdPnd``, ``SigBlk``, ``SigIgn``), as integers."""
+    masks = {}
+    for line in status.read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("SigPnd", "ShdPnd", "SigBlk", "SigIgn"):
+            masks[name] = int(value.strip(), 16)
+    return masks
+
+
+def dump_state(pid: int) -> str:
+    """Where a process stands with the dump signal: ``"ignored"`` (it will never dump), ``"busy"`` (the signal is
+    pending, or its handler is writing: the kernel blocks a signal in the thread that runs its handler, and
+    faulthandler's handler is registered without ``SA_NODEFER``), else ``"done"`` (also where ``/proc`` cannot tell:
+    the process is gone)."""
+    bit = 1 << (DUMP_SIGNAL - 1)
+    try:
+        process = _signal_masks(Path(f"/proc/{pid}/status"))
+        threads = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return "done"
+    if process.get("SigIgn", 0) & bit:
+        return "ignored"
+    busy = process.get("ShdPnd", 0) & bit
+    for thread in threads:  # after the process's pending set: a signal it held moves to a thread, never back
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            masks = _signal_masks(thread / "status")
+            busy |= (masks.get("SigPnd", 0) | masks.get("SigBlk", 0)) & bit
+    return "busy" if busy else "done"
+
+
+def wait_for_dumps(folder: Path, marks: dict[int, DumpMark], timeout_s: float = DUMP_WAIT_S) -> dict[int, str]:
+    """The dump each rank of ``marks`` appended to its stack file, each read once it is whole: the file grew, then
+    the rank's process neither holds the signal nor runs its handler, and the file did not grow meanwhile. A rank
+    that ignores the signal dumps nothing: it reports a failed collective itself, or has finished, and is waited for
+    until its state file says so (its own stack is then in its stack file). Up to ``timeout_s`` in all: a failure
+    bound, for a rank that never answers."""
+    deadline = time.monotonic() + timeout_s
+    dumps: dict[int, str] = {}
+    waiting = dict(marks)
+    while waiting:
+        for rank, mark in list(waiting.items()):
+            path = folder / f"rank-{rank}.txt"
+            size = path.stat().st_size if path.is_file() else 0
+            state = dump_state(mark.pid)
+            if state == "ignored":
+                if _phase(folder, rank) in (FAILED, FINISHED):  # written after its own stack, and after the
+                    del waiting[rank]  # signal was ignored: a reader's next look finds its stack of record
+            elif size > mark.size and state == "done" and path.stat().st_size == size:
+                with open(path, "rb") as handle:
+                    handle.seek(mark.size)
+                    dumps[rank] = handle.read(size - mark.size).decode(errors="replace")
+                del waiting[rank]
+        if waiting and time.monotonic() > deadline:
+            break
+        if waiting:
+            time.sleep(POLL_S)  # the next look at the files and /proc; the deadline bounds a rank that never answers
+    return dumps
+
+
+def _phase(folder: Path, rank: int) -> str | None:
+    """The phase a rank's state file says, or None (no file yet, or one being replaced)."""
+    try:
+        return json.loads((folder / f"rank-{rank}.json").read_text()).get("phase")
+    except (OSError, ValueError):
+        return None
 
 
 def failure_file(folder: Path, rank: int) -> Path:
@@ -255,14 +327,14 @@ class StackDumps(Callback):
             if not isinstance(exception, TrainingStopped):  # an agreed stop is no failure
                 record_failure(self.folder, self.rank, exception)
             return
-        self.phase = FAILED
-        # the ranks this process started leave Lightning's watch: its observer thread would SIGKILL this process as
-        # soon as one of them exits, and in a desync the other side fails too and may end its report first
-        # (StopOtherRanksOnError, after this callback, still stops them)
-        release_started_processes(trainer)
+        # this process reports for the run from here on (a rank's report handed over to it meanwhile is not printed),
+        # and the ranks it started leave Lightning's watch: its observer thread would SIGKILL this process as soon as
+        # one of them exits (StopOtherRanksOnError, after this callback, still stops them)
+        speak_for_the_run(trainer)
         others = [rank for rank in range(trainer.world_size) if rank != self.rank]
         failure = first_failure(self.folder, others, since=self._since)
         if failure is not None:  # another rank raised: its error is the one to read, not this rank's lost peer
+            self.phase = FAILED
             collective = collective_of(frames_of_traceback(exception.__traceback__))
             attach_collective_report(exception, first_failure_report(self.rank, collective, failure))
             return
@@ -275,6 +347,8 @@ class StackDumps(Callback):
         if self._file is not None:
             self._file.write(format_stack(own))
             self._file.flush()
+        # said once its own stack is in its file (and the signal ignored): a rank that reads this phase reads that
+        self.phase = FAILED
         self._write_state()
         states = read_states(self.folder)
         reporting = {rank for rank, state in states.items() if state.get("phase") == FAILED and rank != self.rank}
@@ -302,7 +376,12 @@ class StackDumps(Callback):
                 view.missing = f"it did not answer {DUMP_SIGNAL.name} within {DUMP_WAIT_S:g} s"
             views.append(view)
         text = hang_report(self.rank, describe(exception), sorted(views, key=lambda v: v.rank), self.folder)
-        attach_collective_report(exception, text)  # multigpu/reporting.py prints it
+        # rank 0 failing in a collective too reports the same hang, from its side: this rank's report is kept
+        zero = next((view for view in views if view.rank == 0 and view.rank != self.rank), None)
+        waits = zero is not None and (
+            zero.state.get("phase") == FAILED or (zero.frames is not None and collective_of(zero.frames) is not None)
+        )
+        attach_collective_report(exception, text, rank_zero_reports=waits)  # multigpu/reporting.py prints it
         # a rank stuck in its own code never times out: under srun (which leaves the other tasks running when one
         # fails) it would hold the job until its time limit; its stacks are taken, so end it (this host only)
         stuck = [
@@ -339,7 +418,7 @@ class StackDumps(Callback):
             self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.phase = "finished"
+        self.phase = FINISHED
         self._write_state()
         faulthandler.unregister(DUMP_SIGNAL)
         faulthandler.unregister(signal.SIGTERM)  # where registered; puts back the handler it chained to

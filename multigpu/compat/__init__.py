@@ -200,16 +200,18 @@ def registered_strategy(name: str) -> tuple[type[Strategy], dict[str, Any]] | No
 
 
 @contextlib.contextmanager
-def registered_with(name: Any, options: dict[str, Any]) -> Iterator[None]:
-    """Within the block, ``Trainer(strategy=name)`` builds that strategy with ``options`` too. Given by name, a
-    strategy is built from the registry, and Lightning checks the precision of a strategy object only (given as
-    one, fsdp2 and tensor_parallel would lose ``64-true``); the registry is global, so the entry is put back."""
+def registered_with(name: Any, options: dict[str, Any], strategy_class: type | None = None) -> Iterator[None]:
+    """Within the block, ``Trainer(strategy=name)`` builds that strategy with ``options`` too, and as
+    ``strategy_class`` where given (a subclass of the registered class). Given by name, a strategy is built from the
+    registry, and Lightning checks the precision of a strategy object only (given as one, fsdp2 and tensor_parallel
+    would lose ``64-true``); the registry is global, so the entry is put back."""
     if not options:
         yield
         return
     entry = StrategyRegistry[name]
     params = {**entry["init_params"], **options}
-    StrategyRegistry.register(name, entry["strategy"], entry["description"], override=True, **params)
+    built = strategy_class or entry["strategy"]
+    StrategyRegistry.register(name, built, entry["description"], override=True, **params)
     try:
         yield
     finally:
@@ -232,6 +234,17 @@ def release_started_processes(trainer: L.Trainer) -> list[subprocess.Popen]:
     return list(released)
 
 
+def starts_other_ranks(trainer: L.Trainer) -> bool:
+    """Whether this process starts the run's other ranks itself, as Lightning's launcher of ``ddp`` from one command
+    does (no srun or torchrun started them): its launcher class is private."""
+    launcher = trainer.strategy.launcher
+    return (
+        isinstance(launcher, _SubprocessScriptLauncher)
+        and not launcher.cluster_environment.creates_processes_externally
+        and launcher.num_processes > 1
+    )
+
+
 def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:
     """Set a ``ModelParallelStrategy``'s mesh sizes once the world size is known (its ``__init__`` takes them
     before the processes exist, and its ``"auto"`` puts the processes of a node on the tensor-parallel side)."""
@@ -250,6 +263,28 @@ def collective_timeout(strategy: Any) -> timedelta | None:
     """How long a ``DDPStrategy``'s or ``ModelParallelStrategy``'s collectives wait: the timeout each creates its
     process group with, which neither exposes publicly (both keep it in ``_timeout``)."""
     return strategy._timeout
+
+
+@contextlib.contextmanager
+def ranks_join_within(strategy: Any, start: timedelta) -> Iterator[None]:
+    """Within the block (the strategy's ``setup_environment``, which creates the process group), the ranks may take
+    up to ``start`` to join, however short the strategy's collective timeout; after it, the default group's
+    collectives wait that timeout. ``DDPStrategy`` and ``ModelParallelStrategy`` pass their ``_timeout`` to
+    ``init_process_group``, whose rendezvous waits as long as its collectives; torch sets a group's collective
+    timeout apart only through ``_set_pg_timeout``."""
+    collective = strategy._timeout
+    if collective is None or collective >= start or torch.distributed.is_initialized():
+        yield  # nothing to widen, or a process group this block does not create
+        return
+    strategy._timeout = start
+    try:
+        yield
+    finally:
+        strategy._timeout = collective
+    if torch.distributed.is_initialized():
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(collective)
 
 
 def available_flops(device: torch.device, dtype: torch.dtype | str) -> float | None:

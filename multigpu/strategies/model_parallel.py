@@ -55,8 +55,9 @@ from multigpu.checkpoints.sharded import (
     staging_path,
     write_shards,
 )
-from multigpu.compat import collective_timeout, overrides_hook, set_mesh_sizes
+from multigpu.compat import collective_timeout, overrides_hook, ranks_join_within, set_mesh_sizes
 from multigpu.errors import ConfigurationError
+from multigpu.strategies.ddp import START_TIMEOUT
 from multigpu.strategies.sharding import DefaultShardingPolicy
 
 if TYPE_CHECKING:
@@ -120,10 +121,15 @@ class ClipAcrossMeshes(Callback):
 
 
 class _ModelParallelMixin:
-    """What the two strategies share: gradient clipping across device meshes, atomic sharded checkpoints read
-    without running code."""
+    """What the two strategies share: the ranks' start bounded apart from the collectives, gradient clipping across
+    device meshes, atomic sharded checkpoints read without running code."""
 
     sharded_checkpoints: bool
+
+    def setup_environment(self) -> None:
+        """Create the process group, waiting up to ``START_TIMEOUT`` for the ranks to join (``ddp.py``)."""
+        with ranks_join_within(self, START_TIMEOUT):
+            super().setup_environment()  # type: ignore[misc]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """Write the shards into a staging folder, then move it over the old checkpoint

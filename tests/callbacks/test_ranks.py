@@ -130,7 +130,7 @@ class FailAtStep(L.Callback):
 @pytest.mark.parametrize(
     ("strategy", "rank", "how"),
     # rank 1 raising under ddp: test_the_rank_that_raised_first_is_the_error_read_last (test_stack_dumps.py)
-    [("ddp", 0, "raise"), ("ddp", 1, "kill"), ("ddp_spawn", 1, "raise")],
+    [("ddp", 0, "raise"), ("ddp", 1, "kill"), ("ddp", 0, "kill"), ("ddp_spawn", 1, "raise")],
 )
 def test_a_failing_rank_stops_every_process_promptly(tmp_path, strategy, rank, how):
     result, seconds = run_cli(
@@ -158,6 +158,10 @@ def test_a_failing_rank_stops_every_process_promptly(tmp_path, strategy, rank, h
     others = result.stderr.count("Traceback") - (how == "raise")
     assert others == 0 or (others == 1 and "remote worker" in result.stderr), result.stderr
     assert result.stderr.count("stopped: ") <= 1, result.stderr
+    if (strategy, rank, how) == ("ddp", 0, "kill"):  # rank 0, which speaks for the others, is gone: rank 1 reports
+        assert result.returncode == -signal.SIGKILL
+        assert "error: (rank 1) a collective failed on rank 1 (" in result.stderr, result.stderr
+        assert "Rank 0 sent no stack (its process is gone" in result.stderr, result.stderr
 
 
 # -- exit: the process group destroyed ---------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.strategies import ModelParallelStrategy, SingleDeviceStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy, StrategyRegistry
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -550,10 +550,23 @@ def test_model_parallel_strategy_creates_its_process_group_and_mesh_with_what_co
 
 
 def test_collective_timeout_is_the_timeout_a_strategy_was_built_with():
-    from lightning.pytorch.strategies import DDPStrategy
-
     for strategy_class in (DDPStrategy, ModelParallelStrategy):
         assert compat.collective_timeout(strategy_class(timeout=timedelta(seconds=12))) == timedelta(seconds=12)
+
+
+def test_a_strategys_ranks_join_within_the_start_bound_and_its_collectives_wait_its_timeout():
+    start = timedelta(minutes=30)
+    for timeout in (timedelta(seconds=5), timedelta(hours=2)):  # shorter than the start bound, and longer
+        strategy = DDPStrategy(timeout=timeout)
+        L.Trainer(accelerator="cpu", strategy=strategy, devices=1, logger=False)
+        try:
+            with compat.ranks_join_within(strategy, start):
+                strategy.setup_environment()  # Lightning's init_process_group, with its real rendezvous
+            assert dist.distributed_c10d._get_default_store().timeout == max(start, timeout)
+            assert dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout == timeout
+            assert compat.collective_timeout(strategy) == timeout
+        finally:
+            dist.destroy_process_group()
 
 
 def test_a_strategy_registered_with_options_builds_with_them_inside_the_block_only():
@@ -562,6 +575,14 @@ def test_a_strategy_registered_with_options_builds_with_them_inside_the_block_on
         built = L.Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False).strategy
         assert compat.collective_timeout(built) == timedelta(seconds=7)
     assert compat.registered_strategy("ddp") == plain
+    with compat.registered_with("ddp", {"timeout": timedelta(seconds=7)}, RecordingDDP):
+        built = L.Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False).strategy
+        assert type(built) is RecordingDDP and compat.collective_timeout(built) == timedelta(seconds=7)
+    assert compat.registered_strategy("ddp") == plain
+
+
+class RecordingDDP(DDPStrategy):
+    """Test-only: a subclass of the class ``ddp`` names, built in its place."""
 
 
 class RecordingDataParallel(DataParallelStrategy):
@@ -775,8 +796,9 @@ def test_wrapped_stage_work_brackets_each_forward_and_backward_a_schedule_runs_o
 
 # -- the seam: nothing else in multigpu/ or src/ reaches into a library's internals ------------------------------
 
-#: names of the Python standard library's documented API that start with an underscore (namedtuple's)
-PUBLIC_UNDERSCORE_NAMES = {"_make", "_fields", "_asdict", "_replace"}
+#: names of the Python standard library's documented API that start with an underscore (namedtuple's, and
+#: ``os._exit``)
+PUBLIC_UNDERSCORE_NAMES = {"_make", "_fields", "_asdict", "_replace", "_exit"}
 #: the Trainer's loops: their classes are private, and so is everything the template reads or changes in them
 LOOPS = {"fit_loop", "epoch_loop", "validate_loop", "test_loop", "predict_loop"}
 #: a private module of the libraries, spelled in a string (a ``warnings`` filter's pattern, an import path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from multigpu.errors import ConfigurationError
 from tests.fixtures.workload import TinyClassifier
 
 
@@ -44,20 +45,23 @@ class SleepyClassifier(TinyClassifier):
 
 class FailingClassifier(TinyClassifier):
     """``TinyClassifier`` whose ``training_step`` raises on rank ``rank`` at optimizer step ``fail_at_step``, as a
-    bug met by one rank only (its data, its branch) does.
+    bug met by one rank only (its data, its branch) does, or a bad input only that rank reads.
 
     Args:
         rank: The rank that raises.
         fail_at_step: The optimizer step at which it raises.
+        configuration_error: Raise a ``ConfigurationError`` (one paragraph, exit status 2) instead of a bug's error.
         **kwargs: ``TinyClassifier``'s.
     """
 
-    def __init__(self, rank: int = 1, fail_at_step: int = 3, **kwargs: Any) -> None:
+    def __init__(self, rank: int = 1, fail_at_step: int = 3, configuration_error: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.rank, self.fail_at_step = rank, fail_at_step
+        self.rank, self.fail_at_step, self.configuration_error = rank, fail_at_step, configuration_error
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         if self.global_rank == self.rank and self.global_step == self.fail_at_step:
+            if self.configuration_error:
+                raise ConfigurationError(f"rank {self.rank}'s shard is empty. Fix: give every rank samples.")
             raise ValueError(f"a sample of rank {self.rank} has no label")  # FAILS HERE
         return super().training_step(batch, batch_idx)
 
