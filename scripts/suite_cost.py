@@ -10,9 +10,11 @@ Runs pytest with this file as a plugin (``-p suite_cost``) and, for the run only
 interpreter and is counted as forked. A test's CPU-seconds are those of its pytest worker and of all the worker's
 descendants from the test's setup to its teardown: the worker's own, its reaped children's
 (``RUSAGE_CHILDREN``), and those of the children still alive (the prewarmed server, with the commands it forked
-and reaped). Not counted: processes that outlive their test (counted where they end, if their parent reaps them),
-and processes that do not descend from pytest, such as SLURM's jobs (their interpreters are counted, their CPU is
-not). An interpreter started with another ``PYTHONPATH`` or ``-S``/``-I`` is not seen.
+and reaped); and those of the interpreters that do not descend from pytest (SLURM's jobs), each logged when it
+exits. Not counted: an interpreter that does not descend from pytest and is killed, the programs other than
+Python that such an interpreter does not start, and a process that outlives its test (counted where it ends, if
+its parent reaps it). An interpreter started with another ``PYTHONPATH`` (the template tests' projects) or with
+``-S``/``-I`` is not seen.
 """
 
 from __future__ import annotations
@@ -27,26 +29,41 @@ from pathlib import Path
 
 import pytest
 
-LOG = "SUITE_COST_LOG"
-SITECUSTOMIZE = f"""\
-import os
+LOG, PYTEST = "SUITE_COST_LOG", "SUITE_COST_PYTEST"
+SITECUSTOMIZE = """\
+import atexit, os, resource
 
-try:
+
+def log(kind, value):
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
-    log = os.open(os.environ["{LOG}"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    os.write(log, f"{{test}}\\tfresh\\t1\\n".encode())
-    os.close(log)
-except (KeyError, OSError):
-    pass
+    try:
+        with open(os.environ["SUITE_COST_LOG"], "a") as file:  # one short write: every line stays whole
+            file.write(f"{test}\\t{kind}\\t{value}\\n")
+    except OSError:  # a process of another user (a SLURM job's) prints nothing about it
+        pass
+
+
+def beside_pytest():
+    \"\"\"At exit: the CPU of an interpreter that pytest's processes do not reap (a SLURM job's).\"\"\"
+    pid = os.getpid()
+    while pid > 1 and str(pid) != os.environ.get("SUITE_COST_PYTEST"):
+        with open(f"/proc/{pid}/stat") as stat:
+            pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+    if pid <= 1:
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        log("beside", used.ru_utime + used.ru_stime)
+
+
+if "SUITE_COST_LOG" in os.environ:
+    log("fresh", 1)
+    atexit.register(beside_pytest)
 """
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _log(test: str, kind: str, value: float = 1) -> None:
-    # one write to a file opened for appending: the lines of all processes do not mix
-    log = os.open(os.environ[LOG], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    os.write(log, f"{test}\t{kind}\t{value}\n".encode())
-    os.close(log)
+    with open(os.environ[LOG], "a") as file:
+        file.write(f"{test}\t{kind}\t{value}\n")
 
 
 def _cpu_seconds() -> float:
@@ -66,6 +83,10 @@ def _cpu_seconds() -> float:
 
 
 # --- the plugin, in each pytest process ----------------------------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ[PYTEST] = str(os.getpid())  # the interpreters below this process are counted by the one above
 
 
 @pytest.hookimpl(wrapper=True)
@@ -95,7 +116,8 @@ def _count_forks() -> None:
 # --- the command -----------------------------------------------------------------------------------------------
 
 
-def report(log: Path, total_cpu: float) -> None:
+def report(log: Path, pytest_cpu: float) -> None:
+    """The table: ``pytest_cpu`` is that of pytest and all it reaped; what no test's CPU holds is outside tests."""
     outside = "(outside tests: pytest and its workers starting, collecting)"
     rows: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     tests: dict[str, set[str]] = defaultdict(set)
@@ -104,17 +126,16 @@ def report(log: Path, total_cpu: float) -> None:
         file = test.split("::")[0] or outside
         rows[file][kind] += float(value)
         tests[file].add(test)
-    rows[outside]["cpu"] += total_cpu - sum(row["cpu"] for row in rows.values())
+    rows[outside]["cpu"] += pytest_cpu - sum(row["cpu"] for row in rows.values())
     tests[outside] = set()
+    for row in rows.values():
+        row["cpu"] += row["beside"]
+    total = {kind: sum(row[kind] for row in rows.values()) for kind in ("fresh", "forked", "cpu")}
     width = max(len(file) for file in rows)
     print(f"\n{'test file':<{width}}  {'tests':>5}  {'fresh':>5}  {'forked':>6}  {'CPU-s':>7}")
-    for file, row in [*sorted(rows.items(), key=lambda item: -item[1]["cpu"]), ("total", _sum(rows))]:
+    for file, row in [*sorted(rows.items(), key=lambda item: -item[1]["cpu"]), ("total", total)]:
         count = len(tests[file]) if file != "total" else sum(len(names) for names in tests.values())
         print(f"{file:<{width}}  {count:>5}  {row['fresh']:>5.0f}  {row['forked']:>6.0f}  {row['cpu']:>7.1f}")
-
-
-def _sum(rows: dict[str, dict[str, float]]) -> dict[str, float]:
-    return {kind: sum(row[kind] for row in rows.values()) for kind in ("fresh", "forked", "cpu")}
 
 
 def main() -> int:
