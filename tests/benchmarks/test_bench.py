@@ -137,7 +137,8 @@ def _run(step_ms: float, loss: float, state_mb: float | None = 1.0) -> dict:
     }
 
 
-def test_report_splits_the_overhead_into_lightnings_and_the_templates(tmp_path):
+def _quick_results() -> dict:
+    """The results of a quick benchmark: the template, bare Lightning and plain PyTorch, one device and ddp."""
     rows = {
         Row("image", "single", 1, "32-true", 8): [_run(7.5, 2.0)],
         Row("image", "bare-lightning", 1, "32-true", 8): [_run(7.0, 2.0)],
@@ -146,19 +147,22 @@ def test_report_splits_the_overhead_into_lightnings_and_the_templates(tmp_path):
         Row("image", "bare-lightning-ddp", 2, "32-true", 8): [_run(4.2, 2.0)],
         Row("image", "plain-ddp", 2, "32-true", 8): [_run(3.9, 2.0)],
     }
-    table = build_table(rows, "cpu", {"image": {}}, {})
-    template, bare, plain, ddp = table[:4]
+    return {
+        "environment": environment("python -m benchmarks --quick"),
+        "settings": {"accelerator": "cpu", "threads": 1, "warmup": 1, "steps": 4, "repeats": 1, "quick": True},
+        "rows": build_table(rows, "cpu", {"image": {}}, {}),
+        "startup": {"cli_help_s": 3.0, "import_lightning_s": 2.5, "help_vs_import": 1.2, "repeats": 3},
+    }
+
+
+def test_report_splits_the_overhead_into_lightnings_and_the_templates(tmp_path):
+    results = _quick_results()
+    template, bare, plain, ddp = results["rows"][:4]
     assert template["overhead_ms_per_step"] == pytest.approx(1.5)  # Lightning's and the template's
     assert template["overhead_vs_bare_ms_per_step"] == pytest.approx(0.5)  # the template's own
     assert bare["overhead_ms_per_step"] == pytest.approx(1.0)  # Lightning's own
     assert bare["overhead_vs_bare_ms_per_step"] is None and plain["overhead_ms_per_step"] is None
     assert template["same_loss_as_bare"] and template["same_loss_as_plain"]
-    results = {
-        "environment": environment("python -m benchmarks --quick"),
-        "settings": {"accelerator": "cpu", "threads": 1, "warmup": 1, "steps": 4, "repeats": 1, "quick": True},
-        "rows": table,
-        "startup": {"cli_help_s": 3.0, "import_lightning_s": 2.5, "help_vs_import": 1.2, "repeats": 3},
-    }
     report = markdown(results)
     assert "image 32-true b8 template, 1 device x1: the template over bare Lightning +0.50 ms/step (+7.1%" in report
     assert "the template's loop over the plain loop +1.50 ms/step (+25.0%" in report
@@ -167,7 +171,14 @@ def test_report_splits_the_overhead_into_lightnings_and_the_templates(tmp_path):
     assert ddp["bare_key"] == "image-bare-lightning-ddp-2dev-32-true-b8" and ddp["per_process_batch"] == 4
     assert "target" not in report.lower()  # the project's targets are stated in docs/benchmarks.md, not here
 
-    written = write_all(tmp_path, results)  # the JSON, CSV, report and both plots (matplotlib: a dev dependency)
+    written = write_all(tmp_path, results, plots=False)  # the plots: the next test
+    assert [path.name for path in written] == ["results.json", "results.csv", "results.md"]
+    assert json.loads(written[0].read_text())["rows"][3]["key"] == "image-ddp-2dev-32-true-b8"
+
+
+def test_the_results_are_written_with_both_plots(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plots need matplotlib: pip install -e .[bench]")
+    written = write_all(tmp_path, _quick_results())
     assert [path.name for path in written] == [
         "results.json",
         "results.csv",
@@ -176,7 +187,6 @@ def test_report_splits_the_overhead_into_lightnings_and_the_templates(tmp_path):
         "lightning_vs_plain.png",
     ]
     assert all(path.read_bytes()[:4] == b"\x89PNG" for path in written[3:])
-    assert json.loads(written[0].read_text())["rows"][3]["key"] == "image-ddp-2dev-32-true-b8"
 
 
 def test_rows_over_the_memory_budget_are_marked_in_the_table_report_and_csv(tmp_path):

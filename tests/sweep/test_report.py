@@ -16,9 +16,8 @@ from multigpu.sweep.study import ERROR_ATTR, PRUNED_ATTR, STEPS_ATTR, Sweep, bin
 from tests.sweep.conftest import BATCH, LR, write_sweep
 
 
-def test_report_ranks_trials_best_first_and_names_the_best_config(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
+def five_trials(tmp_path: Path) -> Path:
+    """A sweep's folder with five trials: two complete, two pruned (one before any value), one failed."""
     sweep_dir = tmp_path / "sweep"
     sweep = Sweep(bind(sweep_spec.load(write_sweep(tmp_path, trials=5)), sweep_dir), sweep_dir)
     distributions = {LR: FloatDistribution(1e-3, 1e-1, log=True), BATCH: CategoricalDistribution([16, 32])}
@@ -40,7 +39,14 @@ def test_report_ranks_trials_best_first_and_names_the_best_config(
     add(TrialState.COMPLETE, 0.5, 0.03)
     add(TrialState.PRUNED, 1.2, 0.04, **{PRUNED_ATTR: "the pruner stopped it"})
     add(TrialState.PRUNED, None, 0.05, **{PRUNED_ATTR: "the training loss became non-finite (NaN or inf)"})
-    best = report(sweep_dir)
+    return sweep_dir
+
+
+def test_report_ranks_trials_best_first_and_names_the_best_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep_dir = five_trials(tmp_path)
+    best = report(sweep_dir, plot_file=False)  # the plot: the next test
     with open(sweep_dir / "leaderboard.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [(r["trial"], r["state"]) for r in rows] == [
@@ -57,6 +63,12 @@ def test_report_ranks_trials_best_first_and_names_the_best_config(
     assert rows[3]["val/loss"] == "" and rows[3]["note"].startswith("the training loss became non-finite")
     markdown = (sweep_dir / "leaderboard.md").read_text().splitlines()
     assert len(markdown) == 2 + 5 and markdown[2].startswith("| 2 | complete | 0.5 |")
-    assert (sweep_dir / "leaderboard.png").stat().st_size > 10_000
     assert best == run_dir(sweep_dir, 2) / "config.yaml"
     assert capsys.readouterr().out.splitlines()[-1] == f"best trial 2 (val/loss=0.5): {best}"
+
+
+def test_report_draws_the_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib: pip install -e .[bench]")
+    sweep_dir = five_trials(tmp_path)
+    assert report(sweep_dir) == run_dir(sweep_dir, 2) / "config.yaml"
+    assert (sweep_dir / "leaderboard.png").stat().st_size > 10_000
