@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -85,7 +87,7 @@ def hand_over(address: str, message: dict[str, Any]) -> bool:
     failure), False where rank 0 is gone (no desk, or it closed before it answered): this rank prints its own. A
     report that rank 0's own covers waits here until rank 0, reporting, stops this process."""
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.connect("\0" + address)
+        connection.connect(socket_address(address))
         connection.sendall(json.dumps(message).encode() + b"\n")
         with connection.makefile("rb") as answers:
             return bool(answers.readline())  # an empty line: the desk closed without an answer
@@ -111,9 +113,16 @@ def speak_for_the_run(trainer: Any = None) -> None:
         _speaking = True
 
 
+def socket_address(address: str) -> str:
+    """The socket an address of ``REPORT_DESK_ENV`` names: ``@name`` one of Linux's abstract namespace (no file,
+    gone with its process), else a socket file's path."""
+    return "\0" + address[1:] if address.startswith("@") else address
+
+
 class ReportDesk:
-    """Rank 0's end of the hand-over: a thread that answers the ranks' reports on a Unix socket of the abstract
-    namespace (no file; gone with this process, so that a rank finds no desk where rank 0 is dead).
+    """Rank 0's end of the hand-over: a thread that answers the ranks' reports on a Unix socket (on Linux of the
+    abstract namespace; elsewhere a file of a temporary folder), which a rank finds no listener behind where rank 0
+    is dead.
 
     Args:
         trainer: The Trainer whose launcher starts the other ranks.
@@ -123,10 +132,12 @@ class ReportDesk:
 
     def __init__(self, trainer: Any, before_exit: Callable[[], None] = lambda: None) -> None:
         self.trainer, self.before_exit = trainer, before_exit
-        self.address = f"multigpu-report-{uuid.uuid4().hex}"
+        self.folder = None if sys.platform.startswith("linux") else tempfile.mkdtemp(prefix="multigpu-report-")
+        name = f"multigpu-report-{uuid.uuid4().hex}"
+        self.address = f"@{name}" if self.folder is None else os.path.join(self.folder, "desk")
         self.waiting: list[socket.socket] = []  # ranks whose report rank 0's own will cover
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.socket.bind("\0" + self.address)
+        self.socket.bind(socket_address(self.address))
         self.socket.listen()
         threading.Thread(target=self._serve, name="report-desk", daemon=True).start()
 
@@ -158,6 +169,7 @@ class ReportDesk:
                 for process in started:
                     process.kill()
                 self.before_exit()
+                self._remove_folder()
                 sys.stdout.flush()
                 os._exit(int(message["status"]))
 
@@ -173,6 +185,11 @@ class ReportDesk:
         self.socket.close()
         for connection in self.waiting:
             connection.close()
+        self._remove_folder()
+
+    def _remove_folder(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @contextlib.contextmanager

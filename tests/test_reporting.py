@@ -8,6 +8,7 @@ import errno
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -49,11 +50,12 @@ def test_user_errors_are_one_paragraph_with_their_exit_status_and_others_keep_th
 
 #: rank 0 with its desk open, as under ddp from one command: it says the desk's address, then takes its orders on
 #: stdin ("speak": it reports a failure of its own, and says so; end of input: the desk closes); at an exit with a
-#: rank's status, ``before_exit`` writes the file ``argv[1]``
+#: rank's status, ``before_exit`` writes the file ``argv[1]``; ``argv[2]``: the platform it runs as
 RANK_ZERO = """
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+sys.platform = sys.argv[2]
 from multigpu.reporting import report_desk, speak_for_the_run
 trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=None))
 with report_desk(trainer, before_exit=lambda: Path(sys.argv[1]).write_text("let go")) as desk:
@@ -64,10 +66,11 @@ with report_desk(trainer, before_exit=lambda: Path(sys.argv[1]).write_text("let 
 """
 
 
-@pytest.fixture
-def rank_zero(tmp_path):
+@pytest.fixture(params=["linux", "darwin"])
+def rank_zero(tmp_path, request):
+    """Rank 0's process with its desk: on Linux a socket of the abstract namespace, elsewhere a socket file."""
     process = prewarmed.popen(
-        [sys.executable, "-c", RANK_ZERO, str(tmp_path / "exited")],
+        [sys.executable, "-c", RANK_ZERO, str(tmp_path / "exited"), request.param],
         cwd=REPO,
         env=cli_env(),
         stdin=subprocess.PIPE,
@@ -76,11 +79,15 @@ def rank_zero(tmp_path):
         text=True,
     )
     address = process.stdout.readline().strip()
-    assert address.startswith("multigpu-report-"), process.communicate()[1]
+    abstract = request.param == "linux"
+    assert address.startswith("@multigpu-report-" if abstract else "/"), process.communicate()[1]
+    assert abstract or Path(address).is_socket()
     yield process, address
-    if process.poll() is None:
+    ended_itself = process.poll() is not None
+    if not ended_itself:
         process.kill()
     process.wait()
+    assert abstract or not ended_itself or not Path(address).parent.exists()  # a desk's folder goes with it
     for pipe in (process.stdin, process.stdout, process.stderr):
         pipe.close()
 
