@@ -25,7 +25,8 @@ pytestmark = pytest.mark.xdist_group("template")  # one worker generates the pro
 
 #: the README's two commands, as a user copies them
 README_COMMANDS = (
-    'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && python -m src.cli fit',
+    "python3 -m venv .venv && . .venv/bin/activate && (nvidia-smi -L >/dev/null 2>&1 || pip install torch"
+    ' --index-url https://download.pytorch.org/whl/cpu) \\\n    && pip install -e ".[dev]" && python -m src.cli fit',
     "python -m pytest",
 )
 #: a project's own files, made for it; every other file of a project that this repository also has is its bytes
