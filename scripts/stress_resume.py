@@ -91,11 +91,9 @@ def trial(args: list[str], run_dir: Path, log: Path, kills: int, rng: random.Ran
     events: list[str] = []
     for _ in range(kills):
         start = saved_step(run_dir)
-        moment = rng.choice(MOMENTS)
-        if moment in ("write", "rename"):  # at a step that saves
-            choices = [s for s in range(start + 1, steps) if s % every == 0]
-        else:
-            choices = list(range(start + 1, steps))
+        saving = [s for s in range(start + 1, steps) if s % every == 0]
+        moment = rng.choice([m for m in MOMENTS if saving or m not in ("write", "rename")])
+        choices = saving if moment in ("write", "rename") else list(range(start + 1, steps))  # a write needs a save
         if not choices:
             break
         step = rng.choice(choices)
