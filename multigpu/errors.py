@@ -29,7 +29,12 @@ def notice(message: str) -> None:
 
 
 class ConfigurationError(ValueError):
-    """A bad option, file or environment: the message names the option and the fix."""
+    """A bad option, file or environment: the message names the option and the fix. ``every_rank``: a check of what
+    all ranks share, which every rank fails alike, so rank 0 reports it for the run whichever rank fails first."""
+
+    def __init__(self, message: str, *, every_rank: bool = False) -> None:
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 class EnvironmentFailure(ConfigurationError):

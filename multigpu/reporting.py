@@ -8,11 +8,12 @@ its traceback, as every error does under ``JSONARGPARSE_DEBUG=true``.
 
 One process speaks for a run that Lightning's launcher started from it (``ddp`` from one command): rank 0. It opens a
 ``ReportDesk`` before the launch, and the ranks it starts hand their report to it instead of printing it. A report
-handed over while rank 0 reports a failure of its own is not printed (an error every rank meets is printed once,
-by rank 0, which stops the others); one that comes first is printed by rank 0, which then stops the other ranks and
-exits with that rank's status; one of a failed collective that rank 0 waits in too is kept until rank 0's own
-report, which covers it. A rank whose rank 0 is gone prints its own. Under srun and torchrun, which start every rank
-themselves, each rank prints its own, prefixed with its rank.
+handed over while rank 0 reports a failure of its own is not printed; one that comes first is printed by rank 0,
+which then stops the other ranks and exits with that rank's status; one that rank 0 meets too (a failed collective it
+waits in, or a ``ConfigurationError(every_rank=True)``: a check of what the ranks share) waits for rank 0's own
+report, which covers it, so which rank fails first does not change what is printed. A rank whose rank 0 is gone
+prints its own. Under srun and torchrun, which start every rank themselves, each rank prints its own, prefixed with
+its rank.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def report(exception: BaseException) -> int:
     error = user_error_of(exception)
     if error is not None:
         status = getattr(error, "exit_code", 2)
-        say(f"error: {prefix}{error}", status)
+        say(f"error: {prefix}{error}", status, rank_zero_reports=getattr(error, "every_rank", False))
         return status
     if collective_failure(exception):  # the report of where every rank is, not the survivor's 150-line traceback
         waits = bool(getattr(exception, "rank_zero_reports", False))
@@ -73,7 +74,8 @@ def report(exception: BaseException) -> int:
 
 def say(text: str, status: int, rank_zero_reports: bool = False) -> None:
     """Print a report: here, or, in a rank that Lightning's launcher started, by rank 0 (``ReportDesk``), which
-    prints it or its own. ``rank_zero_reports``: rank 0 waits in a collective that will fail too."""
+    prints it or its own. ``rank_zero_reports``: rank 0 fails alike (a check every rank makes, or a collective it
+    waits in too) and reports for the run."""
     address = os.environ.get(REPORT_DESK_ENV)
     message = {"text": text, "status": status, "rank_zero_reports": rank_zero_reports}
     if _desk is None and getattr(rank_zero_only, "rank", 0) and address and hand_over(address, message):

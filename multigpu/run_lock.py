@@ -191,10 +191,9 @@ def _take(path: Path, command: str, launch: Launch) -> HeldRunDir:
             with _takeover_guard(path):  # after another run's takeover: what it left is read next
                 current = read_lock(path)
                 if current is not None and current[1] == text:  # still the lock judged gone, not a new run's
-                    path.unlink()
-                    if _create(path, record):
-                        notice(f"taking over {path.parent}: its {LOCK_FILE} named {describe(holder)}, gone ({why}).")
-                        return _hold(path, token, created)
+                    _replace(path, record)
+                    notice(f"taking over {path.parent}: its {LOCK_FILE} named {describe(holder)}, gone ({why}).")
+                    return _hold(path, token, created)
         raise ConfigurationError(
             f"--trainer.default_root_dir={path.parent}: {path} changed hands {TAKE_ATTEMPTS} times while this run"
             " tried to take it, so several runs are starting into it at once. Fix: start one run per directory."
@@ -211,8 +210,7 @@ def _hold(path: Path, token: str, created: list[Path]) -> HeldRunDir:
 
 def _create(path: Path, record: Mapping[str, Any]) -> bool:
     """Create the lock whole, or return False where it exists."""
-    temporary = path.with_name(f"{path.name}.{record['token']}")
-    temporary.write_text(json.dumps(record, indent=1) + "\n")
+    temporary = _draft(path, record)
     try:
         os.link(temporary, path)
         return True
@@ -228,6 +226,19 @@ def _create(path: Path, record: Mapping[str, Any]) -> bool:
         return True
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _replace(path: Path, record: Mapping[str, Any]) -> None:
+    """Put a lock in the place of the one at ``path`` in one step: a run that looks meanwhile finds one of them,
+    never none, which it would take without the guard."""
+    os.replace(_draft(path, record), path)
+
+
+def _draft(path: Path, record: Mapping[str, Any]) -> Path:
+    """The lock ``record`` written whole beside ``path``, for a step that puts it in place."""
+    temporary = path.with_name(f"{path.name}.{record['token']}")
+    temporary.write_text(json.dumps(record, indent=1) + "\n")
+    return temporary
 
 
 @contextlib.contextmanager

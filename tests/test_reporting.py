@@ -11,9 +11,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+from multigpu import reporting
 from multigpu.errors import DEBUG_ENV, ConfigurationError
-from multigpu.reporting import COLLECTIVE_FAILURE_EXIT_CODE, hand_over, report
+from multigpu.reporting import COLLECTIVE_FAILURE_EXIT_CODE, REPORT_DESK_ENV, hand_over, report
 from tests import prewarmed
 from tests.conftest import REPO, cli_env
 from tests.test_failures import GLOO_TIMEOUT
@@ -134,3 +136,19 @@ def test_a_report_that_rank_0s_covers_waits_for_it_and_a_rank_whose_rank_0_is_go
 
 
 COVERED = {"text": "error: (rank 1) a collective failed on rank 1", "status": 70, "rank_zero_reports": True}
+
+
+def test_an_error_every_rank_meets_is_left_to_rank_0_whichever_rank_fails_first(monkeypatch, capsys):
+    """A check of what the ranks share fails on each: the report rank 1 hands over waits for rank 0's (above), so
+    the run prints rank 0's, not the one of whichever rank came first; one of this rank alone is printed first."""
+    handed: list[dict] = []
+    monkeypatch.setattr(reporting, "hand_over", lambda address, message: handed.append(message) or True)
+    monkeypatch.setenv(REPORT_DESK_ENV, "@desk")
+    monkeypatch.setattr(rank_zero_only, "rank", 1, raising=False)
+    assert report(ConfigurationError("--x=1 is wrong on every rank. Fix: y.", every_rank=True)) == 2
+    assert report(ConfigurationError("--x=1 is wrong on this rank. Fix: y.")) == 2
+    assert [(m["text"], m["rank_zero_reports"]) for m in handed] == [
+        ("error: (rank 1) --x=1 is wrong on every rank. Fix: y.", True),
+        ("error: (rank 1) --x=1 is wrong on this rank. Fix: y.", False),
+    ]
+    assert capsys.readouterr().err == ""

@@ -130,6 +130,30 @@ def test_a_lock_whose_process_is_gone_is_taken_over_with_a_note(tmp_path, capsys
     assert "is another program now, started after the lock was taken" in capsys.readouterr().err
 
 
+def test_a_run_looking_at_any_moment_of_a_takeover_finds_a_lock(tmp_path, monkeypatch):
+    """A takeover puts its lock in place of the gone one in one step: a lock missing for a moment would be taken,
+    with no note, by a run that happens to look then, and the taker would then be refused by its own directory."""
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    path = locked(tmp_path / "run", holder(pid=ended.pid))
+    seen = []
+
+    def looking(change):  # after each change a takeover makes to the folder, another run looks
+        def changed(*args, **kwargs):
+            result = change(*args, **kwargs)
+            seen.append(path.exists())
+            return result
+
+        return changed
+
+    monkeypatch.setattr(Path, "unlink", looking(Path.unlink))
+    monkeypatch.setattr(os, "replace", looking(os.replace))
+    monkeypatch.setattr(os, "link", looking(os.link))
+    hold_run_dir(tmp_path / "run", "fit")
+    assert read_lock(path)[0]["pid"] == os.getpid()
+    assert seen and all(seen), seen
+
+
 #: a run that takes its run directory once told to go (every run at once), and holds it until its input closes
 TAKER = """
 import sys

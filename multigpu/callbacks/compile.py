@@ -77,7 +77,7 @@ class CompileModel(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         refusal = compile_refusal(trainer.strategy)
         if refusal is not None:
-            raise ConfigurationError(refusal)
+            raise ConfigurationError(refusal, every_rank=True)
         if compiled_by_torch(pl_module):
             return  # compiled for an earlier stage of the same module (or by the user): never compile twice
         notice(

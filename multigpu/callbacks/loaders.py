@@ -153,7 +153,9 @@ class EngineLoaders(Callback):
                 loader.dataset, world.global_batch(int(loader.batch_size)), num_replicas=world.replicas, rank=world.rank
             )
         except ValueError as error:
-            raise ConfigurationError(f"the loader of {owner} has batch_size={loader.batch_size}: {error}") from error
+            raise ConfigurationError(
+                f"the loader of {owner} has batch_size={loader.batch_size}: {error}", every_rank=True
+            ) from error
         dataset = BatchedDataset(loader.dataset, loader.collate_fn)
         # batch_size=None: each index list of the sampler is one batch, collated by BatchedDataset
         return self._remake_as(loader, owner, batches, dataset, batch_size=None, collate_fn=None)
@@ -200,7 +202,8 @@ class EngineLoaders(Callback):
                     f" {world.replicas} processes so that they train what one process trains. Fix: give the DataLoader"
                     " batch_size= (and a sampler= for an order of your own: the engine keeps it), or set"
                     " --trainer.use_distributed_sampler=false to keep it as it is (every process then reads what it"
-                    " yields, and shards it itself)."
+                    " yields, and shards it itself).",
+                    every_rank=True,
                 )
             self._kept.append((name, f"it has {what}, which decides the batches"))
             return loader
@@ -227,7 +230,8 @@ class EngineLoaders(Callback):
                     f"the training {label} shards itself among loader workers but not among the {world.replicas}"
                     " processes: every process would train on the same samples. Fix: shard it by rank too"
                     " (torch.distributed.get_rank() and get_world_size(), or the streaming library's split by node),"
-                    " or let every worker read the whole stream: the engine then gives each process its share."
+                    " or let every worker read the whole stream: the engine then gives each process its share.",
+                    every_rank=True,
                 )
             self._kept.append((label, "it shards itself among loader workers and the engine cannot skip in it"))
             return loader
@@ -255,7 +259,8 @@ class EngineLoaders(Callback):
             raise ConfigurationError(
                 f"the training {name} ({type(loader).__name__}) cannot be made again with the engine's sampling:"
                 f" {one_line(error)}. Fix: return a torch.utils.data.DataLoader (or a subclass whose __init__ takes"
-                " DataLoader's arguments), or set --trainer.use_distributed_sampler=false to keep it as it is."
+                " DataLoader's arguments), or set --trainer.use_distributed_sampler=false to keep it as it is.",
+                every_rank=True,
             ) from error
 
     def _restoring_itself(self, loader: DataLoader, name: str) -> None:

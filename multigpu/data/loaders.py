@@ -193,7 +193,8 @@ def per_process(global_batch_size: int, world: World, what: str) -> int:
             f" {world.replicas} process(es) x {world.accumulate} accumulated micro-batch(es) = {shares}. Fix: give the"
             f" loader a batch_size that is a multiple of {shares} (for example {example}; through the data module's"
             " option, e.g. --data.batch_size, where it has one), or change --trainer.devices / --trainer.num_nodes /"
-            " --trainer.accumulate_grad_batches."
+            " --trainer.accumulate_grad_batches.",
+            every_rank=True,
         )
     return global_batch_size // shares
 
@@ -265,7 +266,8 @@ def engine_sampler(loader: DataLoader, world: World, name: str) -> EngineSampler
             f"the training {name} has batch_size={loader.batch_size}, the"
             f" {PER_PROCESS_MEANING if world.per_process else GLOBAL_MEANING}, which is more than its {total}"
             " samples: not one full optimizer step fits in an epoch. Fix: give the loader a smaller batch_size (through"
-            " the data module's option, e.g. --data.batch_size, where it has one), or use fewer devices."
+            " the data module's option, e.g. --data.batch_size, where it has one), or use fewer devices.",
+            every_rank=True,
         )
     return EngineSampler(loader.dataset, global_batch, world, source=source, shuffle=shuffle)  # type: ignore[arg-type]
 

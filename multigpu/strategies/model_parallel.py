@@ -287,7 +287,8 @@ class TensorParallelStrategy(_ModelParallelMixin, ModelParallelStrategy):
                 f"--trainer.strategy=tensor_parallel needs the model to say how its layers split:"
                 f" {type(module).__name__} has no configure_model hook. Fix: add a configure_model that applies a"
                 " tensor-parallel plan (parallelize_module; the engine's docs/strategies.md, tensor_parallel), or use"
-                " --trainer.strategy=fsdp2, which shards any model without code."
+                " --trainer.strategy=fsdp2, which shards any model without code.",
+                every_rank=True,
             )
         super().setup_environment()
 

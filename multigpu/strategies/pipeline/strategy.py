@@ -94,7 +94,9 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         schedule = self.options.schedule
         if schedule not in SCHEDULES:
             names = ", ".join(SCHEDULES)
-            raise ConfigurationError(f"schedule={schedule} is not a pipeline schedule. Fix: one of {names}.")
+            raise ConfigurationError(
+                f"schedule={schedule} is not a pipeline schedule. Fix: one of {names}.", every_rank=True
+            )
         super().__init__(
             data_parallel_size=self.options.data_parallel_size,
             tensor_parallel_size=self.options.tensor_parallel_size,
@@ -159,7 +161,8 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
             raise ConfigurationError(
                 f"--trainer.strategy.pipeline_size={self.ranks} x data_parallel_size={data_parallel} x"
                 f" tensor_parallel_size={tensor_parallel} must be the number of processes ({world}). Fix: set"
-                " --trainer.devices and --trainer.num_nodes to their product, or change the sizes."
+                " --trainer.devices and --trainer.num_nodes to their product, or change the sizes.",
+                every_rank=True,
             )
         # Lightning's 2-D mesh is built first (its checks, its process group); the pipeline then takes the outer
         # dimension of a 3-D mesh, whose data-parallel and tensor-parallel dimensions the model's hook uses
@@ -219,7 +222,8 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
                 raise ConfigurationError(
                     f"a batch of {batch_size} samples per data-parallel rank does not split into"
                     f" --trainer.strategy.micro_batches={micro_batches} equal micro-batches. Fix: make"
-                    " --data.batch_size / data_parallel_size a multiple of micro_batches."
+                    " --data.batch_size / data_parallel_size a multiple of micro_batches.",
+                    every_rank=True,
                 )
             from torch.distributed import pipelining  # every run imports this module (the registry); few use it
 
@@ -383,7 +387,8 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
             raise ConfigurationError(
                 f"--ckpt_path={path} is not a sharded pipeline checkpoint: a pipeline run resumes from the folder a"
                 " pipeline run saved. Fix: pass that folder (e.g. runs/NAME/checkpoints/last.ckpt); to evaluate"
-                " a single-file checkpoint, run validate/test/predict with another strategy."
+                " a single-file checkpoint, run validate/test/predict with another strategy.",
+                every_rank=True,
             )
         checked = check_sharded_checkpoint(path, map_location=None)  # meta.pt's tensors where saved, as before
         split = checked.meta.get(CHECKPOINT_KEY) or {}
@@ -400,7 +405,8 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
                 f"--ckpt_path={path} was saved by a run with {saved or 'no'} pipeline stages ({saved_per_rank} per"
                 f" rank); this run has {self.stage_count} ({self.stages_per_rank} per rank). Fix: {again}, or"
                 " consolidate it (python -m src.consolidate) and evaluate or continue the file under another"
-                " strategy."
+                " strategy.",
+                every_rank=True,
             )
         flat = StateDictOptions(flatten_optimizer_state_dict=True, cpu_offload=True)
         load_shards(path, checked, self.model, self.optimizers, self.lightning_module.strict_loading, flat)
