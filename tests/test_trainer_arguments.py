@@ -52,7 +52,10 @@ def test_nccls_flight_recorder_is_on_for_several_cuda_processes_only_and_a_users
     from multigpu.trainer_arguments import FLIGHT_RECORDER_NAMES, flight_recorder_defaults
 
     for name in {*FLIGHT_RECORDER_NAMES, *FLIGHT_RECORDER_NAMES.values()}:
-        monkeypatch.delenv(name, raising=False)
+        # set first, so that monkeypatch removes what the function sets: left in this worker's environment, it
+        # would start every later command of the worker fresh (tests/prewarmed.py)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
     def facts(**trainer: Any) -> RunFacts:
         return RunFacts.of({**trainer, "default_root_dir": str(tmp_path)})
