@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -85,6 +85,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    item.stash[_START_UP] = prewarmed.read_at_start(cli_env())  # before the test's fixtures
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """A test leaves the variables read at start-up as it found them (after its fixtures are undone): one left
+    behind in this worker's environment would start every later command of the worker fresh (tests/prewarmed.py)."""
+    result = yield
+    before, after = item.stash.get(_START_UP, None), prewarmed.read_at_start(cli_env())
+    if before is not None:
+        changed = sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
+        assert not changed, f"the test left {changed} changed in the environment: set them with monkeypatch"
+    return result
+
+
+_START_UP = pytest.StashKey[dict[str, str]]()
 
 
 @pytest.fixture(autouse=True)

@@ -201,12 +201,18 @@ def _server_for(env: dict[str, str]) -> _Server | None:
         return None
     if _server is None or _server.process.poll() is not None:
         _server = _Server(server_environment() if server_environment else env)
-    differs = {key for key in env.keys() ^ _server.env.keys()} | {
-        key for key in env.keys() & _server.env.keys() if env[key] != _server.env[key]
-    }
-    if any(key.startswith(READ_AT_IMPORT) or key in READ_AT_IMPORT_NAMES or key in READ_AT_START for key in differs):
+    if read_at_start(env) != read_at_start(_server.env):
         return None
     return _server
+
+
+def read_at_start(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that the interpreter or the preloaded libraries read as they start."""
+    return {
+        key: value
+        for key, value in env.items()
+        if key.startswith(READ_AT_IMPORT) or key in READ_AT_IMPORT_NAMES or key in READ_AT_START
+    }
 
 
 def _python_words(args: Sequence[str]) -> list[str] | None:
