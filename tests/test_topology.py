@@ -6,7 +6,7 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from multigpu.topology import data_parallel_world
 from tests import prewarmed
-from tests.conftest import REPO
+from tests.conftest import REPO, cli_env
 
 
 def test_data_parallel_world_is_only_for_model_parallel_strategies():
@@ -23,6 +23,8 @@ def test_data_parallel_world_is_only_for_model_parallel_strategies():
 def test_a_data_module_imports_no_strategy():
     """The data side learns the replica it feeds without loading FSDP2, DTensor or the sharded checkpoints."""
     probe = "import sys, multigpu.data.base; print(sorted(m for m in sys.modules if m.startswith('multigpu.')))"
-    loaded = prewarmed.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    loaded = prewarmed.run(
+        [sys.executable, "-c", probe], cwd=REPO, env=cli_env(), capture_output=True, text=True, check=True
+    )
     assert "multigpu.topology" in loaded.stdout
     assert "multigpu.strategies" not in loaded.stdout and "multigpu.checkpoints" not in loaded.stdout
