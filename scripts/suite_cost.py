@@ -86,7 +86,7 @@ def _cpu_seconds() -> float:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ[PYTEST] = str(os.getpid())  # the interpreters below this process are counted by the one above
+    os.environ[PYTEST] = str(os.getpid())  # what runs below it is counted here; an interpreter elsewhere logs its own
 
 
 @pytest.hookimpl(wrapper=True)
@@ -146,10 +146,10 @@ def main() -> int:
         log = hooks / "log.tsv"
         path = os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONPATH=path, **{LOG: str(log)})
-        pytest = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cost", *sys.argv[1:]], env=env)
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cost", *sys.argv[1:]], env=env)
         used = resource.getrusage(resource.RUSAGE_CHILDREN)
         report(log, used.ru_utime + used.ru_stime)
-    return pytest.returncode
+    return tests.returncode
 
 
 if __name__ == "__main__":
