@@ -80,11 +80,30 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The SLURM tests share one small cluster: one pytest-xdist worker runs them all, one job after another."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The SLURM tests share one small cluster: one pytest-xdist worker runs them all, one job after another.
+
+    A plain ``python -m pytest`` (no test named, no ``-m``) leaves out the tests marked ``extended``: more cases of
+    guarantees that the rest proves at least once each, and the template's own workflows in fresh environments.
+    ``python -m pytest -m extended`` runs them, as CI does after the rest; naming a file or folder runs all of its.
+    """
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+    if leaves_out_extended(config):
+        extended = [item for item in items if item.get_closest_marker("extended")]
+        config.hook.pytest_deselected(items=extended)
+        items[:] = [item for item in items if not item.get_closest_marker("extended")]
+
+
+def leaves_out_extended(config: pytest.Config) -> bool:
+    """A plain ``python -m pytest``: no ``-m``, no test named (a pytest-xdist worker is handed the same)."""
+    return not config.option.markexpr and config.args_source is pytest.Config.ArgsSource.TESTPATHS
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if leaves_out_extended(config):
+        terminalreporter.write_line("left out: the tests marked extended (python -m pytest -m extended; CI runs both)")
 
 
 @pytest.hookimpl(wrapper=True)

@@ -243,8 +243,11 @@ def straight_multi_process(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "strategy"),
-    [("SIGINT", []), ("SIGTERM", DDP), ("SIGTERM", DDP_SPAWN)],
-    ids=["ctrl-c", "sigterm-to-rank-0-of-ddp", "sigterm-to-the-launcher-of-ddp_spawn"],
+    [
+        pytest.param("SIGINT", [], id="ctrl-c"),
+        pytest.param("SIGTERM", DDP, id="sigterm-to-rank-0-of-ddp"),
+        pytest.param("SIGTERM", DDP_SPAWN, id="sigterm-to-the-launcher-of-ddp_spawn", marks=pytest.mark.extended),
+    ],
 )
 def test_signal_from_outside_saves_stops_with_its_exit_code_and_resumes_exactly(
     name, strategy, straight_multi_process, tmp_path

@@ -187,6 +187,7 @@ def test_a_rank_stuck_in_its_training_step_is_named_with_its_line_when_the_other
         ("fsdp2", "Rank 0 waits in torch.distributed.all_gather_single at step 3"),  # FSDP2 gathers in forward
     ],
 )
+@pytest.mark.extended
 def test_a_stuck_rank_is_named_under_other_launchers_and_strategies(strategy, waits_in, tmp_path):
     run_dir = tmp_path / "run"
     process = start(
@@ -206,6 +207,7 @@ def test_a_stuck_rank_is_named_under_other_launchers_and_strategies(strategy, wa
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_desync_names_the_collective_each_rank_called_and_where(tmp_path):
     run_dir = tmp_path / "run"
     process = start(
@@ -246,6 +248,7 @@ def test_the_rank_that_raised_first_is_the_error_read_last(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigusr2_to_a_live_run_dumps_every_rank_and_training_goes_on(tmp_path):
     run_dir, progress = tmp_path / "run", tmp_path / "progress"
     process = start(

@@ -151,6 +151,7 @@ def _read_rows(out: Path) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_quick_benchmark_of_a_user_model(tmp_path):
     """single, dp, ddp and bare Lightning measured on the user's model given as classes, every multi-process row
     on 2 processes, with the model state each rank holds; plain PyTorch says n/a, and so does tensor_parallel (the

@@ -45,6 +45,7 @@ def test_baselines_build_the_workload_through_the_cli(workload):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_quick_benchmark_runs_all_three_implementations_and_their_ddp_rows_in_order(tmp_path):
     """A real, small run: the template, bare Lightning and plain PyTorch train the same thing, on one device and
     under DDP, and start-up. The rows that start processes run one after another in the order ``python -m benchmarks

@@ -25,7 +25,7 @@ from tests.examples.test_gpt_pipeline import CLIPPED, RUN, assert_same_rows, fit
 from tests.workflows.test_slurm import Jobs, completed, slurm  # noqa: F401  (fixture)
 from tests.workflows.test_torchrun import torchrun_command
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.extended]
 
 #: 2 nodes x 2 tasks: the mesh (pipeline, data_parallel, tensor_parallel) = (2, 2, 1) numbers the ranks node by
 #: node, so stage 0 is the first node's two tasks and stage 1 the second's; FSDP2 gathers within a node

@@ -19,6 +19,7 @@ from tests.test_gpu_check import PARTS
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_dry_run_starts_every_part_and_writes_its_outputs(tmp_path):
     out = tmp_path / "check"
     env = {**os.environ, "GPU_CHECK_DRY_RUN": "1", "PYTHON": sys.executable, "GPU_CHECK_SITE": str(tmp_path / "site"),

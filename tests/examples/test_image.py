@@ -123,6 +123,7 @@ def default_model() -> str | None:
     default_model() != "src.models.ImageClassifier",
     reason="configs/default.yaml names another model: a bare fit trains that one, not the image example",
 )
+@pytest.mark.extended
 def test_bare_fit_trains_the_embedded_default_and_writes_checkpoint_and_metrics(tmp_path, run_cli):
     """`python -m src.cli fit` with nothing else: the README's first command."""
     result = run_cli("fit", cwd=tmp_path, env=cli_env(), timeout=900, fresh=True)  # the README's command, as typed
@@ -138,6 +139,7 @@ def test_bare_fit_trains_the_embedded_default_and_writes_checkpoint_and_metrics(
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ddp_trains_the_image_model_as_one_process_and_compiled_recompiles_nothing(run_cli, tmp_path):
     """GroupNorm, not BatchNorm: splitting the batch over two processes changes nothing (fp64; eager, with the
     engine's helpers: tests/examples/test_proofs.py), nor does compiling it. The ddp run compiles the forward

@@ -44,6 +44,7 @@ def test_wandb_logger_gets_the_sweep_group_and_trial_name(run_cli: Any, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_stopped_worker_resumes_its_trial_and_the_sweep_completes_once(tmp_path: Path) -> None:
     path = write_sweep(tmp_path, trials=2)
     sweep_dir, held = tmp_path / "sweep", tmp_path / "held"
@@ -96,6 +97,7 @@ def test_stopped_worker_resumes_its_trial_and_the_sweep_completes_once(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_failed_trials_are_recorded_with_their_message_and_not_retried(tmp_path: Path) -> None:
     """Two workers (processes) on the 2 CPUs, one trial each, both failing at their first validation."""
     path = write_sweep(tmp_path, trials=2, objective={"metric": "val/lost", "mode": "min"})

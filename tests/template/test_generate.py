@@ -21,7 +21,7 @@ import multigpu
 from tests.template.conftest import REPO, WORKLOADS, copier, env, generate, git, run
 from tests.workflows.test_slurm import Jobs, slurm  # noqa: F401 (the fixture)
 
-pytestmark = pytest.mark.xdist_group("template")  # one worker generates the projects once
+pytestmark = [pytest.mark.xdist_group("template"), pytest.mark.extended]  # one worker generates the projects once
 
 #: the README's two commands, as a user copies them
 README_COMMANDS = (

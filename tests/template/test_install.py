@@ -24,7 +24,12 @@ import pytest
 from tests.template.conftest import env, generate, git, run
 
 # a worker of their own: the installations run beside the other template tests
-pytestmark = [pytest.mark.xdist_group("template-install"), pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [
+    pytest.mark.xdist_group("template-install"),
+    pytest.mark.slow,
+    pytest.mark.extended,
+    pytest.mark.timeout(1800),
+]
 
 #: what each venv gets before the README's commands: the newest pip for one (from the package index)
 PIPS = {"bundled": [], "newest": ["install", "--quiet", "--upgrade", "pip"]}

@@ -15,7 +15,7 @@ import pytest
 
 from tests.template.conftest import copier, generate, git, run
 
-pytestmark = pytest.mark.xdist_group("template")
+pytestmark = [pytest.mark.xdist_group("template"), pytest.mark.extended]
 
 
 def edit(path: Path, old: str, new: str) -> None:

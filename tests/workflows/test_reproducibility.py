@@ -87,6 +87,7 @@ def test_the_same_command_twice_gives_the_same_run_also_on_a_loaded_machine(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ddp_run_is_reproducible_run_to_run_with_deterministic_algorithms(tmp_path, run_cli):
     """Two processes over gloo, twice, the second while every core is busy: the same metrics and weights, and in
     fp32 the weights of one process to rounding; the plan and throughput speak for both."""

@@ -192,6 +192,7 @@ def reference(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended
 def test_cpu_script_trains_with_two_tasks(reference: Callable[[], Path]) -> None:
     run_dir = reference()
     log = next((run_dir.parent).glob("*.out")).read_text()
@@ -206,7 +207,7 @@ def test_cpu_script_trains_with_two_tasks(reference: Callable[[], Path]) -> None
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.parametrize("requeued_by", ["batch script", "training process"])
+@pytest.mark.parametrize("requeued_by", ["batch script", pytest.param("training process", marks=pytest.mark.extended)])
 def test_preempted_job_saves_requeues_and_resumes_exactly(
     jobs: Jobs, reference: Callable[[], Path], requeued_by: str
 ) -> None:
@@ -259,6 +260,7 @@ def test_preempted_job_saves_requeues_and_resumes_exactly(
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_stuck_task_is_named_with_its_line_and_the_job_ends(jobs: Jobs) -> None:
     """srun leaves the other tasks running when one fails: the report ends the stuck one, so the job ends too."""
     run_dir = jobs.folder / "run"
@@ -276,6 +278,7 @@ def test_a_stuck_task_is_named_with_its_line_and_the_job_ends(jobs: Jobs) -> Non
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended
 def test_allocation_that_does_not_match_the_devices_fails_at_once(jobs: Jobs) -> None:
     run_dir = jobs.folder / "run"
     job = jobs.submit("slurm/cpu.sbatch", RUN_DIR=str(run_dir), DEVICES="1", EXTRA_ARGS=" ".join(TRAIN_ARGS))
@@ -303,6 +306,7 @@ def submit_on_two_nodes(jobs: Jobs, run_dir: Path, extra: list[str]) -> str:
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended
 def test_multi_node_script_trains_the_same_model_on_two_nodes(jobs: Jobs, reference: Callable[[], Path]) -> None:
     run_dir = jobs.folder / "run"
     job = submit_on_two_nodes(jobs, run_dir, TRAIN_ARGS)
@@ -318,6 +322,7 @@ def test_multi_node_script_trains_the_same_model_on_two_nodes(jobs: Jobs, refere
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended
 def test_multi_node_fsdp2_job_preempted_requeues_and_resumes_from_its_sharded_checkpoint(
     jobs: Jobs, reference: Callable[[], Path]
 ) -> None:
@@ -344,6 +349,7 @@ def test_multi_node_fsdp2_job_preempted_requeues_and_resumes_from_its_sharded_ch
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended
 def test_array_job_runs_every_task(jobs: Jobs) -> None:
     run_root = jobs.folder / "sweep"
     # the script's own --array=0-3%2 and its four default learning rates; one CPU process per task
@@ -366,6 +372,7 @@ def test_array_job_runs_every_task(jobs: Jobs) -> None:
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended
 def test_array_task_without_a_sweep_value_is_refused(jobs: Jobs) -> None:
     job = jobs.submit("slurm/array.sbatch", "--array=2", "--cpus-per-task=1", SWEEP="0.1 0.01", ACCELERATOR="cpu")
     (record,) = jobs.wait(job, timeout=60)
@@ -375,6 +382,7 @@ def test_array_task_without_a_sweep_value_is_refused(jobs: Jobs) -> None:
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended
 def test_torchrun_inside_a_slurm_job(jobs: Jobs) -> None:
     """One torchrun per node under srun: torchrun's ranks count, not SLURM's one task per node."""
     run_dir = jobs.folder / "run"

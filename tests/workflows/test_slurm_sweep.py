@@ -17,6 +17,7 @@ from tests.workflows.test_slurm import Jobs, completed, final_step, jobs, slurm 
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sweep_array_with_a_preempted_task_runs_every_trial_once(jobs: Jobs) -> None:  # noqa: F811
     """4 trials, 2 array tasks. The first trial to reach step 3 gets SIGUSR1 (what SLURM sends before a time
     limit or a preemption): its run saves, its task requeues itself, and that trial is resumed from its
