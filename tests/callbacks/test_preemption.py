@@ -245,7 +245,7 @@ def straight_multi_process(tmp_path_factory) -> dict[str, Path]:
     ("name", "strategy"),
     [
         pytest.param("SIGINT", [], id="ctrl-c"),
-        pytest.param("SIGTERM", DDP, id="sigterm-to-rank-0-of-ddp"),
+        pytest.param("SIGTERM", DDP, id="sigterm-to-rank-0-of-ddp", marks=pytest.mark.extended),
         pytest.param("SIGTERM", DDP_SPAWN, id="sigterm-to-the-launcher-of-ddp_spawn", marks=pytest.mark.extended),
     ],
 )

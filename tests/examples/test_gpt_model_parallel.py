@@ -25,7 +25,7 @@ RUN = [
     "--trainer.gradient_clip_val=0.5",
 ]
 STRATEGIES = ("ddp", "fsdp2", "tensor_parallel")
-pytestmark = pytest.mark.xdist_group("test_gpt_model_parallel")
+pytestmark = [pytest.mark.xdist_group("test_gpt_model_parallel"), pytest.mark.extended]
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import sys
 
+import pytest
+
 from tests import prewarmed
 from tests.conftest import REPO, cli_env
 
@@ -14,6 +16,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from road import READING  # scripts/ is no package: its folder on the path
 
 
+@pytest.mark.extended
 def test_the_files_a_reader_opens_are_the_pages_list_and_each_runs_on_the_way_to_the_first_step():
     page = (REPO / "docs" / "engine.md").read_text()
     section = page[page.index("## Reading a run") : page.index("## What runs around your training step")]

@@ -60,6 +60,7 @@ def test_non_finite_objective_prunes_without_reporting(capsys: pytest.CaptureFix
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ddp_trials_see_one_set_of_values_and_prune_together(tmp_path: Path) -> None:
     """Two ddp trials on 2 CPU processes: each rank trains with the values the worker asked for once; the trial
     with a tiny learning rate is pruned at its first validation, on both ranks at the same step."""

@@ -68,6 +68,7 @@ def test_same_seed_gives_identical_runs_and_another_seed_a_different_one(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_same_command_twice_gives_the_same_run_also_on_a_loaded_machine(tmp_path, run_cli):
     """As a user runs it: fresh processes (each its own hash seed), every core's thread (not the suite's one),
     dropout on, no --trainer.deterministic, the second run while every core is busy: the same weights, optimizer
