@@ -43,7 +43,7 @@ ACCUMULATED = ["--trainer.accumulate_grad_batches=2"]
 INTERLEAVED = ["--pipeline.schedule=interleaved_1f1b", "--pipeline.stages_per_rank=2"]
 DROPOUT = ["--model.init_args.dropout=0.1"]
 PIPELINE = ["--trainer.strategy=pipeline", "--trainer.devices=2"]
-pytestmark = pytest.mark.xdist_group("test_gpt_pipeline")
+pytestmark = [pytest.mark.xdist_group("test_gpt_pipeline"), pytest.mark.extended]
 
 
 def fit_in_process(*args: str) -> None:

@@ -204,7 +204,9 @@ STOPPED_UNDER_DDP = ("ema", "gan")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(ZOO))
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.extended) if name in ("ema", "text") else name for name in ZOO]
+)
 def test_zoo_under_ddp_stops_resumes_and_ends_with_the_single_device_weights(name, single_runs, tmp_path, run_cli):
     workload = ZOO[name]
     args = [*fit_args(workload, tmp_path, world_size=2), "--trainer.strategy=ddp", "--trainer.devices=2"]
@@ -229,7 +231,7 @@ def test_zoo_under_ddp_stops_resumes_and_ends_with_the_single_device_weights(nam
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gan", "global_batch"])
+@pytest.mark.parametrize("name", [pytest.param("gan", marks=pytest.mark.extended), "global_batch"])
 def test_zoo_under_ddp_spawn_ends_with_the_single_device_weights(name, single_runs, tmp_path, run_cli):
     workload = ZOO[name]
     extra = ["--data.init_args.val_size=1"] if name == "global_batch" else []  # rank 1 has no validation sample
