@@ -32,6 +32,7 @@ from multigpu.compat import (
     train_loader_source,
     uses_distributed_sampler,
 )
+from multigpu.data.libraries import shards_itself
 from multigpu.data.loaders import (
     EngineSampler,
     SeededSamples,
@@ -187,6 +188,8 @@ class EngineLoaders(Callback):
         return combined
 
     def _rebuild(self, loader: Any, world: World, name: str) -> Any:
+        if shards_itself(loader):  # rebuilt, it would lose its sharding; its own state resumes it
+            return loader
         if not isinstance(loader, DataLoader) or is_engine_sampled(loader):
             if isinstance(loader, DataLoader) and not isinstance(loader.sampler, EngineSampler):
                 self._kept_if_unresumable(loader, name)
@@ -259,7 +262,10 @@ class EngineLoaders(Callback):
             raise ConfigurationError(
                 f"the training {name} ({type(loader).__name__}) cannot be made again with the engine's sampling:"
                 f" {one_line(error)}. Fix: return a torch.utils.data.DataLoader (or a subclass whose __init__ takes"
-                " DataLoader's arguments), or set --trainer.use_distributed_sampler=false to keep it as it is.",
+                " DataLoader's arguments), or shard it with its library's own split by rank (LitData's"
+                " StreamingDataset does, the engine keeps it; Hugging Face's"
+                " datasets.distributed.split_dataset_by_node; WebDataset's split_by_node)"
+                " and set --trainer.use_distributed_sampler=false to keep it as it is.",
                 every_rank=True,
             ) from error
 
