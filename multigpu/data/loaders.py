@@ -244,8 +244,10 @@ def plain_batching(loader: DataLoader) -> bool:
 def order_source(loader: DataLoader) -> tuple[bool, Any]:
     """(shuffle, the user's own sampler or None) of a map-style loader."""
     sampler = loader.sampler
+    # torchdata's StatefulDataLoader(shuffle=True) makes a RandomSampler of its own, not a subclass of torch's
+    stateful = type(sampler).__module__.startswith("torchdata.") and type(sampler).__name__ == "RandomSampler"
     if (
-        isinstance(sampler, RandomSampler)
+        (isinstance(sampler, RandomSampler) or stateful)
         and not sampler.replacement
         and sampler.num_samples == len(sampler.data_source)
     ):
