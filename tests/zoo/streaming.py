@@ -35,9 +35,13 @@ class Samples(Dataset):
 
 class IdRegressor(L.LightningModule):
     """An MLP with dropout regressing the sum of the features; with ``ids_file``, each rank appends the ids of every
-    batch it trains to ``<ids_file>.<rank>``, one line per batch."""
+    batch it trains to ``<ids_file>.<rank>``, one line per batch. With ``decay``, its learning rate falls linearly
+    over ``trainer.estimated_stepping_batches``, read in ``configure_optimizers`` as schedules do: before the
+    checkpoint's loops are restored, which makes Lightning set up the training data early."""
 
-    def __init__(self, hidden: int = 16, lr: float = 0.05, dropout: float = 0.1, ids_file: str = "") -> None:
+    def __init__(
+        self, hidden: int = 16, lr: float = 0.05, dropout: float = 0.1, ids_file: str = "", decay: bool = False
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(FEATURES, hidden), nn.Tanh(), nn.Dropout(dropout), nn.Linear(hidden, 1))
@@ -52,7 +56,12 @@ class IdRegressor(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        if not self.hparams.decay:
+            return optimizer
+        steps = int(self.trainer.estimated_stepping_batches)
+        schedule = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 class LitStreamData(L.LightningDataModule):
