@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.compat import (
     batch_progress,
+    drop_saved_loader_states,
     loader_arguments,
     overrides_hook,
     remade_loader,
@@ -32,6 +33,7 @@ from multigpu.compat import (
     train_loader_source,
     uses_distributed_sampler,
 )
+from multigpu.data.libraries import shards_itself
 from multigpu.data.loaders import (
     EngineSampler,
     SeededSamples,
@@ -46,7 +48,7 @@ from multigpu.data.loaders import (
     plain_batching,
 )
 from multigpu.data.sampling import BatchedDataset, EvaluationBatches, global_seed
-from multigpu.data.seeding import seed_generators
+from multigpu.data.seeding import sample_seed, seed_generators
 from multigpu.errors import ConfigurationError, notice
 from multigpu.topology import data_parallel_world
 
@@ -73,19 +75,25 @@ class EngineLoaders(Callback):
         self._engine: list[tuple[Any, bool]] = []  # the samplers and streams given the engine's sampling, and
         # whether their loader restores its own position
         self._kept: list[tuple[str, str]] = []  # (loader, why) for those left as they are
+        # loaders left as they are that start their iterator at their first batch (LitData's), drawing their workers'
+        # base seed there: from the global generator, a resumed run would draw it after the generators are restored
+        self._seeded: list[DataLoader] = []
         self.fitting: L.Trainer | None = None  # the Trainer of the fit under way, whose position a save holds
         self._wrapped: Any = None  # the data module or model whose hooks this callback answers
         self._evaluated: list[str] = []
+        self._samples = False  # whether the engine's sampling goes into the loaders
+        self._states: dict[str, Any] | None = None  # every rank's loader states a resumed checkpoint saved
+        self._states_restored: bool | None = None  # None: the checkpoint saved none (Lightning's own restore)
 
     # -- building ---------------------------------------------------------------------------------------------
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if not uses_distributed_sampler(trainer) or trainer.overfit_batches:
-            return  # overfit_batches: Lightning reads the first batches in order, with a sampler of its own
         source = train_loader_source(trainer)
         if not isinstance(source, (L.LightningModule, L.LightningDataModule)):
             return
-        self._evaluated = [hook for hook in EVALUATION_HOOKS if overrides_hook(source, hook)]
+        # overfit_batches: Lightning reads the first batches in order, with a sampler of its own
+        self._samples = uses_distributed_sampler(trainer) and not trainer.overfit_batches
+        self._evaluated = [hook for hook in EVALUATION_HOOKS if overrides_hook(source, hook)] if self._samples else []
         # each hook replaced on the instance (Lightning calls it through the instance), the class's kept
         for hook in self._evaluated:
             setattr(source, hook, partial(self._evaluation_loaders, trainer, getattr(source, hook), hook))
@@ -94,15 +102,18 @@ class EngineLoaders(Callback):
             return
         self._source = source
         original = getattr(source, HOOK)
-        self._built = self._build(trainer, lambda: request_train_loaders(trainer))
-        if not self._engine:  # every loader left as it is: Lightning asks the hook itself, as without the engine
-            self._built = None
-            return
+        build = partial(self._build, trainer) if self._samples else _asked
+        if self._samples:
+            self._built = build(lambda: request_train_loaders(trainer))
+            if not self._engine and not stateful_loaders(self._built):
+                self._built = None  # every loader left as it is: Lightning asks the hook itself, as without the engine
+                return
 
         def train_dataloader() -> Any:
             built, self._built = self._built, None
             if built is None:  # asked again (reload_dataloaders_every_n_epochs): made again
-                built = self._build(trainer, original)
+                built = build(original)
+            self._restore_states(trainer, built)
             self._place(trainer)
             return built
 
@@ -110,8 +121,8 @@ class EngineLoaders(Callback):
 
     @property
     def active(self) -> bool:
-        """Whether this fit's training loaders were asked for through this callback."""
-        return self._source is not None
+        """Whether this fit's training loaders were asked for through this callback, with the engine's sampling."""
+        return self._source is not None and self._samples
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._wrapped is not None:
@@ -176,7 +187,7 @@ class EngineLoaders(Callback):
             mark_origin(error, f"{owner}, the {kind(self._source)}'s own code")
             raise
         world = self._world(trainer)
-        self._engine, self._kept = [], []
+        self._engine, self._kept, self._seeded = [], [], []
         if isinstance(loaders, DataLoader):
             return self._rebuild(loaders, world, f"loader of {owner}")
         combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders, "max_size_cycle")
@@ -187,6 +198,10 @@ class EngineLoaders(Callback):
         return combined
 
     def _rebuild(self, loader: Any, world: World, name: str) -> Any:
+        if shards_itself(loader):  # rebuilt, it would lose its sharding; its own state resumes it
+            if loader.generator is None:
+                self._seeded.append(loader)
+            return loader
         if not isinstance(loader, DataLoader) or is_engine_sampled(loader):
             if isinstance(loader, DataLoader) and not isinstance(loader.sampler, EngineSampler):
                 self._kept_if_unresumable(loader, name)
@@ -212,7 +227,6 @@ class EngineLoaders(Callback):
             loader, name, sampler, SeededSamples(loader.dataset, world.seed), sampler.micro_batch_size
         )
         self._engine.append((sampler, restores_itself(remade)))
-        self._restoring_itself(remade, name)
         return remade
 
     def _stream(self, loader: DataLoader, world: World, name: str) -> DataLoader:
@@ -239,7 +253,6 @@ class EngineLoaders(Callback):
         share = share_class(stream, world.global_batch(int(loader.batch_size)), world)
         remade = self._remake(loader, label, None, share, share.micro)
         self._engine.append((share, restores_itself(remade)))
-        self._restoring_itself(remade, label)
         return remade
 
     def _remake(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, micro: int) -> DataLoader:
@@ -259,15 +272,12 @@ class EngineLoaders(Callback):
             raise ConfigurationError(
                 f"the training {name} ({type(loader).__name__}) cannot be made again with the engine's sampling:"
                 f" {one_line(error)}. Fix: return a torch.utils.data.DataLoader (or a subclass whose __init__ takes"
-                " DataLoader's arguments), or set --trainer.use_distributed_sampler=false to keep it as it is.",
+                " DataLoader's arguments), or shard it with its library's own split by rank (LitData's"
+                " StreamingDataset does, the engine keeps it; Hugging Face's"
+                " datasets.distributed.split_dataset_by_node; WebDataset's split_by_node)"
+                " and set --trainer.use_distributed_sampler=false to keep it as it is.",
                 every_rank=True,
             ) from error
-
-    def _restoring_itself(self, loader: DataLoader, name: str) -> None:
-        if restores_itself(loader):  # its own state decides where it resumes, which the engine does not prove
-            self._kept.append(
-                (name, f"{type(loader).__name__} restores its own position, which the engine leaves to it")
-            )
 
     def _kept_if_unresumable(self, loader: DataLoader, name: str) -> None:
         if not restores_itself(loader):
@@ -283,8 +293,11 @@ class EngineLoaders(Callback):
             epoch, skip = position["epoch"], position["batches_done"]
             if skip >= position["epoch_length"]:
                 epoch, skip = epoch + 1, 0
+        self._seed_workers(epoch)
+        restored = self._states_restored is not False  # None: Lightning restores the loader's own state
         for item, itself in self._engine:
-            done = 0 if itself else skip  # a loader with a state of its own (StatefulDataLoader) skips itself
+            done = 0 if itself and restored else skip  # a loader with a state of its own (StatefulDataLoader)
+            # skips itself
             if isinstance(item, EngineSampler):
                 item.set_epoch(epoch)
                 if done:
@@ -292,14 +305,60 @@ class EngineLoaders(Callback):
             else:
                 item.set_position(epoch, done)
 
-    def state_dict(self) -> dict[str, int]:
+    def _restore_states(self, trainer: L.Trainer, built: Any) -> None:
+        """Give each loader with a state of its own (``state_dict``/``load_state_dict``: LitData's, torchdata's
+        ``StatefulDataLoader``) the state this rank saved, before Lightning draws its first batch."""
+        saved, self._states = self._states, None
+        if saved is None:
+            return
+        loaders = stateful_loaders(built)
+        saved_world, ranks = saved["world_size"], saved["ranks"]
+        if saved_world == trainer.world_size:
+            for loader, state in zip(loaders, ranks[trainer.global_rank], strict=True):
+                loader.load_state_dict(state)
+            self._states_restored = True
+            return
+        # another number of processes: the engine's sampling skips what was trained in the loaders it samples;
+        # a loader that shards itself gets a saved rank's state and re-stripes from it
+        sampled = {id(item) for item, _ in self._engine}
+        own = [loader for loader in loaders if id(engine_owner(loader)) not in sampled]
+        for loader, state in zip(own, ranks[trainer.global_rank % saved_world], strict=False):
+            loader.load_state_dict(state)
+        self._states_restored = False
+        if own and trainer.is_global_zero:
+            names = ", ".join(type(loader).__name__ for loader in own)
+            notice(
+                f"the checkpoint was written by {saved_world} process(es) and this run has {trainer.world_size}: the"
+                f" training {names} shards itself by the number of processes, so it resumes from its saved position"
+                " with its samples striped anew among the processes, and trains another order than an uninterrupted"
+                f" run on {trainer.world_size} would."
+            )
+
+    def _seed_workers(self, epoch: int) -> None:
+        """Give each loader of ``_seeded`` a generator of its own for ``epoch``, seeded from the run's seed and it."""
+        for loader in self._seeded:
+            loader.generator = torch.Generator().manual_seed(sample_seed(global_seed(), epoch, -1))
+
+    def state_dict(self) -> dict[str, Any]:
         trainer = self.fitting
         if trainer is None:
             return {}
-        return training_position(trainer)
+        loaders = stateful_loaders(trainer.train_dataloader)
+        if not loaders:
+            return training_position(trainer)
+        # each rank's own (a rank's position in a loader that shards itself is its own): gathered into the one entry
+        states = gathered([loader.state_dict() for loader in loaders])
+        return {**training_position(trainer), "loaders": {"world_size": trainer.world_size, "ranks": states}}
 
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self._position = dict(state_dict) if state_dict else None
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        self._states = state.pop("loaders", None)
+        self._position = state or None
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.state_key in checkpoint.get("callbacks", {}) and "loaders" in checkpoint["callbacks"][self.state_key]:
+            # this callback restores every rank's own; Lightning would give every rank rank 0's, or none
+            drop_saved_loader_states(checkpoint)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.fitting = trainer
@@ -313,6 +372,7 @@ class EngineLoaders(Callback):
                 )
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._seed_workers(trainer.current_epoch)
         for item, _ in self._engine:
             if isinstance(item, StreamShare):
                 item.set_position(trainer.current_epoch, 0)  # the workers read it when the epoch's iterator starts
@@ -327,6 +387,23 @@ def training_position(trainer: L.Trainer) -> dict[str, int]:
         "batches_done": batch_progress(trainer).current.processed,
         "epoch_length": int(min(trainer.num_training_batches, 2**62)),
     }
+
+
+def stateful_loaders(loaders: Any) -> list[Any]:
+    """The training loaders (one, or a ``CombinedLoader``) that have a state of their own, in order."""
+    if loaders is None:
+        return []
+    flattened = loaders.flattened if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders).flattened
+    return [loader for loader in flattened if restores_itself(loader)]
+
+
+def engine_owner(loader: Any) -> Any:
+    """What holds the engine's sampling in a loader it made again: its ``EngineSampler``, or its ``StreamShare``."""
+    return loader.sampler if isinstance(loader.sampler, EngineSampler) else loader.dataset
+
+
+def _asked(ask: Any) -> Any:
+    return ask()
 
 
 def restores_itself(loader: Any) -> bool:

@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
+from multigpu.data.libraries import self_sharded_meaning
 from multigpu.strategies.model_parallel import memory_per_rank
 from multigpu.topology import data_parallel_world
 
@@ -92,6 +93,8 @@ def batch_meaning(loader: Any) -> str | None:
     samples it (``multigpu/data/loaders.py``, ``GlobalBatchDataModule``), else each process's micro-batch."""
     if loader is None:
         return None
+    if (own := self_sharded_meaning(loader)) is not None:
+        return own
     for owner in (getattr(loader, "sampler", None), getattr(loader, "dataset", None)):
         meaning = getattr(owner, "meaning", None)
         if isinstance(meaning, str):

@@ -342,6 +342,14 @@ def request_train_loaders(trainer: L.Trainer) -> Any:
     return _request_dataloader(trainer.fit_loop._data_source)
 
 
+def drop_saved_loader_states(checkpoint: dict[str, Any]) -> None:
+    """Take the training loaders' states out of a checkpoint being resumed, before Lightning restores its loops: the
+    fit loop keeps them under a key of its own (``combined_loader``, rank 0's only) and loads them only when its data
+    is set up after the restore (not after an early ``estimated_stepping_batches``)."""
+    loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+    loop.pop("combined_loader", None)
+
+
 def loader_arguments(loader: Any, sampler: Any) -> tuple[tuple, dict[str, Any]]:
     """The arguments the user made ``loader`` with, ``sampler`` (None for a stream) in place of theirs, as Lightning
     reads them to put its ``DistributedSampler`` in (``_update_dataloader``); positional ones by name where the

@@ -193,7 +193,14 @@ def per_process(global_batch_size: int, world: World, what: str) -> int:
             f" {world.replicas} process(es) x {world.accumulate} accumulated micro-batch(es) = {shares}. Fix: give the"
             f" loader a batch_size that is a multiple of {shares} (for example {example}; through the data module's"
             " option, e.g. --data.batch_size, where it has one), or change --trainer.devices / --trainer.num_nodes /"
-            " --trainer.accumulate_grad_batches.",
+            " --trainer.accumulate_grad_batches"
+            + (
+                ""
+                if world.per_process
+                else ", or pass --batch_size_per_process=true to keep Lightning's meaning of batch_size (each"
+                " process's micro-batch, the global batch then growing with the processes)"
+            )
+            + ".",
             every_rank=True,
         )
     return global_batch_size // shares
@@ -244,8 +251,10 @@ def plain_batching(loader: DataLoader) -> bool:
 def order_source(loader: DataLoader) -> tuple[bool, Any]:
     """(shuffle, the user's own sampler or None) of a map-style loader."""
     sampler = loader.sampler
+    # torchdata's StatefulDataLoader(shuffle=True) makes a RandomSampler of its own, not a subclass of torch's
+    stateful = type(sampler).__module__.startswith("torchdata.") and type(sampler).__name__ == "RandomSampler"
     if (
-        isinstance(sampler, RandomSampler)
+        (isinstance(sampler, RandomSampler) or stateful)
         and not sampler.replacement
         and sampler.num_samples == len(sampler.data_source)
     ):

@@ -1049,3 +1049,50 @@ def test_a_dtensor_of_a_local_copy_keeps_the_layout_and_the_copy(one_process_gro
     assert copy.device_mesh == mesh and copy.placements == original.placements and copy.shape == original.shape
     original.to_local().add_(1)  # the training step changes the shard; the copy keeps what it was
     assert torch.equal(copy.full_tensor(), torch.arange(6.0).reshape(3, 2))
+
+
+class StatefulLoader(DataLoader):
+    """A loader with a state of its own, which Lightning's fit loop saves with its own state."""
+
+    loaded: list[dict[str, int]]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": 3}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.loaded.append(state_dict)
+
+
+class StatefulLoaderModel(BoringModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loader = StatefulLoader(TensorDataset(torch.randn(8, 32)), batch_size=2)
+        self.loader.loaded = []
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch[0], batch_idx)
+
+
+def test_the_saved_loader_states_are_dropped_before_lightning_restores_them(tmp_path):
+    model = StatefulLoaderModel()
+    trainer(max_steps=2).fit(model)
+    path = tmp_path / "mid.ckpt"
+    model.trainer.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=False)
+    assert checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"position": 3}]
+    compat.drop_saved_loader_states(checkpoint)
+    assert "combined_loader" not in checkpoint["loops"]["fit_loop"]["state_dict"]
+
+    class Dropping(Callback):
+        def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+            compat.drop_saved_loader_states(checkpoint)
+
+    resumed = StatefulLoaderModel()
+    trainer(max_steps=3, callbacks=[Dropping()]).fit(resumed, ckpt_path=path)
+    assert resumed.loader.loaded == []  # Lightning restored nothing: the state was taken out in time
+    kept = StatefulLoaderModel()
+    trainer(max_steps=3).fit(kept, ckpt_path=path)
+    assert kept.loader.loaded == [{"position": 3}]  # without it, Lightning restores rank 0's

@@ -125,6 +125,11 @@ def test_a_batch_that_does_not_divide_among_the_processes_gets_one_paragraph():
     with pytest.raises(ConfigurationError, match=r"batch_size=6, the global batch .* among 4 process\(es\)") as error:
         per_process(6, world(4), "loader of Data.train_dataloader()")
     assert "for example 4" in str(error.value) and "\n" not in str(error.value)
+    assert "--batch_size_per_process=true" in str(error.value)  # Lightning's meaning of batch_size, as the fix
+    with pytest.raises(ConfigurationError) as per_process_error:
+        per_process(3, world(2, per_process=True), "loader")
+    assert "Fix:" in str(per_process_error.value)
+    assert "pass --batch_size_per_process" not in str(per_process_error.value)  # already given
     assert per_process(8, world(2, accumulate=2), "loader") == 2
 
 

@@ -1,0 +1,103 @@
+"""Data read through streaming libraries' own loaders, as their docs show it: LitData's ``StreamingDataset`` in a
+``StreamingDataLoader`` (chunks written by ``litdata.optimize``) and torchdata's ``StatefulDataLoader`` with workers.
+Every sample carries its integer ``id``, so a test can count which samples an epoch trained; the model logs them."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+#: the float features of each sample
+FEATURES = 4
+
+
+def sample(index: int) -> dict[str, torch.Tensor | int]:
+    """Sample ``index``: its id and features drawn from a generator seeded by it."""
+    x = torch.randn(FEATURES, generator=torch.Generator().manual_seed(index))
+    return {"id": index, "x": x}
+
+
+class Samples(Dataset):
+    """``size`` samples in memory (map-style)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor | int]:
+        return sample(index)
+
+
+class IdRegressor(L.LightningModule):
+    """An MLP with dropout regressing the sum of the features; with ``ids_file``, each rank appends the ids of every
+    batch it trains to ``<ids_file>.<rank>``, one line per batch. With ``decay``, its learning rate falls linearly
+    over ``trainer.estimated_stepping_batches``, read in ``configure_optimizers`` as schedules do: before the
+    checkpoint's loops are restored, which makes Lightning set up the training data early."""
+
+    def __init__(
+        self, hidden: int = 16, lr: float = 0.05, dropout: float = 0.1, ids_file: str = "", decay: bool = False
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(FEATURES, hidden), nn.Tanh(), nn.Dropout(dropout), nn.Linear(hidden, 1))
+
+    def training_step(self, batch, batch_idx):
+        x = batch["x"].to(self.dtype)
+        loss = F.mse_loss(self.net(x), x.sum(dim=1, keepdim=True).sin())
+        self.log("train_loss", loss)
+        if self.hparams.ids_file:
+            with open(f"{self.hparams.ids_file}.{self.global_rank}", "a") as file:
+                file.write(" ".join(str(int(i)) for i in batch["id"]) + "\n")
+        return loss
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        if not self.hparams.decay:
+            return optimizer
+        steps = int(self.trainer.estimated_stepping_batches)
+        schedule = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+class LitStreamData(L.LightningDataModule):
+    """Chunks in ``input_dir`` (written by ``litdata.optimize``) read by LitData's own loader, shuffled."""
+
+    def __init__(self, input_dir: str, batch_size: int = 4, num_workers: int = 1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self):
+        from litdata import StreamingDataLoader, StreamingDataset
+
+        dataset = StreamingDataset(self.hparams.input_dir, shuffle=True, drop_last=True)
+        return StreamingDataLoader(dataset, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
+
+
+class StatefulData(L.LightningDataModule):
+    """``size`` in-memory samples in torchdata's ``StatefulDataLoader``, shuffled, with workers."""
+
+    def __init__(self, size: int = 64, batch_size: int = 4, num_workers: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self):
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader(
+            Samples(self.hparams.size),
+            batch_size=self.hparams.batch_size,
+            shuffle=True,
+            num_workers=self.hparams.num_workers,
+        )
+
+
+def write_chunks(output_dir: str, size: int = 64) -> None:
+    """``size`` samples written into LitData chunks in ``output_dir`` (one writer process)."""
+    from litdata import optimize
+
+    optimize(fn=sample, inputs=list(range(size)), output_dir=output_dir, chunk_bytes="2KB", num_workers=1)
