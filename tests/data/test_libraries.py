@@ -19,6 +19,9 @@ from multigpu.testing import SIGTERM_EXIT, Project, differences
 from tests import prewarmed
 from tests.conftest import CLI_MODULE, REPO, cli_env
 
+#: the libraries are no dependency of the project: CI installs them before it runs the extended suite (.ci/run)
+pytestmark = pytest.mark.extended
+
 SAMPLES = 64
 BATCH = 4
 #: past the first steps, before the end of the first epoch (16 steps on one device, 8 under ddp on 2)
@@ -94,7 +97,6 @@ def test_litdata_is_kept_as_it_is_and_trains_on_one_device(tmp_path, chunks):
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_litdata_under_ddp_trains_every_sample_of_an_epoch_once(tmp_path, chunks):
     ids = tmp_path / "ids"
     run = litdata_project(tmp_path, chunks).fit(*DDP, "--trainer.max_epochs=1", f"--model.init_args.ids_file={ids}",
@@ -114,7 +116,6 @@ def test_litdata_resumes_mid_epoch_exactly_on_one_device(tmp_path, chunks):
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_litdata_resumes_mid_epoch_exactly_under_ddp(tmp_path, chunks):
     assert_resumes_exactly(litdata_project(tmp_path, chunks), *DDP)
 
@@ -127,6 +128,5 @@ def test_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly_under_ddp(tmp_path):
     assert_resumes_exactly(stateful_project(tmp_path), *DDP, "--trainer.max_epochs=1", "--model.init_args.decay=true")
