@@ -79,14 +79,24 @@ def run_dir_of(trainer: L.Trainer) -> Path:
 
 def process_start(pid: int) -> str | None:
     """When a process started (``/proc/<pid>/stat``), to tell a live rank from a later process with its pid;
-    None where unknown (no such process, no ``/proc``) or where it runs no more (killed, and not yet reaped by its
-    parent: a zombie answers no signal)."""
+    None where unknown (no such process, no ``/proc``) or where it runs no more (see ``start_if_running``)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return start_if_running(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         return None
+
+
+#: the kernel's flag of a process that has begun to exit (``PF_EXITING`` of ``/proc/<pid>/stat``'s flags)
+PF_EXITING = 0x4
+
+
+def start_if_running(stat: str) -> str | None:
+    """The start time a ``/proc/<pid>/stat`` line gives, None where the process runs no more: a zombie (killed, not
+    yet reaped by its parent) or one that has begun to exit. A rank killed outright closes its connections while it
+    exits, so the peer that reads the closed connection finds it exiting, never running: it answers no signal."""
     fields = stat.rsplit(")", 1)[-1].split()  # field 3 on, counted after the command name
-    return None if fields[0] in ("Z", "X") else fields[19]
+    exiting = fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING
+    return None if exiting else fields[19]
 
 
 def read_states(folder: Path) -> dict[int, dict[str, Any]]:
