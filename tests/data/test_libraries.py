@@ -1,9 +1,12 @@
 """Streaming libraries' own loaders through the command line (``tests/zoo/streaming.py``): LitData's
 ``StreamingDataLoader``, which shards itself, is kept as it is and trains; every sample of an epoch is trained once
-under ddp; a run stopped mid-epoch and resumed ends bit-equal to an uninterrupted one, with LitData and with torchdata's
-``StatefulDataLoader`` (two workers), whose state every rank saves and gets back before its first batch.
+under ddp; a run stopped mid-epoch (SIGTERM, or SIGKILL) and resumed ends bit-equal to an uninterrupted one, with
+LitData, torchdata's ``StatefulDataLoader`` (two workers) and Hugging Face ``datasets`` (a map-style ``Dataset``, and
+an ``IterableDataset`` split by node whose state per batch every rank saves); WebDataset, which keeps no position,
+says in one line at a resume that it starts its epoch again.
 
-The chunks are written by ``litdata.optimize`` in the test's own folder: no download.
+Each library's data is written by its own writer in the test's folder (``litdata.optimize``, ``Dataset.from_dict``,
+``webdataset.TarWriter``): no download.
 """
 
 from __future__ import annotations
