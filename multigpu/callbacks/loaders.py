@@ -239,10 +239,12 @@ class EngineLoaders(Callback):
             return loader
         if world.replicas > 1 and len(set(gathered(first_sample(stream, world.seed)))) > 1:
             # the processes read different samples: the stream shards itself, per-process batches
-            if restores_itself(stream) and not restores_itself(loader) and loader.num_workers == 0:
-                return self._positioned_stream(loader, label)  # a loader with a state of its own saves the stream's
+            # a loader with a state of its own (torchdata's StatefulDataLoader) saves its stream's itself
+            stream_state = restores_itself(stream) and not restores_itself(loader)
+            if stream_state and loader.num_workers == 0:
+                return self._positioned_stream(loader, label)
             why = "it shards itself by rank and the engine cannot skip in it"
-            if restores_itself(stream):  # each worker holds a copy of the stream, whose position this one lacks
+            if stream_state:  # each worker holds a copy of the stream, whose position this one lacks
                 why += " (its position lives in the loader workers: torchdata's StatefulDataLoader saves it)"
             self._kept.append((label, why))
             return loader
