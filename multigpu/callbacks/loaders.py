@@ -7,7 +7,8 @@ refuses its options.
 makes them again with the engine's sampling; the data module's (or model's) ``train_dataloader`` then hands Lightning
 those loaders, placed at the position a resumed checkpoint saved (this callback's state). A loader the engine leaves
 as it is (``--trainer.use_distributed_sampler=false``, a ``DistributedSampler`` or batch sampler of the user's own, a
-stream that shards itself) gets a note at a resume mid-epoch: it restarts its epoch.
+stream that shards itself) gets a note at a resume mid-epoch: it restarts its epoch. A stream that shards itself and
+has a position of its own (Hugging Face's, read without workers) resumes from it (``StatePerBatch``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from multigpu.compat import (
     train_loader_source,
     uses_distributed_sampler,
 )
-from multigpu.data.libraries import shards_itself
+from multigpu.data.libraries import StatePerBatch, shards_itself
 from multigpu.data.loaders import (
     EngineSampler,
     SeededSamples,
@@ -78,6 +79,7 @@ class EngineLoaders(Callback):
         # loaders left as they are that start their iterator at their first batch (LitData's), drawing their workers'
         # base seed there: from the global generator, a resumed run would draw it after the generators are restored
         self._seeded: list[DataLoader] = []
+        self._positioned: list[StatePerBatch] = []  # streams that shard themselves, with a state saved per batch
         self.fitting: L.Trainer | None = None  # the Trainer of the fit under way, whose position a save holds
         self._wrapped: Any = None  # the data module or model whose hooks this callback answers
         self._evaluated: list[str] = []
@@ -187,7 +189,7 @@ class EngineLoaders(Callback):
             mark_origin(error, f"{owner}, the {kind(self._source)}'s own code")
             raise
         world = self._world(trainer)
-        self._engine, self._kept, self._seeded = [], [], []
+        self._engine, self._kept, self._seeded, self._positioned = [], [], [], []
         if isinstance(loaders, DataLoader):
             return self._rebuild(loaders, world, f"loader of {owner}")
         combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders, "max_size_cycle")
@@ -236,8 +238,16 @@ class EngineLoaders(Callback):
             self._kept.append((label, "it has batch_size=None"))
             return loader
         if world.replicas > 1 and len(set(gathered(first_sample(stream, world.seed)))) > 1:
-            self._kept.append((label, "it shards itself by rank and the engine cannot skip in it"))
-            return loader  # the processes read different samples: the stream shards itself, per-process batches
+            # the processes read different samples: the stream shards itself, per-process batches
+            # a loader with a state of its own (torchdata's StatefulDataLoader) saves its stream's itself
+            stream_state = restores_itself(stream) and not restores_itself(loader)
+            if stream_state and loader.num_workers == 0:
+                return self._positioned_stream(loader, label)
+            why = "it shards itself by rank and the engine cannot skip in it"
+            if stream_state:  # each worker holds a copy of the stream, whose position this one lacks
+                why += " (its position lives in the loader workers: torchdata's StatefulDataLoader saves it)"
+            self._kept.append((label, why))
+            return loader
         if loader.num_workers > 1 and workers_differ(stream, world.seed):
             if world.replicas > 1:
                 raise ConfigurationError(
@@ -255,6 +265,11 @@ class EngineLoaders(Callback):
         self._engine.append((share, restores_itself(remade)))
         return remade
 
+    def _positioned_stream(self, loader: DataLoader, label: str) -> DataLoader:
+        positions = StatePerBatch(loader.dataset, int(loader.batch_size))
+        self._positioned.append(positions)
+        return self._remake_as(loader, label, None, positions, drop_last=loader.drop_last)
+
     def _remake(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, micro: int) -> DataLoader:
         return self._remake_as(loader, name, sampler, dataset, batch_size=micro)
 
@@ -266,7 +281,7 @@ class EngineLoaders(Callback):
             args, kwargs = loader_arguments(loader, sampler)
             if "batch_size" in changes:  # batches of the new size, not from a batch sampler Lightning made again
                 kwargs.update(batch_sampler=None, sampler=sampler, shuffle=False)
-            changes.update(dataset=dataset, drop_last=False, generator=generator)
+            changes = {"drop_last": False, **changes, "dataset": dataset, "generator": generator}
             return remade_loader(loader, *args, **{**kwargs, **changes})
         except Exception as error:
             raise ConfigurationError(
@@ -294,6 +309,8 @@ class EngineLoaders(Callback):
             if skip >= position["epoch_length"]:
                 epoch, skip = epoch + 1, 0
         self._seed_workers(epoch)
+        for positions in self._positioned:
+            positions.set_epoch(epoch)
         restored = self._states_restored is not False  # None: Lightning restores the loader's own state
         for item, itself in self._engine:
             done = 0 if itself and restored else skip  # a loader with a state of its own (StatefulDataLoader)
@@ -313,9 +330,10 @@ class EngineLoaders(Callback):
             return
         loaders = stateful_loaders(built)
         saved_world, ranks = saved["world_size"], saved["ranks"]
+        batches = self._position["batches_done"] if self._position else 0
         if saved_world == trainer.world_size:
             for loader, state in zip(loaders, ranks[trainer.global_rank], strict=True):
-                loader.load_state_dict(state)
+                load_loader_state(loader, state, batches)
             self._states_restored = True
             return
         # another number of processes: the engine's sampling skips what was trained in the loaders it samples;
@@ -323,7 +341,7 @@ class EngineLoaders(Callback):
         sampled = {id(item) for item, _ in self._engine}
         own = [loader for loader in loaders if id(engine_owner(loader)) not in sampled]
         for loader, state in zip(own, ranks[trainer.global_rank % saved_world], strict=False):
-            loader.load_state_dict(state)
+            load_loader_state(loader, state, batches)
         self._states_restored = False
         if own and trainer.is_global_zero:
             names = ", ".join(type(loader).__name__ for loader in own)
@@ -347,8 +365,9 @@ class EngineLoaders(Callback):
         if not loaders:
             return training_position(trainer)
         # each rank's own (a rank's position in a loader that shards itself is its own): gathered into the one entry
-        states = gathered([loader.state_dict() for loader in loaders])
-        return {**training_position(trainer), "loaders": {"world_size": trainer.world_size, "ranks": states}}
+        position = training_position(trainer)
+        states = gathered([loader_state(loader, position["batches_done"]) for loader in loaders])
+        return {**position, "loaders": {"world_size": trainer.world_size, "ranks": states}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = dict(state_dict)
@@ -373,6 +392,8 @@ class EngineLoaders(Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._seed_workers(trainer.current_epoch)
+        for positions in self._positioned:
+            positions.set_epoch(trainer.current_epoch)
         for item, _ in self._engine:
             if isinstance(item, StreamShare):
                 item.set_position(trainer.current_epoch, 0)  # the workers read it when the epoch's iterator starts
@@ -390,11 +411,28 @@ def training_position(trainer: L.Trainer) -> dict[str, int]:
 
 
 def stateful_loaders(loaders: Any) -> list[Any]:
-    """The training loaders (one, or a ``CombinedLoader``) that have a state of their own, in order."""
+    """The training loaders (one, or a ``CombinedLoader``) that have a state of their own, or whose stream has
+    (``StatePerBatch``), in order."""
     if loaders is None:
         return []
     flattened = loaders.flattened if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders).flattened
-    return [loader for loader in flattened if restores_itself(loader)]
+    return [loader for loader in flattened if restores_itself(loader) or positioned(loader)]
+
+
+def positioned(loader: Any) -> bool:
+    return isinstance(getattr(loader, "dataset", None), StatePerBatch)
+
+
+def loader_state(loader: Any, batches_done: int) -> Any:
+    """A loader's state after ``batches_done`` batches of the epoch trained (its stream's, for ``StatePerBatch``)."""
+    return loader.dataset.state_after(batches_done) if positioned(loader) else loader.state_dict()
+
+
+def load_loader_state(loader: Any, state: Any, batches_done: int) -> None:
+    if positioned(loader):
+        loader.dataset.restore(state, batches_done)
+    else:
+        loader.load_state_dict(state)
 
 
 def engine_owner(loader: Any) -> Any:

@@ -1,23 +1,33 @@
 """Streaming libraries' own loaders through the command line (``tests/zoo/streaming.py``): LitData's
 ``StreamingDataLoader``, which shards itself, is kept as it is and trains; every sample of an epoch is trained once
-under ddp; a run stopped mid-epoch and resumed ends bit-equal to an uninterrupted one, with LitData and with torchdata's
-``StatefulDataLoader`` (two workers), whose state every rank saves and gets back before its first batch.
+under ddp; a run stopped mid-epoch (SIGTERM, or SIGKILL) and resumed ends bit-equal to an uninterrupted one, with
+LitData, torchdata's ``StatefulDataLoader`` (two workers) and Hugging Face ``datasets`` (a map-style ``Dataset``, and
+an ``IterableDataset`` split by node whose state per batch every rank saves); WebDataset, which keeps no position,
+says in one line at a resume that it starts its epoch again.
 
-The chunks are written by ``litdata.optimize`` in the test's own folder: no download.
+Each library's data is written by its own writer in the test's folder (``litdata.optimize``, ``Dataset.from_dict``,
+``webdataset.TarWriter``): no download.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
+from torch.utils.data import DataLoader, IterableDataset
 
-from multigpu.testing import SIGTERM_EXIT, Project, differences
+from multigpu.data.libraries import StatePerBatch
+from multigpu.testing import SIGTERM_EXIT, Project, Run, differences
 from tests import prewarmed
 from tests.conftest import CLI_MODULE, REPO, cli_env
+from tests.zoo.streaming import write_shards
 
 #: the libraries are no dependency of the project: CI installs them before it runs the extended suite (.ci/run)
 pytestmark = pytest.mark.extended
@@ -26,6 +36,8 @@ SAMPLES = 64
 BATCH = 4
 #: past the first steps, before the end of the first epoch (16 steps on one device, 8 under ddp on 2)
 STOP_AT, STEPS = 3, 6
+#: WebDataset's tar files: one for each worker of each of the 2 processes
+SHARDS = 4
 DDP = ("--trainer.strategy=ddp", "--trainer.devices=2")
 MODEL = ("--model=tests.zoo.streaming.IdRegressor", "--model.init_args.dropout=0.1")
 
@@ -48,19 +60,33 @@ def chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def project(tmp_path: Path, *args: str) -> Project:
-    return Project(REPO, tmp_path, [*MODEL, *args], cli=CLI_MODULE, env=cli_env(), runner=prewarmed.run)
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    needs("webdataset", "pip install webdataset")
+    folder = tmp_path_factory.mktemp("shards")
+    write_shards(str(folder), SAMPLES, SHARDS)
+    return folder
 
 
-def litdata_project(tmp_path: Path, chunks: Path) -> Project:
+def project(tmp_path: Path, *args: str, runner: Callable[..., Any] = prewarmed.run) -> Project:
+    return Project(REPO, tmp_path, [*MODEL, *args], cli=CLI_MODULE, env=cli_env(), runner=runner)
+
+
+def litdata_project(tmp_path: Path, chunks: Path, **options: Any) -> Project:
     data = ("--data=tests.zoo.streaming.LitStreamData", f"--data.init_args.input_dir={chunks}")
-    return project(tmp_path, *data, f"--data.init_args.batch_size={BATCH}")
+    return project(tmp_path, *data, f"--data.init_args.batch_size={BATCH}", **options)
 
 
 def stateful_project(tmp_path: Path) -> Project:
     needs("torchdata", "pip install --no-deps torchdata")
     data = ("--data=tests.zoo.streaming.StatefulData", f"--data.init_args.size={SAMPLES}")
     return project(tmp_path, *data, f"--data.init_args.batch_size={BATCH}", "--data.init_args.num_workers=2")
+
+
+def hf_project(tmp_path: Path, data: str, *args: str) -> Project:
+    needs("datasets", "pip install datasets")
+    return project(tmp_path, f"--data=tests.zoo.streaming.{data}", f"--data.init_args.size={SAMPLES}",
+                   f"--data.init_args.batch_size={BATCH}", *args)  # fmt: skip
 
 
 def trained_ids(prefix: Path) -> list[list[int]]:
@@ -84,6 +110,11 @@ def assert_resumes_exactly(project: Project, *args: str) -> None:
         *args, f"--model.init_args.ids_file={resumed_ids}", "--ckpt_path=last", run_dir=stopped.run_dir, max_steps=STEPS
     )
     assert trained_ids(resumed_ids) == trained_ids(straight_ids), resumed.describe()
+    assert_same_end(straight, resumed)
+
+
+def assert_same_end(straight: Run, resumed: Run) -> None:
+    """Both runs end with the same step, weights, optimizer and schedule state, bit for bit."""
     keys = ("global_step", "state_dict", "optimizer_states", "lr_schedulers")
     found = differences({k: straight.checkpoint()[k] for k in keys}, {k: resumed.checkpoint()[k] for k in keys})
     assert not found, f"{found[:5]}\n{resumed.describe()}"
@@ -96,17 +127,23 @@ def test_litdata_is_kept_as_it_is_and_trains_on_one_device(tmp_path, chunks):
     assert plan["global_batch"] == BATCH
 
 
-@pytest.mark.slow
-def test_litdata_under_ddp_trains_every_sample_of_an_epoch_once(tmp_path, chunks):
-    ids = tmp_path / "ids"
-    run = litdata_project(tmp_path, chunks).fit(*DDP, "--trainer.max_epochs=1", f"--model.init_args.ids_file={ids}",
-                                                max_steps=-1)  # fmt: skip
+def assert_epoch_trains_each_sample_once(project: Project, *args: str, expected: int = SAMPLES) -> Run:
+    """One epoch under ddp on 2 processes trains ``expected`` distinct sample ids, none twice, as many batches on
+    each rank."""
+    ids = project.tmp_path / "ids"
+    run = project.fit(*DDP, *args, "--trainer.max_epochs=1", f"--model.init_args.ids_file={ids}", max_steps=-1)
     per_rank = trained_ids(ids)
     counts = Counter(i for rank in per_rank for i in rank)
     assert len(per_rank) == 2 and len(per_rank[0]) == len(per_rank[1]), run.describe()
     assert set(counts.values()) == {1}, f"trained more than once: {[i for i, n in counts.items() if n > 1]}"
+    assert len(counts) == expected and set(counts) <= set(range(SAMPLES)), run.describe()
+    return run
+
+
+@pytest.mark.slow
+def test_litdata_under_ddp_trains_every_sample_of_an_epoch_once(tmp_path, chunks):
     remainder = SAMPLES % (2 * BATCH)  # drop_last: the samples short of a whole batch on every rank
-    assert len(counts) == SAMPLES - remainder and set(counts) <= set(range(SAMPLES))
+    run = assert_epoch_trains_each_sample_once(litdata_project(tmp_path, chunks), expected=SAMPLES - remainder)
     assert run.plan()["global_batch"] == 2 * BATCH
 
 
@@ -121,6 +158,28 @@ def test_litdata_resumes_mid_epoch_exactly_under_ddp(tmp_path, chunks):
 
 
 @pytest.mark.slow
+def test_litdata_killed_mid_epoch_resumes_from_its_last_checkpoint_exactly(tmp_path, chunks):
+    """SIGKILL on every process after step ``STOP_AT`` (before its checkpoint), a checkpoint every step:
+    ``--ckpt_path=last`` trains on from the step saved, the batches after it and the end bit-equal to an
+    uninterrupted run's."""
+    # a session of its own: the kill ends the run's process group, not pytest's
+    killable = litdata_project(tmp_path, chunks, runner=partial(prewarmed.run, start_new_session=True))
+    every_step, straight_ids, killed_ids = "--checkpoint.every_n_train_steps=1", tmp_path / "straight", tmp_path / "ids"
+    straight = killable.fit(every_step, f"--model.init_args.ids_file={straight_ids}", max_steps=STEPS)
+    kill = ("--trainer.callbacks+=tests.helpers.KillAt", f"--trainer.callbacks.step={STOP_AT}")
+    killed = killable.fit(every_step, *kill, f"--model.init_args.ids_file={killed_ids}", check=False, max_steps=STEPS)
+    assert killed.returncode == -signal.SIGKILL, killed.describe()
+    saved = killed.checkpoint()["global_step"]
+    assert 0 < saved < STOP_AT, killed.describe()  # step 1's write ended before step 2's began
+    [before] = trained_ids(killed_ids)
+    resumed = killable.fit(every_step, f"--model.init_args.ids_file={killed_ids}", "--ckpt_path=last",
+                           run_dir=killed.run_dir, max_steps=STEPS)  # fmt: skip
+    [trained], [whole] = trained_ids(killed_ids), trained_ids(straight_ids)
+    assert trained[: saved * BATCH] + trained[len(before) :] == whole, resumed.describe()
+    assert_same_end(straight, resumed)
+
+
+@pytest.mark.slow
 def test_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly(tmp_path):
     # the learning-rate schedule reads estimated_stepping_batches before the loops are restored (max_epochs set,
     # so Lightning sets up the data to count): the loader's state must still come back
@@ -130,3 +189,94 @@ def test_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly(tmp_path):
 @pytest.mark.slow
 def test_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly_under_ddp(tmp_path):
     assert_resumes_exactly(stateful_project(tmp_path), *DDP, "--trainer.max_epochs=1", "--model.init_args.decay=true")
+
+
+def test_a_hugging_face_dataset_in_a_plain_loader_trains_on_one_device(tmp_path):
+    hf_project(tmp_path, "HFMapData").assert_trains()
+
+
+@pytest.mark.slow
+def test_a_hugging_face_dataset_under_ddp_trains_every_sample_of_an_epoch_once(tmp_path):
+    run = assert_epoch_trains_each_sample_once(hf_project(tmp_path, "HFMapData"))
+    assert run.plan()["global_batch"] == BATCH  # the engine samples it: the batch is the global one
+
+
+@pytest.mark.slow
+def test_a_hugging_face_dataset_resumes_mid_epoch_exactly(tmp_path):
+    assert_resumes_exactly(hf_project(tmp_path, "HFMapData"))
+
+
+@pytest.mark.slow
+def test_a_hugging_face_dataset_resumes_mid_epoch_exactly_under_ddp(tmp_path):
+    assert_resumes_exactly(hf_project(tmp_path, "HFMapData"), *DDP)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_stream_split_by_node_trains_every_sample_of_an_epoch_once_under_ddp(tmp_path):
+    run = assert_epoch_trains_each_sample_once(hf_project(tmp_path, "HFStreamData"))
+    assert not run.notes(), run.describe()
+
+
+@pytest.mark.slow
+def test_a_hugging_face_stream_split_by_node_resumes_mid_epoch_exactly_under_ddp(tmp_path):
+    # Lightning draws a batch ahead from a loader without a length: the state saved is the one after the batches
+    # trained, which a resume gives each rank back
+    assert_resumes_exactly(hf_project(tmp_path, "HFStreamData"), *DDP)
+
+
+def webdataset_project(tmp_path: Path, shards: Path) -> Project:
+    data = ("--data=tests.zoo.streaming.WebDatasetData", f"--data.init_args.shards={shards}")
+    return project(tmp_path, *data, f"--data.init_args.batch_size={BATCH}", "--data.init_args.num_workers=2")
+
+
+@pytest.mark.slow
+def test_webdataset_split_by_node_and_worker_trains_every_sample_of_an_epoch_once_under_ddp(tmp_path, shards):
+    assert_epoch_trains_each_sample_once(webdataset_project(tmp_path, shards))
+
+
+@pytest.mark.slow
+def test_webdataset_stopped_mid_epoch_says_in_one_line_that_it_restarts_its_epoch(tmp_path, shards):
+    """WebDataset keeps no position: a resume mid-epoch says so in one line and trains the epoch from its start."""
+    runs, ids = webdataset_project(tmp_path, shards), f"--model.init_args.ids_file={tmp_path / 'ids'}"
+    stop = ("--trainer.callbacks+=multigpu.testing.SignalAtStep", f"--trainer.callbacks.step={STOP_AT}",
+            "--trainer.callbacks.signal_name=SIGTERM")  # fmt: skip
+    stopped = runs.fit(*DDP, *stop, ids, check=False, max_steps=STEPS)
+    assert stopped.returncode == SIGTERM_EXIT, stopped.describe()
+    before = trained_ids(tmp_path / "ids")
+    resumed = runs.fit(*DDP, ids, "--ckpt_path=last", run_dir=stopped.run_dir, max_steps=STEPS)
+    restarts = [note for note in resumed.notes() if "starts the epoch again" in note]
+    assert len(restarts) == 1, resumed.describe()
+    for first, trained in zip(before, trained_ids(tmp_path / "ids"), strict=True):
+        again = trained[len(first) :]
+        shorter = min(len(first), len(again))
+        assert again[:shorter] == first[:shorter], resumed.describe()  # each rank trains its epoch from its start
+
+
+class Counting(IterableDataset):
+    """The numbers below ``size``, whose state is how many it yielded (as Hugging Face's streams keep theirs)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.start, self.yielded = size, 0, 0
+
+    def __iter__(self):
+        for number in range(self.start, self.size):
+            self.yielded = number + 1
+            yield number
+        self.start = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"yielded": self.yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.start = state["yielded"]
+
+
+def test_a_stream_state_per_batch_is_the_one_after_the_batches_trained_not_those_drawn_ahead():
+    stream = StatePerBatch(Counting(10), batch_size=4)
+    batches = iter(DataLoader(stream, batch_size=4))
+    next(batches), next(batches)  # Lightning draws the second batch before it trains the first
+    assert stream.state_after(1) == {"yielded": 4} and stream.stream.state_dict() == {"yielded": 8}
+    resumed = StatePerBatch(Counting(10), batch_size=4)
+    resumed.restore(stream.state_after(1), 1)
+    assert [batch.tolist() for batch in DataLoader(resumed, batch_size=4)] == [[4, 5, 6, 7], [8, 9]]
+    assert resumed.state_after(3) == {"yielded": 10}  # the last, shorter batch

@@ -4,6 +4,8 @@ Every sample carries its integer ``id``, so a test can count which samples an ep
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -101,3 +103,89 @@ def write_chunks(output_dir: str, size: int = 64) -> None:
     from litdata import optimize
 
     optimize(fn=sample, inputs=list(range(size)), output_dir=output_dir, chunk_bytes="2KB", num_workers=1)
+
+
+def columns(size: int) -> dict[str, list]:
+    """``size`` samples as columns (``id``, ``x``), as Hugging Face's ``Dataset.from_dict`` takes them."""
+    rows = [sample(index) for index in range(size)]
+    return {"id": [row["id"] for row in rows], "x": [row["x"].tolist() for row in rows]}
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the number of processes, read from ``torch.distributed`` as a data module does."""
+    import torch.distributed as dist
+
+    initialized = dist.is_available() and dist.is_initialized()
+    return (dist.get_rank(), dist.get_world_size()) if initialized else (0, 1)
+
+
+class HFMapData(L.LightningDataModule):
+    """``size`` samples in a Hugging Face ``Dataset`` (``from_dict``, torch format) in a plain shuffled
+    ``DataLoader``."""
+
+    def __init__(self, size: int = 64, batch_size: int = 4) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self):
+        from datasets import Dataset
+
+        dataset = Dataset.from_dict(columns(self.hparams.size)).with_format("torch")
+        return torch.utils.data.DataLoader(dataset, batch_size=self.hparams.batch_size, shuffle=True)
+
+
+class HFStreamData(L.LightningDataModule):
+    """``size`` samples in a Hugging Face ``IterableDataset`` of ``num_shards`` shards, split by rank with
+    ``datasets.distributed.split_dataset_by_node``, in a plain ``DataLoader``."""
+
+    def __init__(self, size: int = 64, batch_size: int = 4, num_shards: int = 4, num_workers: int = 0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self):
+        from datasets import Dataset
+        from datasets.distributed import split_dataset_by_node
+
+        stream = Dataset.from_dict(columns(self.hparams.size)).to_iterable_dataset(num_shards=self.hparams.num_shards)
+        rank, world = rank_and_world()
+        split = split_dataset_by_node(stream.with_format("torch"), rank=rank, world_size=world)
+        return torch.utils.data.DataLoader(
+            split, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers
+        )
+
+
+def write_shards(folder: str, size: int = 64, shards: int = 4) -> None:
+    """``size`` samples written into ``shards`` WebDataset tar files in ``folder`` (``webdataset.TarWriter``)."""
+    import webdataset as wds
+
+    per_shard = size // shards
+    for shard in range(shards):
+        with wds.TarWriter(f"{folder}/shard-{shard:02d}.tar") as writer:
+            for index in range(shard * per_shard, (shard + 1) * per_shard):
+                record = {"id": index, "x": sample(index)["x"].tolist()}
+                writer.write({"__key__": f"{index:06d}", "json": record})
+
+
+def from_record(record: dict) -> dict[str, torch.Tensor | int]:
+    """A decoded WebDataset record as a sample (a function of the module: loader workers unpickle it)."""
+    return {"id": record["json"]["id"], "x": torch.tensor(record["json"]["x"])}
+
+
+class WebDatasetData(L.LightningDataModule):
+    """The tar files in ``shards`` read by ``webdataset.WebDataset``, split by node and by worker, in a plain
+    ``DataLoader`` with workers."""
+
+    def __init__(self, shards: str, batch_size: int = 4, num_workers: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self):
+        import webdataset as wds
+
+        urls = sorted(str(path) for path in Path(self.hparams.shards).glob("*.tar"))
+        stream = wds.WebDataset(
+            urls, nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker, shardshuffle=False
+        )
+        return torch.utils.data.DataLoader(
+            stream.decode().map(from_record), batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers
+        )
