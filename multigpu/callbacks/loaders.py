@@ -4,8 +4,8 @@ size and strategy, augmentations seeded per sample, an exact resume mid-epoch, a
 refuses its options.
 
 ``setup`` asks for the loaders once, before anything is written (a refused option stops the run there, exit 2), and
-makes them again with the engine's sampling; the data module's (or model's) ``train_dataloader`` then hands Lightning
-those loaders, placed at the position a resumed checkpoint saved (this callback's state). A loader the engine leaves
+makes them again with the engine's sampling (``GlobalBatchDataModule``'s plain loader too); the ``train_dataloader``
+then hands Lightning those loaders, placed at the position a checkpoint saved (``multigpu/data/position.py``). One left
 as it is (``--trainer.use_distributed_sampler=false``, a ``DistributedSampler`` or batch sampler of the user's own, a
 stream that shards itself) gets a note at a resume mid-epoch: it restarts its epoch. A stream that shards itself and
 has a position of its own (Hugging Face's, read without workers) resumes from it (``StatePerBatch``).
@@ -40,12 +40,15 @@ from multigpu.data.loaders import (
     SizedStreamShare,
     StreamShare,
     World,
-    digest,
     engine_sampler,
     first_sample,
+    has_length,
     is_engine_sampled,
+    loader_refusal,
     mark_origin,
+    one_line,
     plain_batching,
+    workers_differ,
 )
 from multigpu.data.position import (
     Position,
@@ -57,15 +60,13 @@ from multigpu.data.position import (
     stateful_loaders,
 )
 from multigpu.data.sampling import BatchedDataset, EvaluationBatches, global_seed
-from multigpu.data.seeding import sample_seed, seed_generators
+from multigpu.data.seeding import sample_seed
 from multigpu.errors import ConfigurationError, notice
 from multigpu.topology import data_parallel_world
 
 HOOK = "train_dataloader"
 #: the evaluation hooks whose loaders get the same global batches at any world size
 EVALUATION_HOOKS = ("val_dataloader", "test_dataloader")
-#: where torch's loaders and samplers live: a ValueError raised there refuses an option the user gave
-TORCH_DATA = ("torch/utils/data/", "torch\\utils\\data\\")
 
 
 class EngineLoaders(Callback):
@@ -234,9 +235,8 @@ class EngineLoaders(Callback):
             self._kept.append((name, f"it has {what}, which decides the batches"))
             return loader
         sampler = engine_sampler(loader, world, name)
-        remade = self._remake(
-            loader, name, sampler, SeededSamples(loader.dataset, world.seed), sampler.micro_batch_size
-        )
+        samples = SeededSamples(loader.dataset, world.seed)
+        remade = self._remake_as(loader, name, sampler, samples, batch_size=sampler.micro_batch_size)
         self._engine.append((sampler, restores_itself(remade)))
         return remade
 
@@ -270,7 +270,7 @@ class EngineLoaders(Callback):
             return loader
         share_class = SizedStreamShare if has_length(stream) else StreamShare
         share = share_class(stream, world.global_batch(int(loader.batch_size)), world)
-        remade = self._remake(loader, label, None, share, share.micro)
+        remade = self._remake_as(loader, label, None, share, batch_size=share.micro)
         self._engine.append((share, restores_itself(remade)))
         return remade
 
@@ -278,9 +278,6 @@ class EngineLoaders(Callback):
         positions = StatePerBatch(loader.dataset, int(loader.batch_size))
         self._positioned.append(positions)
         return self._remake_as(loader, label, None, positions, drop_last=loader.drop_last)
-
-    def _remake(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, micro: int) -> DataLoader:
-        return self._remake_as(loader, name, sampler, dataset, batch_size=micro)
 
     def _remake_as(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, **changes: Any) -> DataLoader:
         # a generator of the loader's own: its workers' base seed is drawn from it, not from the global one the
@@ -400,55 +397,3 @@ def engine_owner(loader: Any) -> Any:
 
 def kind(source: Any) -> str:
     return "model" if isinstance(source, L.LightningModule) else "data module"
-
-
-def one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-def loader_refusal(error: BaseException, owner: str) -> ConfigurationError | None:
-    """One paragraph for a ``ValueError`` (or ``TypeError``) that torch's ``DataLoader`` or a sampler raised about
-    an option ``owner`` gave it; None for an error of the user's own code."""
-    if not isinstance(error, (ValueError, TypeError)) or isinstance(error, ConfigurationError):
-        return error if isinstance(error, ConfigurationError) else None
-    frames = []
-    trace = error.__traceback__
-    while trace is not None:
-        frames.append(trace.tb_frame.f_code.co_filename)
-        trace = trace.tb_next
-    if not frames or not any(part in frames[-1] for part in TORCH_DATA):
-        return None
-    option = next((word.split("=")[0] for word in str(error).split() if "=" in word), None)
-    named = f" (--data.{option}, or the argument that sets it)" if option else ""
-    return ConfigurationError(
-        f"{owner} made a loader that torch refused: {one_line(error)}. Fix: change that option{named} to a value"
-        " torch's DataLoader accepts."
-    )
-
-
-def workers_differ(stream: Any, seed: int) -> bool:
-    """Whether two loader workers, seeded alike, start ``stream`` with different samples: it shards itself among
-    workers (``torch.utils.data.get_worker_info``)."""
-    probe = DataLoader(stream, batch_size=None, num_workers=2, worker_init_fn=partial(seed_worker, seed))
-    return len({digest(sample) for sample in _first(probe, 2)}) > 1
-
-
-def seed_worker(seed: int, worker_id: int) -> None:
-    """A probe's ``worker_init_fn``: every worker seeded alike."""
-    seed_generators(seed)
-
-
-def _first(loader: DataLoader, count: int) -> list[Any]:
-    iterator = iter(loader)
-    try:
-        return [sample for _, sample in zip(range(count), iterator, strict=False)]
-    finally:
-        del iterator
-
-
-def has_length(stream: Any) -> bool:
-    try:
-        len(stream)
-    except TypeError:
-        return False
-    return True
