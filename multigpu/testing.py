@@ -209,10 +209,14 @@ class Project:
         """
         one = self.fit(*args, FP64, "--trainer.strategy=auto", "--trainer.devices=1", "--trainer.num_nodes=1",
                        run_dir=self.run_dir("one-device"))  # fmt: skip
+        cause = order_cause(one.plan(), devices)  # said before a ddp run that could only show it as a difference
+        assert cause is None, f"{cause} (one device: {one.run_dir})"
         many = self.fit(*args, FP64, "--trainer.strategy=ddp", f"--trainer.devices={devices}",
                         "--trainer.num_nodes=1", run_dir=self.run_dir("ddp"))  # fmt: skip
-        expected, got = one.checkpoint(), many.checkpoint()
         where = f"one device: {one.run_dir}, ddp: {many.run_dir}"
+        cause = order_cause(many.plan(), devices)  # a stream that shards itself by rank shows it under ddp only
+        assert cause is None, f"{cause} ({where})"
+        expected, got = one.checkpoint(), many.checkpoint()
         assert got["global_step"] == expected["global_step"], (
             f"ddp on {devices} processes ended at step {got['global_step']}, one device at"
             f" {expected['global_step']} ({where})"
@@ -224,7 +228,9 @@ class Project:
             raise AssertionError(
                 f"ddp on {devices} processes trained another model than one device: the weights after step"
                 f" {got['global_step']} differ by {difference:.3g} relative (tolerance {tolerance:g}); the largest"
-                f" relative differences: {largest} ({where}). {batch_cause(one.plan(), many.plan())}"
+                f" relative differences: {largest} ({where}). A layer that computes over the batch (BatchNorm),"
+                " random draws in training (dropout), or a data module whose batches or shards depend on the"
+                " process count make this differ."
             )
 
     def assert_exact_resume(self, *args: str, stop_at_step: int = 2, tolerance: float = 0.0) -> None:
@@ -284,25 +290,29 @@ class Project:
         return paragraph
 
 
-def batch_cause(one: Mapping[str, Any], many: Mapping[str, Any]) -> str:
-    """Why ddp may have trained another model, from the two run plans: the training loader's batches first."""
-    meaning = many.get("batch_size_means") or ""
-    if one.get("global_batch") != many.get("global_batch"):
-        return (
-            f"The global batch differs: {one.get('global_batch')} on one device, {many.get('global_batch')} under ddp"
-            f" (the training loader's batch_size means: {meaning or 'unknown'}); a loader whose batch_size is per"
-            " process (--batch_size_per_process=true, or a stream that shards itself) steps on more samples with"
-            " more processes."
-        )
-    if meaning.startswith("per process"):
-        return (
-            f"The training loader's batch_size means: {meaning}: the engine does not sample it, so which samples"
-            " meet in a step depends on the process count (its sampler or a stream's own sharding)."
-        )
-    return (
-        "A layer that computes over the batch (BatchNorm), random draws in training (dropout), or a data module"
-        " whose batches or shards depend on the process count make this differ."
-    )
+def order_cause(plan: Mapping[str, Any], devices: int) -> str | None:
+    """Why ddp on ``devices`` processes cannot train the one-device model, in one sentence, from a run plan: a
+    training loader whose order depends on the number of processes, or whose batch is per process (None: none)."""
+    from multigpu.callbacks.run_plan import ORDER_DEPENDS
+
+    source = plan.get("data") or plan.get("model")
+    orders, meanings = _per_loader(plan.get("data_order")), _per_loader(plan.get("batch_size_means"))
+    for (name, order), (_, meaning) in zip(orders, meanings, strict=False):
+        if order.startswith(ORDER_DEPENDS):
+            why = f"has an order that {order}"
+        elif meaning.startswith("per process"):
+            why = f"has a batch_size {meaning}, so a step on {devices} processes trains on {devices} times the samples"
+        else:
+            continue
+        return f"ddp on {devices} processes cannot train the one-device model: the training {name} of {source} {why}."
+    return None
+
+
+def _per_loader(fact: str | list[str] | None) -> list[tuple[str, str]]:
+    """A plan's fact of the training loader, or of each of several (``loader i: ...``), as (loader, fact) pairs."""
+    if isinstance(fact, str):
+        return [("loader", fact)]
+    return [tuple(line.split(": ", 1)) for line in fact or []]  # type: ignore[misc]
 
 
 def resume_cause(resumed: Run) -> str:

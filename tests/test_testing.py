@@ -54,14 +54,35 @@ def test_assert_same_model_under_ddp_passes(project):
     project.assert_same_model_under_ddp(NO_DROPOUT)
 
 
-@pytest.mark.slow
-def test_assert_same_model_under_ddp_fails_on_data_sharded_with_the_batch_per_process(project):
+def test_assert_same_model_under_ddp_fails_on_a_batch_per_process_before_running_ddp(project):
+    """The reason, in one sentence from the one-device run's plan, not a weight difference: no ddp run is made."""
     data = ("--data=tests.fixtures.mistakes.PerProcessBatchData", "--batch_size_per_process=true")
-    with pytest.raises(
-        AssertionError, match=r"trained another model than one device.*differences: net\.\d\.\w+: "
-    ) as e:
+    with pytest.raises(AssertionError) as failed:
         project.assert_same_model_under_ddp(NO_DROPOUT, *data)
-    assert "The global batch differs: 32 on one device, 64 under ddp" in str(e.value)
+    assert str(failed.value).startswith(
+        "ddp on 2 processes cannot train the one-device model: the training loader of"
+        " tests.fixtures.mistakes.PerProcessBatchData has a batch_size per process (--batch_size_per_process=true),"
+        " so a step on 2 processes trains on 2 times the samples. (one device: "
+    )
+    assert not list(project.tmp_path.glob("ddp*"))
+
+
+def test_the_ddp_proofs_reason_names_the_loader_whose_order_depends_on_the_processes():
+    from multigpu.callbacks.run_plan import SAME_ORDER
+
+    litdata = "depends on the number of processes: LitData stripes its samples among the processes"
+    plan = {
+        "data": "project.Data",
+        "batch_size_means": ["loader 0: global batch of one optimizer step", "loader 1: per process (the loader...)"],
+        "data_order": [f"loader 0: {SAME_ORDER}", f"loader 1: {litdata}"],
+    }
+    assert multigpu.testing.order_cause(plan, 2) == (
+        f"ddp on 2 processes cannot train the one-device model: the training loader 1 of project.Data has an order"
+        f" that {litdata}."
+    )
+    same = {"data": "project.Data", "batch_size_means": "global batch of one optimizer step", "data_order": SAME_ORDER}
+    assert multigpu.testing.order_cause(same, 2) is None
+    assert multigpu.testing.order_cause({}, 2) is None  # no plan written: the weights decide
 
 
 @pytest.mark.slow

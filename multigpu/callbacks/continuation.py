@@ -17,7 +17,6 @@ from lightning.pytorch.callbacks import Callback, Timer
 from lightning.pytorch.utilities import CombinedLoader
 
 from multigpu.callbacks.loaders import EngineLoaders
-from multigpu.callbacks.loaders import restores_itself as resumable
 from multigpu.callbacks.steps import EveryNSteps
 from multigpu.compat import (
     batch_progress,
@@ -31,6 +30,7 @@ from multigpu.compat import (
     start_next_epoch_afresh,
     validation_follows,
 )
+from multigpu.data.position import restores_itself as resumable
 from multigpu.errors import notice
 
 

@@ -4,8 +4,8 @@ size and strategy, augmentations seeded per sample, an exact resume mid-epoch, a
 refuses its options.
 
 ``setup`` asks for the loaders once, before anything is written (a refused option stops the run there, exit 2), and
-makes them again with the engine's sampling; the data module's (or model's) ``train_dataloader`` then hands Lightning
-those loaders, placed at the position a resumed checkpoint saved (this callback's state). A loader the engine leaves
+makes them again with the engine's sampling (``GlobalBatchDataModule``'s plain loader too); the ``train_dataloader``
+then hands Lightning those loaders, placed at the position a checkpoint saved (``multigpu/data/position.py``). One left
 as it is (``--trainer.use_distributed_sampler=false``, a ``DistributedSampler`` or batch sampler of the user's own, a
 stream that shards itself) gets a note at a resume mid-epoch: it restarts its epoch. A stream that shards itself and
 has a position of its own (Hugging Face's, read without workers) resumes from it (``StatePerBatch``).
@@ -18,13 +18,11 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.compat import (
-    batch_progress,
     drop_saved_loader_states,
     loader_arguments,
     overrides_hook,
@@ -34,6 +32,7 @@ from multigpu.compat import (
     train_loader_source,
     uses_distributed_sampler,
 )
+from multigpu.data.base import own_training_loader
 from multigpu.data.libraries import StatePerBatch, shards_itself
 from multigpu.data.loaders import (
     EngineSampler,
@@ -41,23 +40,33 @@ from multigpu.data.loaders import (
     SizedStreamShare,
     StreamShare,
     World,
-    digest,
     engine_sampler,
     first_sample,
+    has_length,
     is_engine_sampled,
+    loader_refusal,
     mark_origin,
+    one_line,
     plain_batching,
+    workers_differ,
+)
+from multigpu.data.position import (
+    Position,
+    gathered,
+    load_loader_state,
+    read_position,
+    restores_itself,
+    saved_position,
+    stateful_loaders,
 )
 from multigpu.data.sampling import BatchedDataset, EvaluationBatches, global_seed
-from multigpu.data.seeding import sample_seed, seed_generators
+from multigpu.data.seeding import sample_seed
 from multigpu.errors import ConfigurationError, notice
 from multigpu.topology import data_parallel_world
 
 HOOK = "train_dataloader"
 #: the evaluation hooks whose loaders get the same global batches at any world size
 EVALUATION_HOOKS = ("val_dataloader", "test_dataloader")
-#: where torch's loaders and samplers live: a ValueError raised there refuses an option the user gave
-TORCH_DATA = ("torch/utils/data/", "torch\\utils\\data\\")
 
 
 class EngineLoaders(Callback):
@@ -72,7 +81,7 @@ class EngineLoaders(Callback):
         self.per_process = per_process
         self._source: Any = None
         self._built: Any = None
-        self._position: dict[str, int] | None = None  # what a resumed checkpoint saved
+        self._position: Position | None = None  # what a resumed checkpoint saved
         self._engine: list[tuple[Any, bool]] = []  # the samplers and streams given the engine's sampling, and
         # whether their loader restores its own position
         self._kept: list[tuple[str, str]] = []  # (loader, why) for those left as they are
@@ -84,8 +93,6 @@ class EngineLoaders(Callback):
         self._wrapped: Any = None  # the data module or model whose hooks this callback answers
         self._evaluated: list[str] = []
         self._samples = False  # whether the engine's sampling goes into the loaders
-        self._states: dict[str, Any] | None = None  # every rank's loader states a resumed checkpoint saved
-        self._states_restored: bool | None = None  # None: the checkpoint saved none (Lightning's own restore)
 
     # -- building ---------------------------------------------------------------------------------------------
 
@@ -93,8 +100,10 @@ class EngineLoaders(Callback):
         source = train_loader_source(trainer)
         if not isinstance(source, (L.LightningModule, L.LightningDataModule)):
             return
-        # overfit_batches: Lightning reads the first batches in order, with a sampler of its own
-        self._samples = uses_distributed_sampler(trainer) and not trainer.overfit_batches
+        # GlobalBatchDataModule's own loader is sampled whatever Lightning's switch says; overfit_batches: Lightning
+        # reads the first batches in order, with a sampler of its own
+        sampled = uses_distributed_sampler(trainer) or own_training_loader(source)
+        self._samples = sampled and not trainer.overfit_batches
         self._evaluated = [hook for hook in EVALUATION_HOOKS if overrides_hook(source, hook)] if self._samples else []
         # each hook replaced on the instance (Lightning calls it through the instance), the class's kept
         for hook in self._evaluated:
@@ -104,19 +113,19 @@ class EngineLoaders(Callback):
             return
         self._source = source
         original = getattr(source, HOOK)
-        build = partial(self._build, trainer) if self._samples else _asked
         if self._samples:
-            self._built = build(lambda: request_train_loaders(trainer))
+            self._built = self._build(trainer, lambda: request_train_loaders(trainer))
             if not self._engine and not stateful_loaders(self._built):
                 self._built = None  # every loader left as it is: Lightning asks the hook itself, as without the engine
                 return
 
         def train_dataloader() -> Any:
             built, self._built = self._built, None
-            if built is None:  # asked again (reload_dataloaders_every_n_epochs): made again
-                built = build(original)
-            self._restore_states(trainer, built)
-            self._place(trainer)
+            if built is None and self._samples:  # asked again (reload_dataloaders_every_n_epochs): made again
+                built = self._build(trainer, original)
+            elif built is None:
+                built = original()
+            self._resume(trainer, built)
             return built
 
         setattr(source, HOOK, train_dataloader)
@@ -176,7 +185,8 @@ class EngineLoaders(Callback):
     def _world(self, trainer: L.Trainer) -> World:
         data_parallel = data_parallel_world(trainer.strategy)
         replicas, rank = data_parallel or (trainer.world_size, trainer.global_rank)
-        return World(replicas, rank, trainer.accumulate_grad_batches, global_seed(), self.per_process)
+        per_process = self.per_process and not own_training_loader(self._wrapped)
+        return World(replicas, rank, trainer.accumulate_grad_batches, global_seed(), per_process)
 
     def _build(self, trainer: L.Trainer, ask: Any) -> Any:
         owner = f"{type(self._source).__name__}.{HOOK}()"
@@ -225,9 +235,8 @@ class EngineLoaders(Callback):
             self._kept.append((name, f"it has {what}, which decides the batches"))
             return loader
         sampler = engine_sampler(loader, world, name)
-        remade = self._remake(
-            loader, name, sampler, SeededSamples(loader.dataset, world.seed), sampler.micro_batch_size
-        )
+        samples = SeededSamples(loader.dataset, world.seed)
+        remade = self._remake_as(loader, name, sampler, samples, batch_size=sampler.micro_batch_size)
         self._engine.append((sampler, restores_itself(remade)))
         return remade
 
@@ -261,7 +270,7 @@ class EngineLoaders(Callback):
             return loader
         share_class = SizedStreamShare if has_length(stream) else StreamShare
         share = share_class(stream, world.global_batch(int(loader.batch_size)), world)
-        remade = self._remake(loader, label, None, share, share.micro)
+        remade = self._remake_as(loader, label, None, share, batch_size=share.micro)
         self._engine.append((share, restores_itself(remade)))
         return remade
 
@@ -269,9 +278,6 @@ class EngineLoaders(Callback):
         positions = StatePerBatch(loader.dataset, int(loader.batch_size))
         self._positioned.append(positions)
         return self._remake_as(loader, label, None, positions, drop_last=loader.drop_last)
-
-    def _remake(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, micro: int) -> DataLoader:
-        return self._remake_as(loader, name, sampler, dataset, batch_size=micro)
 
     def _remake_as(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, **changes: Any) -> DataLoader:
         # a generator of the loader's own: its workers' base seed is drawn from it, not from the global one the
@@ -300,21 +306,19 @@ class EngineLoaders(Callback):
 
     # -- position ---------------------------------------------------------------------------------------------
 
-    def _place(self, trainer: L.Trainer) -> None:
-        """Put every engine loader at the epoch the fit starts in and, on a resume, past what was trained."""
-        epoch, skip = trainer.current_epoch, 0
-        if self._position is not None:
-            position, self._position = self._position, None
-            epoch, skip = position["epoch"], position["batches_done"]
-            if skip >= position["epoch_length"]:
-                epoch, skip = epoch + 1, 0
+    def _resume(self, trainer: L.Trainer, built: Any) -> None:
+        """Put every training loader where the fit starts: at its epoch and, on a resume, past what was trained (the
+        engine's samplers and streams skip it; a loader with a state of its own gets its rank's saved state)."""
+        position, self._position = self._position, None
+        epoch, skip = position.start() if position is not None else (trainer.current_epoch, 0)
+        # None: the checkpoint saved no loader state (Lightning restores a loader's own)
+        restored = self._restore_states(trainer, built, position) if position is not None else None
         self._seed_workers(epoch)
         for positions in self._positioned:
             positions.set_epoch(epoch)
-        restored = self._states_restored is not False  # None: Lightning restores the loader's own state
         for item, itself in self._engine:
-            done = 0 if itself and restored else skip  # a loader with a state of its own (StatefulDataLoader)
-            # skips itself
+            done = 0 if itself and restored is not False else skip  # a loader with a state of its own (torchdata's
+            # StatefulDataLoader) skips itself
             if isinstance(item, EngineSampler):
                 item.set_epoch(epoch)
                 if done:
@@ -322,27 +326,24 @@ class EngineLoaders(Callback):
             else:
                 item.set_position(epoch, done)
 
-    def _restore_states(self, trainer: L.Trainer, built: Any) -> None:
-        """Give each loader with a state of its own (``state_dict``/``load_state_dict``: LitData's, torchdata's
-        ``StatefulDataLoader``) the state this rank saved, before Lightning draws its first batch."""
-        saved, self._states = self._states, None
-        if saved is None:
-            return
+    def _restore_states(self, trainer: L.Trainer, built: Any, position: Position) -> bool | None:
+        """Give each loader with a state of its own (LitData's, torchdata's ``StatefulDataLoader``) the state this
+        rank saved, before Lightning draws its first batch: whether at the same number of processes (None: the
+        checkpoint saved none)."""
+        if position.states is None:
+            return None
         loaders = stateful_loaders(built)
-        saved_world, ranks = saved["world_size"], saved["ranks"]
-        batches = self._position["batches_done"] if self._position else 0
+        saved_world, ranks = position.states["world_size"], position.states["ranks"]
         if saved_world == trainer.world_size:
             for loader, state in zip(loaders, ranks[trainer.global_rank], strict=True):
-                load_loader_state(loader, state, batches)
-            self._states_restored = True
-            return
+                load_loader_state(loader, state, position.batches_done)
+            return True
         # another number of processes: the engine's sampling skips what was trained in the loaders it samples;
         # a loader that shards itself gets a saved rank's state and re-stripes from it
         sampled = {id(item) for item, _ in self._engine}
         own = [loader for loader in loaders if id(engine_owner(loader)) not in sampled]
         for loader, state in zip(own, ranks[trainer.global_rank % saved_world], strict=False):
-            load_loader_state(loader, state, batches)
-        self._states_restored = False
+            load_loader_state(loader, state, position.batches_done)
         if own and trainer.is_global_zero:
             names = ", ".join(type(loader).__name__ for loader in own)
             notice(
@@ -351,6 +352,7 @@ class EngineLoaders(Callback):
                 " with its samples striped anew among the processes, and trains another order than an uninterrupted"
                 f" run on {trainer.world_size} would."
             )
+        return False
 
     def _seed_workers(self, epoch: int) -> None:
         """Give each loader of ``_seeded`` a generator of its own for ``epoch``, seeded from the run's seed and it."""
@@ -358,21 +360,10 @@ class EngineLoaders(Callback):
             loader.generator = torch.Generator().manual_seed(sample_seed(global_seed(), epoch, -1))
 
     def state_dict(self) -> dict[str, Any]:
-        trainer = self.fitting
-        if trainer is None:
-            return {}
-        loaders = stateful_loaders(trainer.train_dataloader)
-        if not loaders:
-            return training_position(trainer)
-        # each rank's own (a rank's position in a loader that shards itself is its own): gathered into the one entry
-        position = training_position(trainer)
-        states = gathered([loader_state(loader, position["batches_done"]) for loader in loaders])
-        return {**position, "loaders": {"world_size": trainer.world_size, "ranks": states}}
+        return saved_position(self.fitting).entry() if self.fitting is not None else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state = dict(state_dict)
-        self._states = state.pop("loaders", None)
-        self._position = state or None
+        self._position = read_position(state_dict)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if self.state_key in checkpoint.get("callbacks", {}) and "loaders" in checkpoint["callbacks"][self.state_key]:
@@ -399,117 +390,10 @@ class EngineLoaders(Callback):
                 item.set_position(trainer.current_epoch, 0)  # the workers read it when the epoch's iterator starts
 
 
-def training_position(trainer: L.Trainer) -> dict[str, int]:
-    """Where the training loop stands in its epoch, as a checkpoint saved now resumes it."""
-    return {
-        "epoch": trainer.current_epoch,
-        # `processed` counts the batch whose step just finished, which `completed` does not yet count while
-        # `on_train_batch_end` callbacks (ModelCheckpoint, preemption) are saving.
-        "batches_done": batch_progress(trainer).current.processed,
-        "epoch_length": int(min(trainer.num_training_batches, 2**62)),
-    }
-
-
-def stateful_loaders(loaders: Any) -> list[Any]:
-    """The training loaders (one, or a ``CombinedLoader``) that have a state of their own, or whose stream has
-    (``StatePerBatch``), in order."""
-    if loaders is None:
-        return []
-    flattened = loaders.flattened if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders).flattened
-    return [loader for loader in flattened if restores_itself(loader) or positioned(loader)]
-
-
-def positioned(loader: Any) -> bool:
-    return isinstance(getattr(loader, "dataset", None), StatePerBatch)
-
-
-def loader_state(loader: Any, batches_done: int) -> Any:
-    """A loader's state after ``batches_done`` batches of the epoch trained (its stream's, for ``StatePerBatch``)."""
-    return loader.dataset.state_after(batches_done) if positioned(loader) else loader.state_dict()
-
-
-def load_loader_state(loader: Any, state: Any, batches_done: int) -> None:
-    if positioned(loader):
-        loader.dataset.restore(state, batches_done)
-    else:
-        loader.load_state_dict(state)
-
-
 def engine_owner(loader: Any) -> Any:
     """What holds the engine's sampling in a loader it made again: its ``EngineSampler``, or its ``StreamShare``."""
     return loader.sampler if isinstance(loader.sampler, EngineSampler) else loader.dataset
 
 
-def _asked(ask: Any) -> Any:
-    return ask()
-
-
-def restores_itself(loader: Any) -> bool:
-    """Whether Lightning saves and restores the loader's own position (``state_dict``/``load_state_dict``, as
-    torchdata's ``StatefulDataLoader`` has): the engine then does not skip in it a second time."""
-    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
-
-
 def kind(source: Any) -> str:
     return "model" if isinstance(source, L.LightningModule) else "data module"
-
-
-def one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-def loader_refusal(error: BaseException, owner: str) -> ConfigurationError | None:
-    """One paragraph for a ``ValueError`` (or ``TypeError``) that torch's ``DataLoader`` or a sampler raised about
-    an option ``owner`` gave it; None for an error of the user's own code."""
-    if not isinstance(error, (ValueError, TypeError)) or isinstance(error, ConfigurationError):
-        return error if isinstance(error, ConfigurationError) else None
-    frames = []
-    trace = error.__traceback__
-    while trace is not None:
-        frames.append(trace.tb_frame.f_code.co_filename)
-        trace = trace.tb_next
-    if not frames or not any(part in frames[-1] for part in TORCH_DATA):
-        return None
-    option = next((word.split("=")[0] for word in str(error).split() if "=" in word), None)
-    named = f" (--data.{option}, or the argument that sets it)" if option else ""
-    return ConfigurationError(
-        f"{owner} made a loader that torch refused: {one_line(error)}. Fix: change that option{named} to a value"
-        " torch's DataLoader accepts."
-    )
-
-
-def gathered(value: Any) -> list[Any]:
-    """``value`` of every process, in rank order (this process's alone without a process group)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [value]
-    values: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values
-
-
-def workers_differ(stream: Any, seed: int) -> bool:
-    """Whether two loader workers, seeded alike, start ``stream`` with different samples: it shards itself among
-    workers (``torch.utils.data.get_worker_info``)."""
-    probe = DataLoader(stream, batch_size=None, num_workers=2, worker_init_fn=partial(seed_worker, seed))
-    return len({digest(sample) for sample in _first(probe, 2)}) > 1
-
-
-def seed_worker(seed: int, worker_id: int) -> None:
-    """A probe's ``worker_init_fn``: every worker seeded alike."""
-    seed_generators(seed)
-
-
-def _first(loader: DataLoader, count: int) -> list[Any]:
-    iterator = iter(loader)
-    try:
-        return [sample for _, sample in zip(range(count), iterator, strict=False)]
-    finally:
-        del iterator
-
-
-def has_length(stream: Any) -> bool:
-    try:
-        len(stream)
-    except TypeError:
-        return False
-    return True

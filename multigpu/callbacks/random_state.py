@@ -6,9 +6,9 @@ continues from the state ``seed_everything`` left at start-up. ``RandomState`` s
 CUDA generator of each device the rank uses, numpy's and Python's ``random`` of every rank (gathered into the one
 checkpoint entry, so single-file and sharded checkpoints carry all of them), and puts each rank's own back at
 ``on_train_start``: after Lightning has created the training loader's iterator (which draws a worker seed) and
-before the first batch is fetched, the point where the uninterrupted run stood when it saved. The template's own
-loaders draw nothing from these generators (``multigpu/data/base.py`` gives each loader a generator of its own, seeded
-from the run's seed, the epoch and the rank), so there is no data-path state to carry.
+before the first batch is fetched, the point where the uninterrupted run stood when it saved. The loaders the
+engine samples draw nothing from these generators (``multigpu/callbacks/loaders.py`` gives each a generator of its own
+and seeds each sample from the run's seed, the epoch and its index), so there is no data-path state to carry.
 
 Written by hand: Lightning has no callback for it (Fabric's ``_collect_rng_states`` is private and saves one
 process's states only).

@@ -15,13 +15,17 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 
-from multigpu.data.libraries import self_sharded_meaning
+from multigpu.data.libraries import self_sharded_meaning, shards_itself
 from multigpu.strategies.model_parallel import memory_per_rank
 from multigpu.topology import data_parallel_world
 
 PLAN_FILE = "run_plan.json"
+#: what the plan's ``data_order`` says of a loader the engine samples, and how it starts for any other
+SAME_ORDER = "the same at any number of processes (the engine's global order)"
+ORDER_DEPENDS = "depends on the number of processes"
 
 #: torch's BatchNorm layers (the lazy ones become BatchNormNd once they see an input); the common base class of
 #: them all is private, so they are listed
@@ -88,18 +92,43 @@ def batch_norm_note(trainer: L.Trainer, pl_module: L.LightningModule, micro: int
     return f"{count}, statistics over each batch of {micro} samples, as on one device" if micro else count
 
 
-def batch_meaning(loader: Any) -> str | None:
-    """What the training loader's ``batch_size`` means: the global batch of one optimizer step where the engine
-    samples it (``multigpu/data/loaders.py``, ``GlobalBatchDataModule``), else each process's micro-batch."""
-    if loader is None:
-        return None
-    if (own := self_sharded_meaning(loader)) is not None:
-        return own
+def engine_meaning(loader: Any) -> str | None:
+    """What the batch of a loader the engine samples means (its sampler's or stream's), None for any other."""
     for owner in (getattr(loader, "sampler", None), getattr(loader, "dataset", None)):
         meaning = getattr(owner, "meaning", None)
         if isinstance(meaning, str):
             return meaning
-    return "per process (Lightning's meaning: the engine does not sample this loader)"
+    return None
+
+
+def batch_meaning(loader: Any) -> str:
+    """What a training loader's ``batch_size`` means: the global batch of one optimizer step where the engine
+    samples it (``multigpu/data/loaders.py``), else each process's micro-batch."""
+    own = self_sharded_meaning(loader) or engine_meaning(loader)
+    return own or "per process (Lightning's meaning: the engine does not sample this loader)"
+
+
+def data_order(loader: Any) -> str:
+    """Whether a training loader's order depends on the number of processes, and why."""
+    library = shards_itself(loader)
+    if library:
+        return f"{ORDER_DEPENDS}: {library} stripes its samples among the processes"
+    if engine_meaning(loader) is not None:
+        return SAME_ORDER
+    return (
+        f"{ORDER_DEPENDS}: the engine does not sample this loader (Lightning's DistributedSampler, or the loader's own"
+        " sampler or sharding, splits it among the processes)"
+    )
+
+
+def per_loader(loaders: Any, fact: Any) -> str | list[str] | None:
+    """``fact`` of the training loader, or of each of several (``loader i: ...``)."""
+    if loaders is None:
+        return None
+    flattened = loaders.flattened if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders).flattened
+    if len(flattened) == 1:
+        return fact(flattened[0])
+    return [f"loader {index}: {fact(loader)}" for index, loader in enumerate(flattened)]
 
 
 def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
@@ -128,7 +157,8 @@ def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]
         "world_size": trainer.world_size,
         "precision": str(trainer.precision),
         "global_batch": micro * accumulate * replicas if micro else None,
-        "batch_size_means": batch_meaning(loader),
+        "batch_size_means": per_loader(loader, batch_meaning),
+        "data_order": per_loader(loader, data_order),
         "micro_batch_per_process": micro,
         "accumulate_grad_batches": accumulate,
         "steps_per_epoch": _count(steps_per_epoch),

@@ -1,51 +1,21 @@
-"""The data-module base class: a global batch size, a world-size-independent order and resumable loaders."""
+"""The data-module base class: a global batch size, a world-size-independent order and resumable loaders (the
+training loader a plain one, which the engine samples and resumes as it does a user's own)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from multigpu.compat import batch_progress
 from multigpu.data.sampling import (
     BatchedDataset,
     EvaluationBatches,
-    GlobalBatchSampler,
     global_seed,
     per_process_batch_size,
 )
 from multigpu.topology import data_parallel_world
-
-
-class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose position in the epoch Lightning saves in checkpoints: taken from the training loop
-    (``position()``), as prefetching and workers read ahead of what has been trained on.
-
-    Starting an epoch draws the workers' base seed from the loader's own generator, seeded from the run's seed, the
-    epoch and the rank, not from torch's global one: the model's random draws (dropout) then do not depend on where
-    a run was resumed, and the workers get the same seeds in a resumed epoch as in an uninterrupted one.
-    """
-
-    def __init__(self, *args: Any, position: Callable[[], dict[str, int]] | None = None, **kwargs: Any) -> None:
-        kwargs.setdefault("generator", torch.Generator())
-        super().__init__(*args, **kwargs)
-        self.position = position
-
-    def __iter__(self) -> Any:
-        sampler = self.sampler
-        if isinstance(sampler, GlobalBatchSampler) and self.generator is not None:
-            self.generator.manual_seed(loader_seed(sampler.seed, sampler.epoch, sampler.rank))
-        return super().__iter__()
-
-    def state_dict(self) -> dict[str, int]:
-        return self.position() if self.position is not None else {}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        if state_dict and isinstance(self.sampler, GlobalBatchSampler):
-            self.sampler.resume_from(state_dict["epoch"], state_dict["batches_done"], state_dict.get("epoch_length"))
 
 
 class GlobalBatchDataModule(L.LightningDataModule):
@@ -92,34 +62,23 @@ class GlobalBatchDataModule(L.LightningDataModule):
             "persistent_workers": self.num_workers > 0,
         }
 
-    def _training_position(self) -> dict[str, int]:
-        trainer = self.trainer
-        assert trainer is not None
-        return {
-            "epoch": trainer.current_epoch,
-            # `processed` counts the batch whose step just finished, which `completed` does not yet count while
-            # `on_train_batch_end` callbacks (ModelCheckpoint, preemption) are saving.
-            "batches_done": batch_progress(trainer).current.processed,
-            "epoch_length": int(min(trainer.num_training_batches, 2**62)),
-        }
-
     # -- loaders -------------------------------------------------------------------------------------------------
 
     def train_dataloader(self) -> DataLoader:
+        """A plain shuffled loader of the global ``batch_size``: the engine gives it its order, shares it among the
+        processes and resumes it mid-epoch (``EngineLoaders``, ``multigpu/callbacks/loaders.py``), as it does a
+        loader of the user's own."""
         dataset = self._require(self.train_set, "train_set")
-        world_size, rank, accumulate = self._world()
-        sampler = GlobalBatchSampler(
-            dataset, self.batch_size, num_replicas=world_size, rank=rank, accumulate_grad_batches=accumulate
-        )
-        if self.trainer is not None:
-            # workers draw from the sampler as soon as the loader is iterated, before Lightning's `set_epoch`
-            sampler.set_epoch(self.trainer.current_epoch)
-        return ResumableDataLoader(
-            dataset,
-            batch_size=sampler.micro_batch_size,
-            sampler=sampler,
-            position=self._training_position if self.trainer is not None else None,
-            **self._loader_kwargs(),
+        trainer = self.trainer
+        if trainer is not None and trainer.overfit_batches:
+            # Lightning reads the first batches in order, with a sampler of its own: each process its micro-batch
+            world_size, _, accumulate = self._world()
+            batch_size = per_process_batch_size(self.batch_size, world_size, accumulate)
+            return DataLoader(dataset, batch_size=batch_size, **self._loader_kwargs())
+        # a generator of its own: the order drawn without the engine takes nothing from the global one
+        generator = seeded_generator(global_seed())
+        return DataLoader(
+            dataset, batch_size=self.batch_size, shuffle=True, generator=generator, **self._loader_kwargs()
         )
 
     def _evaluation_loader(self, dataset: Dataset | None, name: str) -> DataLoader:
@@ -151,6 +110,13 @@ class GlobalBatchDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not build self.{name}.")
         return dataset
+
+
+def own_training_loader(source: Any) -> bool:
+    """Whether ``source`` returns ``GlobalBatchDataModule``'s own training loader, whose ``batch_size`` is the global
+    batch whatever ``--batch_size_per_process`` and ``--trainer.use_distributed_sampler`` say (a subclass's own
+    ``train_dataloader`` is a loader of the user's)."""
+    return type(source).train_dataloader is GlobalBatchDataModule.train_dataloader
 
 
 def loader_seed(seed: int, epoch: int, rank: int) -> int:

@@ -22,6 +22,7 @@ import itertools
 import pickle
 from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -40,6 +41,8 @@ from multigpu.errors import ConfigurationError
 
 GLOBAL_MEANING = "global batch of one optimizer step"
 PER_PROCESS_MEANING = "per process (--batch_size_per_process=true)"
+#: where torch's loaders and samplers live: a ValueError raised there refuses an option the user gave
+TORCH_DATA = ("torch/utils/data/", "torch\\utils\\data\\")
 
 
 @dataclass(frozen=True)
@@ -283,7 +286,8 @@ def engine_sampler(loader: DataLoader, world: World, name: str) -> EngineSampler
 
 def is_engine_sampled(loader: Any) -> bool:
     """Whether a loader's order is already one that does not depend on the world size (a ``DistributedSampler``
-    of the user's own, ``GlobalBatchDataModule``'s), which the engine leaves as Lightning leaves it."""
+    of the user's own, ``GlobalBatchDataModule``'s evaluation batches), which the engine leaves as Lightning
+    leaves it."""
     return isinstance(getattr(loader, "sampler", None), DistributedSampler)
 
 
@@ -292,3 +296,55 @@ def mark_origin(error: BaseException, where: str) -> None:
     if not hasattr(error, "multigpu_origin"):
         error.multigpu_origin = where  # type: ignore[attr-defined]
         error.add_note(f"(raised in {where})")  # kept in a loader worker's traceback, which torch re-raises
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def loader_refusal(error: BaseException, owner: str) -> ConfigurationError | None:
+    """One paragraph for a ``ValueError`` (or ``TypeError``) that torch's ``DataLoader`` or a sampler raised about
+    an option ``owner`` gave it; None for an error of the user's own code."""
+    if not isinstance(error, (ValueError, TypeError)) or isinstance(error, ConfigurationError):
+        return error if isinstance(error, ConfigurationError) else None
+    frames = []
+    trace = error.__traceback__
+    while trace is not None:
+        frames.append(trace.tb_frame.f_code.co_filename)
+        trace = trace.tb_next
+    if not frames or not any(part in frames[-1] for part in TORCH_DATA):
+        return None
+    option = next((word.split("=")[0] for word in str(error).split() if "=" in word), None)
+    named = f" (--data.{option}, or the argument that sets it)" if option else ""
+    return ConfigurationError(
+        f"{owner} made a loader that torch refused: {one_line(error)}. Fix: change that option{named} to a value"
+        " torch's DataLoader accepts."
+    )
+
+
+def workers_differ(stream: Any, seed: int) -> bool:
+    """Whether two loader workers, seeded alike, start ``stream`` with different samples: it shards itself among
+    workers (``torch.utils.data.get_worker_info``)."""
+    probe = DataLoader(stream, batch_size=None, num_workers=2, worker_init_fn=partial(seed_worker, seed))
+    return len({digest(sample) for sample in _first(probe, 2)}) > 1
+
+
+def seed_worker(seed: int, worker_id: int) -> None:
+    """A probe's ``worker_init_fn``: every worker seeded alike."""
+    seed_generators(seed)
+
+
+def _first(loader: DataLoader, count: int) -> list[Any]:
+    iterator = iter(loader)
+    try:
+        return [sample for _, sample in zip(range(count), iterator, strict=False)]
+    finally:
+        del iterator
+
+
+def has_length(stream: Any) -> bool:
+    try:
+        len(stream)
+    except TypeError:
+        return False
+    return True

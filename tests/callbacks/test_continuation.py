@@ -32,7 +32,6 @@ from multigpu.callbacks.continuation import (
     uncount_epoch_end,
 )
 from multigpu.compat import logging_step, set_logging_step
-from multigpu.data.base import ResumableDataLoader
 from tests.cli import TemplateCLI, main
 from tests.conftest import TINY, read_metrics
 
@@ -333,9 +332,19 @@ def test_run_timer_keeps_lightnings_timer_state():
     assert RunTimer(duration={"minutes": 1})._duration == 60
 
 
+class StatefulDataLoader(DataLoader):
+    """A loader that keeps its own position, as torchdata's does."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 def test_resumable_loaders():
     data = TensorDataset(torch.zeros(4, 1))
-    assert resumable(ResumableDataLoader(data, batch_size=2))
+    assert resumable(StatefulDataLoader(data, batch_size=2))
     assert not resumable(DataLoader(data, batch_size=2))
 
 

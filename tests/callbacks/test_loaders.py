@@ -102,3 +102,19 @@ def test_an_evaluation_loader_under_several_processes_reads_every_sample_once_in
 def test_overfit_batches_leaves_the_loaders_to_lightning():
     trainer = fit(Vectors(batch_size=8, shuffle=True), overfit_batches=1)
     assert not isinstance(trainer.train_dataloader.sampler, EngineSampler)
+
+
+def test_a_global_batch_data_modules_own_loader_keeps_its_global_batch_whatever_the_switches_say():
+    """Its plain loader is sampled by the engine as a user's is, with ``batch_size`` the global batch even under
+    ``--batch_size_per_process=true`` and ``use_distributed_sampler=False``."""
+    from tests.fixtures.workload import TinyClassifier, TinyData
+
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[EngineLoaders(per_process=True)],
+        use_distributed_sampler=False,
+    )  # fmt: skip
+    trainer.fit(TinyClassifier(), datamodule=TinyData(train_size=256, val_size=64, batch_size=32))
+    sampler = trainer.train_dataloader.sampler
+    assert isinstance(sampler, EngineSampler) and sampler.shuffle and sampler.global_batch_size == 32
+    assert sampler.meaning == "global batch of one optimizer step"

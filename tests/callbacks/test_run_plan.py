@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import json
 
+import torch
+from lightning.pytorch.utilities import CombinedLoader
+from torch.utils.data import DataLoader, DistributedSampler
+
+from multigpu.callbacks.run_plan import SAME_ORDER, batch_meaning, data_order, per_loader
+from multigpu.data.loaders import EngineSampler, World
 from tests.cli import main
 from tests.conftest import TINY
 
@@ -29,6 +35,7 @@ def test_plan_is_printed_and_saved_per_start_and_names_the_resumed_checkpoint(tm
     assert plan["strategy"] == "SingleDeviceStrategy" and plan["precision"] == "32-true"
     assert plan["validation"] == "every 1 epoch(s), 2 batches each"
     assert plan["seed"] == 7 and plan["resumes_from"] is None
+    assert plan["batch_size_means"] == "global batch of one optimizer step" and plan["data_order"] == SAME_ORDER
     assert plan["run_dir"] == str(run_dir) and plan["loggers"] == [f"CSVLogger: {run_dir / 'logs' / 'version_0'}"]
     assert printed.count("Run plan") == 1
     for key, value in [("global_batch", "32"), ("micro_batch_per_process", "16"), ("seed", "7")]:
@@ -50,3 +57,19 @@ def test_step_based_validation_schedule(tmp_path):
     plan = json.loads((run_dir / "logs" / "version_0" / "run_plan.json").read_text())
     assert plan["validation"] == "every 2 training batches, 2 batches each"
     assert plan["total_steps"] == 3 and plan["max_steps"] == 3
+
+
+def test_each_training_loader_says_what_its_batch_means_and_whether_its_order_depends_on_the_processes():
+    data = torch.arange(16)
+    sampled = DataLoader(data, batch_size=4, sampler=EngineSampler(data, 8, World(2, 0, 1, 0)))
+    own = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=2, rank=0))
+    assert per_loader(sampled, batch_meaning) == "global batch of one optimizer step"
+    assert per_loader(sampled, data_order) == SAME_ORDER
+    assert per_loader(CombinedLoader([sampled, own]), data_order) == [
+        f"loader 0: {SAME_ORDER}",
+        "loader 1: depends on the number of processes: the engine does not sample this loader (Lightning's"
+        " DistributedSampler, or the loader's own sampler or sharding, splits it among the processes)",
+    ]
+    assert per_loader(CombinedLoader([sampled, own]), batch_meaning)[1] == (
+        "loader 1: per process (Lightning's meaning: the engine does not sample this loader)"
+    )
