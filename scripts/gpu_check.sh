@@ -15,9 +15,9 @@
 # Outputs are small (logs, JSON, reports); the runs' own folders (checkpoints of an 86M-parameter model among them)
 # go to GPU_CHECK_SCRATCH (default /tmp/gpu_check_runs), and OUTPUT_DIR/outputs.tgz holds every output in one file.
 #
-# Parts, each under its own timeout (seconds; the variable overrides it). Measured on one H200 (torch 2.11): each
-# training process takes 15 to 19 s before its first step, so the whole check is about 9 to 10 minutes, too close
-# to a device call's 10-minute limit for one call. Run it in two (a warm machine keeps the installed wheels):
+# Parts, each under its own timeout (seconds; the variable overrides it). On one H200 (torch 2.11) each training
+# process takes 15 to 19 s before its first step, so the whole check takes about 9 to 10 minutes; it also runs in
+# two commands (the second finds the wheels installed):
 #   GPU_CHECK_PARTS="gpu_tests users syncs mfu" bash scripts/gpu_check.sh DIR    (about 4 minutes)
 #   GPU_CHECK_PARTS="bench_gpt stall bench_image" bash scripts/gpu_check.sh DIR2 (about 6 minutes)
 #   setup       (30)  the wheels, the machine and versions: machine.txt

@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh, the GPU check, run dry on this CPU (``GPU_CHECK_DRY_RUN=1``): every part starts, with
-tiny sizes, and writes its outputs, so a lent GPU's minutes are not spent on a typo; its wheels cover what the
+tiny sizes, and writes its outputs, so a mistake shows before a GPU runs it; its wheels cover what the
 GPU machine lacks; and scripts/sync_count.py counts per step what it is told to (the dry run, which trains the
 examples: tests/examples/test_gpu_check_dry_run.py)."""
 

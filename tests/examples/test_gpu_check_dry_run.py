@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh, the GPU check, run dry on this CPU (``GPU_CHECK_DRY_RUN=1``): every part starts, with
-tiny sizes, and writes its outputs, so a lent GPU's minutes are not spent on a typo. Its parts train the examples
+tiny sizes, and writes its outputs, so a mistake shows before a GPU runs it. Its parts train the examples
 (the benchmark's built-in workloads, configs/experiment/gpt_gpu.yaml) through ``python -m src.cli`` (the rest of the
 check: tests/test_gpu_check.py)."""
 
