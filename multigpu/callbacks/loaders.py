@@ -5,10 +5,8 @@ refuses its options.
 
 ``setup`` asks for the loaders once, before anything is written (a refused option stops the run there, exit 2), and
 makes them again with the engine's sampling (``GlobalBatchDataModule``'s plain loader too); the ``train_dataloader``
-then hands Lightning those loaders, placed at the position a checkpoint saved (``multigpu/data/position.py``). One left
-as it is (``--trainer.use_distributed_sampler=false``, a ``DistributedSampler`` or batch sampler of the user's own, a
-stream that shards itself) gets a note at a resume mid-epoch: it restarts its epoch. A stream that shards itself and
-has a position of its own (Hugging Face's, read without workers) resumes from it (``StatePerBatch``).
+then hands Lightning those loaders, placed at the position a checkpoint saved (``multigpu/data/position.py``). A loader
+left as it is resumes from a position of its own where it has one, else restarts its epoch with a note.
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ from multigpu.data.loaders import (
     mark_origin,
     one_line,
     plain_batching,
+    torch_refusals,
     workers_differ,
 )
 from multigpu.data.position import (
@@ -191,7 +190,8 @@ class EngineLoaders(Callback):
     def _build(self, trainer: L.Trainer, ask: Any) -> Any:
         owner = f"{type(self._source).__name__}.{HOOK}()"
         try:
-            loaders = ask()
+            with torch_refusals():
+                loaders = ask()
         except Exception as error:
             refusal = loader_refusal(error, owner)
             if refusal is not None:

@@ -21,8 +21,9 @@ import hashlib
 import itertools
 import pickle
 from collections.abc import Iterator, Mapping, Sized
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 from typing import Any
 
 import torch
@@ -41,8 +42,6 @@ from multigpu.errors import ConfigurationError
 
 GLOBAL_MEANING = "global batch of one optimizer step"
 PER_PROCESS_MEANING = "per process (--batch_size_per_process=true)"
-#: where torch's loaders and samplers live: a ValueError raised there refuses an option the user gave
-TORCH_DATA = ("torch/utils/data/", "torch\\utils\\data\\")
 
 
 @dataclass(frozen=True)
@@ -302,18 +301,36 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+class TorchRefusal(ValueError):
+    """torch's ``DataLoader`` (or the sampler it made) refused an argument it was given."""
+
+
+@contextmanager
+def torch_refusals() -> Iterator[None]:
+    """While a data module makes its loaders, an error of ``DataLoader.__init__`` is raised as a ``TorchRefusal``, so
+    that the option torch refused is told apart from an error of the user's own code by its type. ``__init__`` is put
+    back on leaving, whatever happened."""
+    init = DataLoader.__init__
+
+    @wraps(init)
+    def told_apart(self: DataLoader, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except (ValueError, TypeError) as error:
+            raise TorchRefusal(str(error)) from error
+
+    DataLoader.__init__ = told_apart
+    try:
+        yield
+    finally:
+        DataLoader.__init__ = init
+
+
 def loader_refusal(error: BaseException, owner: str) -> ConfigurationError | None:
-    """One paragraph for a ``ValueError`` (or ``TypeError``) that torch's ``DataLoader`` or a sampler raised about
-    an option ``owner`` gave it; None for an error of the user's own code."""
-    if not isinstance(error, (ValueError, TypeError)) or isinstance(error, ConfigurationError):
+    """One paragraph for an option torch's ``DataLoader`` refused (a ``TorchRefusal``, raised in ``torch_refusals``)
+    that ``owner`` gave it; None for an error of the user's own code."""
+    if isinstance(error, ConfigurationError) or not isinstance(error, TorchRefusal):
         return error if isinstance(error, ConfigurationError) else None
-    frames = []
-    trace = error.__traceback__
-    while trace is not None:
-        frames.append(trace.tb_frame.f_code.co_filename)
-        trace = trace.tb_next
-    if not frames or not any(part in frames[-1] for part in TORCH_DATA):
-        return None
     option = next((word.split("=")[0] for word in str(error).split() if "=" in word), None)
     named = f" (--data.{option}, or the argument that sets it)" if option else ""
     return ConfigurationError(

@@ -11,7 +11,17 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from multigpu.data.loaders import EngineSampler, SeededSamples, StreamShare, World, digest, per_process
+from multigpu.data.loaders import (
+    EngineSampler,
+    SeededSamples,
+    StreamShare,
+    TorchRefusal,
+    World,
+    digest,
+    loader_refusal,
+    per_process,
+    torch_refusals,
+)
 from multigpu.errors import ConfigurationError
 
 
@@ -141,3 +151,38 @@ def test_a_samples_fingerprint_is_its_values():
     assert digest((value, label)) == digest((value, torch.tensor(3))) != digest((value, torch.tensor(4)))
     assert digest(torch.tensor(3)) != digest(torch.tensor([3]))  # the shape counts
     assert digest(torch.empty(0, dtype=torch.int64)) != digest(torch.empty(0))
+
+
+class OwnLoader(DataLoader):
+    """A user's loader class that checks an argument of its own before torch's."""
+
+    def __init__(self, data: list[int], batch_size: int, limit: int = 10) -> None:
+        if len(data) > limit:
+            raise ValueError(f"at most {limit} samples, got {len(data)}")
+        super().__init__(data, batch_size=batch_size)
+
+
+def test_an_option_torch_refuses_is_told_apart_from_the_users_own_error_by_its_type():
+    with torch_refusals():
+        with pytest.raises(TorchRefusal) as refused:
+            DataLoader(list(range(4)), batch_size=0)  # torch's BatchSampler refuses it inside DataLoader.__init__
+        with pytest.raises(TorchRefusal):
+            OwnLoader(list(range(4)), batch_size=-1)  # through a subclass's super().__init__
+        with pytest.raises(ValueError) as own:
+            OwnLoader(list(range(20)), batch_size=2)
+    assert not isinstance(own.value, TorchRefusal)
+    paragraph = str(loader_refusal(refused.value, "Data.train_dataloader()"))
+    assert paragraph.startswith("Data.train_dataloader() made a loader that torch refused: batch_size should be")
+    assert "Fix: change that option (--data.batch_size, or the argument that sets it)" in paragraph
+    assert loader_refusal(own.value, "Data.train_dataloader()") is None
+
+
+def test_torch_refusals_puts_dataloaders_init_back_whatever_happened():
+    init = DataLoader.__init__
+    with pytest.raises(RuntimeError), torch_refusals():
+        assert DataLoader.__init__ is not init
+        raise RuntimeError("the data module failed")
+    assert DataLoader.__init__ is init
+    with pytest.raises(ValueError) as outside:
+        DataLoader(list(range(4)), batch_size=0)
+    assert not isinstance(outside.value, TorchRefusal)  # outside a data module's hook, torch's own error
