@@ -2,22 +2,28 @@
 [--key=value ...]``: the project's ``src/cli.py`` subclasses ``TemplateCLI`` with its ``configs/default.yaml`` and
 calls ``run_cli``.
 
-``TemplateCLI`` reads the command line: every option comes from LightningCLI (docs/command_line.md), with the
-engine's own (``parser.py``), and the project's default config is read first. The parser of the subcommand named
-is built alone and parses the arguments once; a model or data class they name starts from its own defaults, not
-from those of the default config's class (jsonargparse would carry over every default of that class the new one
-also takes, e.g. a ``batch_size``): the parser gets the default config with that section replaced by the class
-alone (``argv.py``). Everything after the parse, from the checks to the subcommand, is ``run.py``, in order.
+``TemplateCLI`` is a ``LightningCLI`` and owns the run: LightningCLI's ``__init__`` runs it, calling the methods
+below in this order. ``parse_arguments`` reads the command line (every option LightningCLI's, docs/command_line.md,
+with the engine's own, ``parser.py``; the project's default config read first), derives the run's facts once
+(``facts.py``) and, where a subcommand runs, takes the run (``take_run``: the checks, the run directory, the
+checkpoint, the shared seed). LightningCLI then reads the checkpoint's model options and seeds; ``instantiate_classes``
+builds the model, data, callbacks (the one list, ``run.py``) and Trainer; LightningCLI runs the subcommand. The
+parser of the subcommand named is built alone and parses the arguments once; a model or data class they name starts
+from its own defaults, not from those of the default config's class (jsonargparse would carry over every default of
+that class the new one also takes, e.g. a ``batch_size``): the parser gets the default config with that section
+replaced by the class alone (``argv.py``).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import multiprocessing
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +41,22 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from torch.multiprocessing import ProcessExitedException
 
+from multigpu import compat
 from multigpu.argv import CLASSES, chosen_classes, named_subcommand, rebased_defaults, unresolved
-from multigpu.callbacks.preemption import STOP_EXIT_CODES
+from multigpu.callbacks.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
+from multigpu.checkpoints.resume import resolve_checkpoint
+from multigpu.checks import check_before_launch, check_built, check_resumed
 from multigpu.command import prog, started_by
-from multigpu.compat import parse_only, skip_default_config_files, subcommand_parser
 from multigpu.errors import TrainingStopped
 from multigpu.facts import RunFacts
 from multigpu.parser import TemplateArgumentParser, add_config_option, add_template_options
 from multigpu.quiet import silence_known_noise
-from multigpu.reporting import report
-from multigpu.run import run_command
-from multigpu.run_dir import shared_random_seed
-from multigpu.run_lock import release_run_dir
+from multigpu.reporting import report, report_desk
+from multigpu.run import building_error, run_callbacks, trainer_settings
+from multigpu.run_dir import place_loggers, shared_random_seed
+from multigpu.run_lock import hold_run_dir, release_run_dir, this_launch
 from multigpu.strategies import register_strategies
-from multigpu.trainer_arguments import strategy_as_class
+from multigpu.trainer_arguments import flight_recorder_defaults, strategy_as_class, strategy_class
 
 gc.freeze()  # what the imports created stays: no later collection walks it again
 if _COLLECTING:
@@ -78,8 +86,8 @@ __all__ = ["TemplateCLI", "run_cli", "shared_random_seed"]
 
 
 class TemplateCLI(LightningCLI):
-    """LightningCLI's command line with the engine's options and the project's default config; after the parse, the
-    run is ``multigpu/run.py``'s (see the module docstring)."""
+    """LightningCLI's command line with the engine's options and the project's default config, owning the run: its
+    facts, the checkpoint it resumes, and the model, data module and Trainer it builds (see the module docstring)."""
 
     #: the project's ``configs/default.yaml``, read first by every subcommand (None: none); a project's subclass
     #: names its own (``src/cli.py``)
@@ -87,13 +95,13 @@ class TemplateCLI(LightningCLI):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "instantiate_classes" in vars(cls):  # it would be skipped without a word: the run builds the objects
+        if "instantiate_classes" in vars(cls):  # it would replace the engine's build without a word
             raise TypeError(
-                f"{cls.__qualname__}.instantiate_classes is never called: multigpu/run.py builds the model, data"
-                " module and Trainer itself (since release 1.2). Fix: move that code to before_instantiate_classes"
-                " (before the objects are built), after_instantiate_classes (once the Trainer is built) or"
-                " instantiate_trainer (calling super().instantiate_trainer(**kwargs)); docs/engine.md, 'Extending"
-                " the command line'."
+                f"{cls.__qualname__}.instantiate_classes is never called: TemplateCLI.instantiate_classes builds the"
+                " model, data module, callbacks and Trainer in the run's order (since release 1.2). Fix: move that"
+                " code to before_instantiate_classes (before the objects are built), after_instantiate_classes (once"
+                " the Trainer is built) or instantiate_trainer (calling super().instantiate_trainer(**kwargs));"
+                " docs/engine.md, 'Extending the command line'."
             )
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
@@ -111,10 +119,12 @@ class TemplateCLI(LightningCLI):
         self.classes = chosen_classes(self.argv, self.named) if self.rebasing else {}
         #: configs/default.yaml with the sections of the classes the arguments change replaced by those classes
         self.rebased = rebased_defaults(self.classes, self.default_config) if self.rebasing else None
-        #: the run's facts, derived once after the parse (``multigpu/run.py``)
+        #: the parser that reads the options of each subcommand (None: the one parser of run=False), as built
+        self.option_parsers: dict[str | None, LightningArgumentParser] = {}
+        #: the run's facts, derived once after the parse (``parse_arguments``)
         self.facts: RunFacts | None = None
-        #: whether the model and data module keep the parsed options, so that ``load_from_checkpoint`` rebuilds them
-        self.load_from_checkpoint_support = kwargs.pop("load_from_checkpoint_support", True)
+        #: the checkpoint resumed (or evaluated) and its contents, read once for the checks before it is loaded
+        self.resumed: tuple[Path, dict[str, Any] | None] | None = None
         silence_known_noise()  # multigpu/quiet.py: the lines every run printed that say nothing about the run
         register_strategies()  # multigpu/strategies/__init__.py: dp, fsdp2, tensor_parallel, pipeline
         #: a trainer_class given here runs every subcommand; else `tune` alone runs on the engine's tuning Trainer
@@ -127,23 +137,20 @@ class TemplateCLI(LightningCLI):
         defaults = {"default_config_files": files, "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         try:
-            # LightningCLI builds the parser and parses (``parse_arguments`` below); the rest is ``run_command``'s
-            parse_only(
-                self,
-                run,
+            super().__init__(
                 model_class=L.LightningModule,
                 datamodule_class=L.LightningDataModule,
                 subclass_mode_model=True,
                 subclass_mode_data=True,
-                # run=False (in a script or notebook) builds one parser without subcommands: it reads the defaults
+                # run=False (a script or notebook) builds one parser without subcommands: it reads the defaults
                 parser_kwargs={"prog": prog(), **(defaults if not run else {"default_env": True})}
-                | {name: dict(defaults) for name in self.subcommands()},
+                | {name: {**defaults, "options_of": name} for name in self.subcommands()},
                 parser_class=TemplateArgumentParser,
                 auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)
                 args=args,
+                run=run,
                 **kwargs,
             )
-            run_command(self)
         finally:
             if run:  # the run directory the checks took is free again, however the command ended
                 release_run_dir()
@@ -156,11 +163,14 @@ class TemplateCLI(LightningCLI):
         return {self.named: every[self.named]} if self.alone else every
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        """LightningCLI's parser, with a ``--config`` help that says how it combines with other arguments."""
+        """LightningCLI's parser, with a ``--config`` help that says how it combines with other arguments; kept in
+        ``option_parsers`` under the subcommand whose options it reads (``parser_kwargs`` name it)."""
+        subcommand = kwargs.pop("options_of", None)
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={L.__version__}"])
         parser = self.parser_class(**kwargs)
         parser.default_config = self.default_config  # its errors name the file a key came from
         add_config_option(parser)
+        self.option_parsers[subcommand] = parser
         return parser
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -170,10 +180,12 @@ class TemplateCLI(LightningCLI):
         super().add_core_arguments_to_parser(parser)
         add_template_options(parser)
 
-    # -- parse, then check before anything is built -----------------------------------------------------------
+    # -- the parse, the facts, and the run taken before LightningCLI reads the checkpoint ------------------------
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse once (``_parse_once``); a strategy given as an import path becomes that class."""
+        """Parse once (``_parse_once``); a strategy given as an import path becomes that class; the run's facts,
+        derived once; where a subcommand runs, the run taken (``take_run``). LightningCLI then reads the model
+        options of the ``--ckpt_path`` file and seeds from ``--seed_everything``."""
         with warnings.catch_warnings():
             # the arguments are sys.argv's, passed on explicitly where --print_config waits for the last parse
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
@@ -181,6 +193,60 @@ class TemplateCLI(LightningCLI):
         if self.config.get("subcommand") != "tune" and not self.own_trainer_class:
             self.trainer_class = L.Trainer  # every subcommand's parser was built: fit, ... run on Lightning's own
         strategy_as_class(self.chosen().trainer)
+        self.facts = RunFacts.of(self.chosen(), self.config.get("subcommand"))
+        if self.facts.subcommand is not None:
+            self.take_run()
+
+    def take_run(self) -> None:
+        """The checks of the options (a bad launch fails here in a second, with nothing taken or written); the run
+        directory, held until the command ends (another live run's is refused) before the checkpoint is read, so that
+        a live run's folder is neither read nor repaired; the checkpoint, resolved (``last``, a damaged newest file
+        replaced by the newest intact one), read once and checked; a random seed made the same on every process."""
+        options, facts = self.chosen(), self.facts
+        check_before_launch(facts, options, self.argv)
+        hold_run_dir(facts.run_dir, facts.subcommand, this_launch())
+        self.resumed = resolve_checkpoint(facts.subcommand, options)
+        check_resumed(self.resumed, options, self.argv)
+        self.facts = facts.resuming(self.resumed[0] if self.resumed else None)
+        if options.get("seed_everything") is True:
+            options["seed_everything"] = shared_random_seed()  # the same on every process of one launch
+
+    # -- what the options build, in order ------------------------------------------------------------------------
+
+    def instantiate_classes(self) -> None:
+        """The loggers placed in the run directory; the objects the options name (the model, data module, loggers,
+        your callbacks and the engine's with options), where any exception is a bad value in the options; the
+        Trainer with the run's callbacks; the checks of what was built; then, where a subcommand runs, what it runs
+        within."""
+        facts, options = self.facts, self.chosen()
+        place_loggers(options.trainer, facts.run_dir)
+        try:
+            self.config_init = self.parser.instantiate_classes(self.config)
+        except Exception as error:
+            raise building_error(error, facts, objects_built=False) from error
+        built = self.chosen(self.config_init)
+        self.model, self.datamodule = built.get("model"), built.get("data")
+        self.trainer = self.build_trainer(options, built)
+        if facts.subcommand is None:
+            return
+        check_built(facts.subcommand, options, self.model, self.datamodule, self.trainer, self.resumed)
+        self.resumed = None  # checked: the memory-mapped file is Lightning's to read now
+
+    def build_trainer(self, options: Namespace, built: Namespace) -> L.Trainer:
+        """The Trainer of ``options`` (``built``: the objects built from them) with the run's callbacks, strategy
+        options and plugins (``run.py``), through ``instantiate_trainer``, the project's to extend."""
+        callbacks, switches, off = run_callbacks(options, built)
+        arguments, strategy_settings, plugins = trainer_settings(self.facts, options, built, self.model, off)
+        flight_recorder_defaults(self.facts)  # NCCL's variables, before the process group exists
+        strategy = arguments.get("strategy")
+        try:
+            # a strategy given by name is built from Lightning's registry, which keeps its precision handling
+            with compat.registered_with(strategy, strategy_settings, strategy_class(strategy)):
+                return self.instantiate_trainer(**arguments, **switches, callbacks=callbacks, plugins=plugins)
+        except Exception as error:
+            raise building_error(error, self.facts, objects_built=True) from error
+
+    # -- the parse of the arguments, once ------------------------------------------------------------------------
 
     def _parse_once(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse once, from ``self.rebased`` where the arguments name a class plainly. A class they do not name
@@ -198,7 +264,7 @@ class TemplateCLI(LightningCLI):
         rebased = rebased_defaults(named, self.default_config)
         if rebased != self.rebased or printing:
             if rebased is not None:
-                skip_default_config_files(self, self.named)  # replaced by the same file, rebased
+                self.option_parsers[self.named].default_config_files = []  # replaced by the same file, rebased
                 self._start_from(rebased)
             super().parse_arguments(parser, args)
 
@@ -206,13 +272,43 @@ class TemplateCLI(LightningCLI):
         """The subcommand's parser takes ``defaults`` (configs/default.yaml, rebased) as its defaults; what it
         refuses is an error in that file, said in one paragraph as jsonargparse says it of a default config file."""
         try:
-            subcommand_parser(self, self.named).set_defaults(defaults)
+            self.option_parsers[self.named].set_defaults(defaults)
         except Exception as error:
             self.parser.error(f"{self.default_config}: {error.args[0] if error.args else error}")
 
+    # -- the subcommand, which LightningCLI runs between its before_ and after_ hooks -------------------------------
+
     def fit(self, **kwargs: Any) -> None:
         """The ``fit`` subcommand, ``trainer.fit`` (a subclass that overrides it calls ``super().fit(**kwargs)``)."""
-        self.trainer.fit(**kwargs)
+        with self.speaking_for_ranks():
+            self.trainer.fit(**kwargs)
+
+    def validate(self, **kwargs: Any) -> None:
+        with self.speaking_for_ranks():
+            self.trainer.validate(**kwargs)
+
+    def test(self, **kwargs: Any) -> None:
+        with self.speaking_for_ranks():
+            self.trainer.test(**kwargs)
+
+    def predict(self, **kwargs: Any) -> None:
+        with self.speaking_for_ranks():
+            self.trainer.predict(**kwargs)
+
+    def tune(self, **kwargs: Any) -> None:
+        with self.speaking_for_ranks():
+            self.trainer.tune(**kwargs)
+
+    @contextlib.contextmanager
+    def speaking_for_ranks(self) -> Iterator[None]:
+        """Within the block (the subcommand): under ddp_spawn the launching process passes stop signals on to its
+        workers while they train; under ddp from one command this process speaks for the ranks it starts
+        (multigpu/reporting.py)."""
+        fitting = self.facts.strategy if self.facts.subcommand == "fit" else None
+        speaks = compat.starts_other_ranks(self.trainer)
+        desk = report_desk(self.trainer, before_exit=release_run_dir) if speaks else contextlib.nullcontext()
+        with forward_stop_signals_to_workers(fitting), desk:
+            yield
 
     def chosen(self, config: Namespace | None = None) -> Namespace:
         """The options of this run's subcommand (all options, where the CLI runs without subcommands)."""

@@ -13,6 +13,7 @@ the project's ``pyproject.toml``::
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -57,3 +58,14 @@ def module() -> str:
 def prog() -> str:
     """The command as users type it, e.g. ``python -m src.cli``."""
     return f"python -m {module()}"
+
+
+def running_program(main: Callable[..., object], default: str) -> str:
+    """The command that runs ``main`` in this process, as users typed it: ``python -m`` and the module run as
+    ``__main__`` where that module's ``main`` is this one (a project's ``python -m myproj.consolidate`` re-exports the
+    engine's), else ``default``."""
+    running = sys.modules.get("__main__")
+    spec = getattr(running, "__spec__", None)
+    if getattr(running, "main", None) is main and spec is not None and spec.name:
+        return f"python -m {spec.name}"
+    return default

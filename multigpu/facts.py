@@ -75,8 +75,9 @@ class RunFacts:
 
     @property
     def several_cuda_processes(self) -> bool:
-        """Whether the run has several CUDA processes (on this node or across nodes): NCCL's territory."""
-        return self.accelerator == "cuda" and ((self.devices or 1) > 1 or self.num_nodes > 1)
+        """Whether the run has several CUDA processes (on this node or across nodes): NCCL's territory. ``dp`` on
+        several GPUs is one process."""
+        return self.accelerator == "cuda" and self.processes > 1
 
 
 def class_path(section: Any) -> str | None:

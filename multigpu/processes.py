@@ -1,9 +1,56 @@
-"""The processes a run started: waiting for them to exit, and ending the ones that do not."""
+"""The processes of a run: whether one still runs (one rule, used by the run directory's lock and by the ranks' stack
+dumps), and waiting for the ones it started to exit."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+from pathlib import Path
+
+#: how often a live process shows it runs: the holder of a run directory touches its lock, a rank rewrites its state
+HEARTBEAT_S = 30.0
+#: the kernel's flag of a process that has begun to exit (``PF_EXITING`` of ``/proc/<pid>/stat``'s flags)
+PF_EXITING = 0x4
+
+
+def start_if_running(stat: str) -> str | None:
+    """The start time a ``/proc/<pid>/stat`` line gives, None where the process runs no more: a zombie (killed, not
+    yet reaped by its parent) or one that has begun to exit. A rank killed outright closes its connections while it
+    exits, so the peer that reads the closed connection finds it exiting, never running: it answers no signal."""
+    fields = stat.rsplit(")", 1)[-1].split()  # field 3 on, counted after the command name
+    exiting = fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING
+    return None if exiting else fields[19]
+
+
+def process_start(pid: int) -> str | None:
+    """When a process started (``/proc/<pid>/stat``), to tell a live process from a later one with its pid; None where
+    unknown (no such process, no ``/proc``) or where it runs no more (``start_if_running``)."""
+    try:
+        return start_if_running(Path(f"/proc/{pid}/stat").read_text())
+    except OSError:
+        return None
+
+
+def process_gone(pid: int, started: str | int | None = None, seen: str = "it was seen") -> str | None:
+    """Why process ``pid`` of this host runs no more, None while it runs or where this host cannot tell (no
+    ``/proc``): no such process, a zombie or one that has begun to exit, or another program given its pid (where
+    ``started``, its start time when ``seen``, differs)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"no process {pid} runs on this host"
+    except PermissionError:
+        pass  # another user's process: it exists
+    try:
+        now = start_if_running(Path(f"/proc/{pid}/stat").read_text())
+    except OSError:
+        return None  # it exists, which is all a host without /proc tells
+    if now is None:
+        return f"process {pid} has exited"
+    if started is not None and now != str(started):
+        return f"process {pid} is another program now, started after {seen}"
+    return None
 
 
 def wait_for_exit(processes: list[subprocess.Popen], timeout_s: float) -> None:

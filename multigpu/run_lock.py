@@ -41,10 +41,9 @@ from typing import Any
 
 from multigpu.environment import launched_by_torchrun, started_by_srun
 from multigpu.errors import ConfigurationError, notice
+from multigpu.processes import HEARTBEAT_S, process_gone, process_start
 
 LOCK_FILE = ".run.lock"
-#: how often the holder touches its lock
-HEARTBEAT_S = 30.0
 #: how old the heartbeat of a holder on another host may grow before the holder counts as gone (a node failure)
 STALE_AFTER_S = 300.0
 #: how long a rank other than 0 of an srun or torchrun launch waits for rank 0 to take over a lock it cannot judge
@@ -167,7 +166,7 @@ def _take(path: Path, command: str, launch: Launch) -> HeldRunDir:
     record = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "process_start": _process_state(os.getpid())[1],
+        "process_start": process_start(os.getpid()),
         "machine": _machine(),
         "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": command,
@@ -303,27 +302,7 @@ def _process_gone(holder: Mapping[str, Any]) -> str | None:
         return "the lock names no process"
     if pid == os.getpid():
         return "a lock this process left from an earlier command"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return f"no process {pid} runs on this host"
-    except PermissionError:
-        pass  # another user's process: it runs
-    state, started = _process_state(pid)
-    if state == "Z":
-        return f"process {pid} has exited"
-    if started is not None and holder.get("process_start") not in (None, started):
-        return f"process {pid} is another program now, started after the lock was taken"
-    return None
-
-
-def _process_state(pid: int) -> tuple[str | None, int | None]:
-    """A process's state letter and start time (clock ticks after boot) from ``/proc``; Nones where unreadable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None, None
+    return process_gone(pid, holder.get("process_start"), seen="the lock was taken")
 
 
 def on_this_machine(holder: Mapping[str, Any]) -> bool:

@@ -459,26 +459,3 @@ def test_no_environment_secret_reaches_any_file_a_run_writes(tmp_path):
     for name, content in [*((str(p), p.read_bytes()) for p in written), *outputs]:
         for variable, secret in FAKE_SECRETS.items():
             assert secret.encode() not in content, f"{variable} leaked into {name}"
-
-
-def test_collective_timeout_reaches_the_ddp_strategy():
-    from multigpu.compat import collective_timeout
-    from multigpu.trainer_arguments import COLLECTIVE_TIMEOUT_S
-    from tests.cli import TemplateCLI
-
-    args = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn", "--trainer.devices=2"]
-    cli = TemplateCLI(args=[*TINY, *args, "--collective_timeout=42"], run=False)
-    assert collective_timeout(cli.trainer.strategy).total_seconds() == 42
-    assert cli.trainer.strategy._start_method == "spawn" and cli.trainer.world_size == 2
-    cli = TemplateCLI(args=[*TINY, *args], run=False)
-    assert collective_timeout(cli.trainer.strategy).total_seconds() == COLLECTIVE_TIMEOUT_S
-
-
-@pytest.mark.parametrize("strategy", ["fsdp2", "tensor_parallel", "auto"])
-def test_collective_timeout_reaches_the_model_parallel_strategies_and_auto(strategy):
-    from multigpu.compat import collective_timeout
-    from tests.cli import TemplateCLI
-
-    args = ["--trainer.accelerator=cpu", f"--trainer.strategy={strategy}", "--trainer.devices=2"]
-    cli = TemplateCLI(args=[*TINY, *args, "--trainer.precision=64-true", "--collective_timeout=42"], run=False)
-    assert collective_timeout(cli.trainer.strategy).total_seconds() == 42 and cli.trainer.world_size == 2

@@ -25,6 +25,7 @@ def test_the_processes_are_one_per_device_and_node_where_the_strategy_starts_the
     assert facts.several_cuda_processes
     dp = RunFacts.of({"strategy": "dp", "devices": 4, "accelerator": "gpu"})
     assert (dp.devices, dp.processes, dp.trainer_strategy) == (4, 1, "dp")
+    assert not dp.several_cuda_processes  # one process on four GPUs: no process group, no NCCL flight recorder
     on_cpu = RunFacts.of({"strategy": "ddp", "devices": 2, "accelerator": "cpu"})
     assert on_cpu.processes == 2 and not on_cpu.several_cuda_processes
     assert RunFacts.of({"devices": "many", "accelerator": "cpu"}).devices is None  # for the checks to refuse

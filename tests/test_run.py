@@ -95,3 +95,30 @@ def test_a_subclass_hooks_run_where_the_run_puts_them_and_instantiate_classes_is
 
         class Skipped(TemplateCLI):
             def instantiate_classes(self) -> None: ...
+
+
+def test_lightningclis_own_steps_run_after_the_run_is_taken_the_checkpoints_options_the_seed_and_the_hooks(tmp_path):
+    import torch
+
+    run_dir = tmp_path / "run"
+    common = [*TINY, "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={run_dir}"]
+    TemplateCLI(args=["fit", *common, "--model.init_args.hidden=8", "--trainer.max_steps=1"])
+    seen: list[tuple] = []
+
+    class Hooked(TemplateCLI):
+        def before_instantiate_classes(self) -> None:
+            options = self.chosen()
+            seen.append(("before", options.model.init_args.hidden, options.seed_everything, torch.initial_seed()))
+
+        def before_validate(self) -> None:
+            seen.append(("before_validate", self.trainer.validating))
+
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    torch.manual_seed(0)
+    cli = Hooked(args=["validate", *common, f"--ckpt_path={checkpoint}", "--seed_everything=7"])
+    # the checkpoint's model options replaced tiny.yaml's (hidden 32) and the seed was set, before anything was built
+    assert seen[0] == ("before", 8, 7, 7)
+    assert cli.facts.checkpoint == checkpoint and cli.model.hparams.hidden == 8
+    assert cli.model.hparams.get("_instantiator")  # the parsed options kept, for load_from_checkpoint
+    assert seen[1:] == [("before_validate", False)]  # LightningCLI's hook around the subcommand, which then ran
+    assert cli.trainer.validating is False and cli.trainer.state.fn == "validate"

@@ -20,6 +20,7 @@ import torch
 
 from multigpu import run_lock
 from multigpu.errors import ConfigurationError
+from multigpu.processes import process_start
 from multigpu.run_lock import LOCK_FILE, TOKEN_ENV, Launch, hold_run_dir, read_lock, release_run_dir
 from tests import prewarmed
 from tests.cli import main
@@ -41,7 +42,7 @@ def holder(**fields: object) -> dict[str, object]:
         "host": socket.gethostname(),
         "machine": run_lock._machine(),
         "pid": parent,
-        "process_start": run_lock._process_state(parent)[1],
+        "process_start": process_start(parent),
         "since": "2030-01-02 03:04:05 UTC",
         "command": "fit",
         "job": None,
@@ -88,7 +89,7 @@ def test_a_held_directory_names_its_holder_and_is_let_go_of(tmp_path):
     held = hold_run_dir(folder, "fit")
     record = read_lock(folder / LOCK_FILE)[0]
     assert record["host"] == socket.gethostname() and record["pid"] == os.getpid() and record["command"] == "fit"
-    assert record["process_start"] == run_lock._process_state(os.getpid())[1] and record["since"]
+    assert record["process_start"] == process_start(os.getpid()) and record["since"]
     assert os.environ[TOKEN_ENV] == record["token"]  # what the ranks Lightning's launcher starts inherit
     assert hold_run_dir(folder, "fit") is held  # the same process asking again
     release_run_dir()

@@ -12,7 +12,7 @@ import os
 import socket
 from pathlib import Path
 
-from multigpu.callbacks.stack_dumps import process_start
+from multigpu.processes import process_start
 from multigpu.stacks import main, stacks_of
 
 HERE = str(Path(__file__).resolve())

@@ -110,3 +110,24 @@ def test_checkpoints_are_written_in_the_background_unless_switched_off():
     assert type(checkpoint_io()) is BackgroundCheckpointIO
     assert type(checkpoint_io("--checkpoint.async_save=false")) is AtomicCheckpointIO
     assert type(checkpoint_io("--callbacks_off=[checkpoint]")) is AtomicCheckpointIO  # a stop's save: synchronous
+
+
+def test_collective_timeout_reaches_the_ddp_strategy():
+    from multigpu.compat import collective_timeout
+    from multigpu.trainer_arguments import COLLECTIVE_TIMEOUT_S
+
+    args = ["--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn", "--trainer.devices=2"]
+    cli = TemplateCLI(args=[*TINY, *args, "--collective_timeout=42"], run=False)
+    assert collective_timeout(cli.trainer.strategy).total_seconds() == 42
+    assert cli.trainer.strategy._start_method == "spawn" and cli.trainer.world_size == 2
+    cli = TemplateCLI(args=[*TINY, *args], run=False)
+    assert collective_timeout(cli.trainer.strategy).total_seconds() == COLLECTIVE_TIMEOUT_S
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "tensor_parallel", "auto"])
+def test_collective_timeout_reaches_the_model_parallel_strategies_and_auto(strategy):
+    from multigpu.compat import collective_timeout
+
+    args = ["--trainer.accelerator=cpu", f"--trainer.strategy={strategy}", "--trainer.devices=2"]
+    cli = TemplateCLI(args=[*TINY, *args, "--trainer.precision=64-true", "--collective_timeout=42"], run=False)
+    assert collective_timeout(cli.trainer.strategy).total_seconds() == 42 and cli.trainer.world_size == 2

@@ -43,6 +43,7 @@ from multigpu.callbacks.hang_report import (
 )
 from multigpu.errors import TrainingStopped, describe, one_paragraph
 from multigpu.failures import attach_collective_report, collective_failure, spawned_collective_failure
+from multigpu.processes import HEARTBEAT_S, process_gone, process_start
 from multigpu.reporting import speak_for_the_run
 
 #: the signal every rank dumps its stacks on (SIGUSR1 is the preemption notice)
@@ -54,7 +55,6 @@ POLL_S = 0.01
 #: how often the daemon thread may rewrite ``rank-<N>.json`` (only when the step or phase changed, or to show
 #: the rank is alive every ``HEARTBEAT_S``)
 STATE_EVERY_S = 1.0
-HEARTBEAT_S = 30.0
 STACKS_DIR = "stacks"
 #: the phase of a rank whose collective failed, while it reports
 FAILED = "failed in a collective"
@@ -77,28 +77,6 @@ def run_dir_of(trainer: L.Trainer) -> Path:
     return Path(trainer.default_root_dir)
 
 
-def process_start(pid: int) -> str | None:
-    """When a process started (``/proc/<pid>/stat``), to tell a live rank from a later process with its pid;
-    None where unknown (no such process, no ``/proc``) or where it runs no more (see ``start_if_running``)."""
-    try:
-        return start_if_running(Path(f"/proc/{pid}/stat").read_text())
-    except OSError:
-        return None
-
-
-#: the kernel's flag of a process that has begun to exit (``PF_EXITING`` of ``/proc/<pid>/stat``'s flags)
-PF_EXITING = 0x4
-
-
-def start_if_running(stat: str) -> str | None:
-    """The start time a ``/proc/<pid>/stat`` line gives, None where the process runs no more: a zombie (killed, not
-    yet reaped by its parent) or one that has begun to exit. A rank killed outright closes its connections while it
-    exits, so the peer that reads the closed connection finds it exiting, never running: it answers no signal."""
-    fields = stat.rsplit(")", 1)[-1].split()  # field 3 on, counted after the command name
-    exiting = fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING
-    return None if exiting else fields[19]
-
-
 def read_states(folder: Path) -> dict[int, dict[str, Any]]:
     """Every rank's ``rank-<N>.json`` in ``folder``, by rank (a file being replaced is skipped)."""
     states: dict[int, dict[str, Any]] = {}
@@ -113,8 +91,8 @@ def alive_here(state: dict[str, Any]) -> bool:
     """Whether the state file's process runs on this host and is the same process (not a reused pid)."""
     if state.get("hostname") != socket.gethostname() or not state.get("pid"):
         return False
-    started = process_start(int(state["pid"]))
-    return started is not None and started == state.get("started")
+    started = state.get("started")  # None where /proc could not tell: no live process to signal
+    return started is not None and process_gone(int(state["pid"]), started) is None
 
 
 @dataclass(frozen=True)

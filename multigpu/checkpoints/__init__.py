@@ -8,7 +8,7 @@
 - ``safe.py``: reading what a command did not write without running code: a file with ``weights_only``, a folder
   of shards checked whole (its index unpickled with torch's metadata classes only) before torch reads it.
 - ``resume.py``: ``--ckpt_path`` resolved (``last``, a damaged newest file) and read once for the checks.
-- ``consolidate.py``: ``python -m src.consolidate DIR OUT.ckpt``, one file from a folder of shards.
+- ``consolidate.py``: ``python -m multigpu.consolidate DIR OUT.ckpt``, one file from a folder of shards.
 
 What goes into a checkpoint besides Lightning's own state is the callbacks' (``multigpu/callbacks/``: the position
 in the epoch, each rank's random-number generators, the best checkpoint so far).

@@ -2,7 +2,9 @@
 
 Usage::
 
-    python -m src.consolidate runs/NAME/checkpoints/last.ckpt model.ckpt   (the same: multigpu.checkpoints.consolidate)
+    python -m multigpu.consolidate runs/NAME/checkpoints/last.ckpt model.ckpt
+
+(a project re-exports it as its own ``python -m <package>.consolidate``; usage and errors name the one that runs)
 
 The file is what a one-device or ddp run writes (the whole ``state_dict``, optimizer states keyed by parameter
 position, the loops' state), so any strategy, any script and ``torch.load`` read it. The runs themselves need no
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from multigpu.checkpoints.files import atomic_torch_save
 from multigpu.checkpoints.sharded import load_sharded_checkpoint
+from multigpu.command import running_program
 from multigpu.errors import ConfigurationError
 from multigpu.reporting import report
 
@@ -34,7 +37,7 @@ def consolidate(folder: str | Path, output: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m src.consolidate",
+        prog=running_program(main, default="python -m multigpu.consolidate"),
         description="Write one .ckpt file from a sharded checkpoint folder (fsdp2, tensor_parallel, pipeline).",
     )
     parser.add_argument("folder", type=Path, help="the sharded checkpoint, e.g. runs/NAME/checkpoints/last.ckpt")

@@ -1,20 +1,21 @@
-"""Every name of Lightning, torch, torchmetrics and jsonargparse that the template relies on and that they do not
-document as public, in one place: private attributes and classes, undocumented keys, methods and module paths.
+"""Every name of Lightning and torch that the template relies on and that they do not document as public, in one
+place: private attributes and classes, undocumented keys, methods and module paths.
 
 Each is a small function with a one-line reason. Nothing else in the engine or the project reaches into another
 library's internals, with one kind of exception: a subclass may override a protected hook of its own base class
 (``OVERRIDDEN_HOOKS`` lists them, with the reason). ``tests/compat/`` runs each function and each hook on real objects
-(a Trainer and its loops, a strategy, a ``ModelCheckpoint``, a parser) and fails when a library release changes the
-behaviour relied on; it also scans ``multigpu/`` (``tests/examples/`` scans the project, ``src/``) and fails on a
-private name used anywhere else. The reading of torch's distributed-checkpoint index is ``checkpoint_index.py``,
-re-exported here. An upgrade of a library is checked by running ``tests/compat/``.
+(a Trainer and its loops, a strategy, a ``ModelCheckpoint``) and fails when a library release changes the behaviour
+relied on; it also scans ``multigpu/`` (``tests/examples/`` scans the project, ``src/``) and fails on a private name
+used anywhere else. ``ModelCheckpoint``'s are ``model_checkpoint.py``, torch's ``torch_internals.py`` and the reading
+of its distributed-checkpoint index ``checkpoint_index.py``, each re-exported here. An upgrade of a library is
+checked by running ``tests/compat/``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +23,8 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
     from lightning.pytorch.strategies import Strategy
 
 #: the protected hooks that a subclass in ``src/`` overrides (``Base._hook``: the subclass, and why), each run by
@@ -131,63 +129,7 @@ def skip_per_step_sigterm_broadcast(trainer: L.Trainer) -> bool:
     return True
 
 
-# -- Lightning: checkpointing, strategies, launchers, callbacks ---------------------------------------------
-
-
-def monitor_candidates(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> dict[str, Tensor]:
-    """The metrics ``ModelCheckpoint`` decides on and names its files with at this point (``epoch`` and ``step``
-    among them), from its protected helper."""
-    return checkpoint._monitor_candidates(trainer)
-
-
-def save_last_checkpoint(checkpoint: ModelCheckpoint, trainer: L.Trainer, candidates: dict[str, Tensor]) -> None:
-    """Write ``last.ckpt`` now, the way ``ModelCheckpoint`` writes it (its naming, link and removal of the previous
-    one), through its protected method (a subclass's override of it included)."""
-    checkpoint._save_last_checkpoint(trainer, candidates)
-
-
-def checkpoint_schedule(checkpoint: ModelCheckpoint) -> tuple[int, timedelta | None]:
-    """``ModelCheckpoint``'s ``every_n_train_steps`` and ``train_time_interval`` as it keeps them (protected
-    attributes; ``every_n_train_steps`` is 0 where another schedule is set)."""
-    return checkpoint._every_n_train_steps, checkpoint._train_time_interval
-
-
-def interval_clock(checkpoint: ModelCheckpoint) -> float | None:
-    """When (``time.monotonic()``) ``ModelCheckpoint`` last restarted the clock of its ``train_time_interval``, or
-    None before its first training batch (its protected record)."""
-    return checkpoint._last_time_checked
-
-
-def restart_interval_clock(checkpoint: ModelCheckpoint, now: float) -> None:
-    """Restart that clock at ``now``, as ``ModelCheckpoint`` does when its interval falls due."""
-    checkpoint._last_time_checked = now
-
-
-def checkpoint_not_due(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> bool:
-    """Whether ``ModelCheckpoint`` saves nothing now whatever its schedule: a smoke test, not fitting, the sanity
-    check, or this step already saved (its protected check)."""
-    return checkpoint._should_skip_saving_checkpoint(trainer)
-
-
-def last_checkpoint_written(checkpoint: ModelCheckpoint) -> tuple[int, str]:
-    """The step and path of the file ``ModelCheckpoint`` wrote last (its protected record of them)."""
-    return checkpoint._last_global_step_saved, checkpoint._last_checkpoint_saved
-
-
-def record_checkpoint_written(checkpoint: ModelCheckpoint, trainer: L.Trainer, path: str) -> None:
-    """Record ``path`` as written at this step, as ``ModelCheckpoint._save_checkpoint`` does after writing it."""
-    checkpoint._last_global_step_saved, checkpoint._last_checkpoint_saved = trainer.global_step, path
-
-
-def versions_checkpoint_names(checkpoint: ModelCheckpoint) -> bool:
-    """Whether ``ModelCheckpoint`` adds ``-v1``, ``-v2`` to a name that exists (``enable_version_counter``)."""
-    return checkpoint._enable_version_counter
-
-
-def trained_class_path(hyperparameters: Mapping[str, Any]) -> Any:
-    """The class path a checkpoint's model was built from, where LightningCLI built it (``--model=CLASS``), else None:
-    LightningCLI keeps it in the saved hyperparameters under a key of its own."""
-    return hyperparameters.get("_class_path")
+# -- Lightning: strategies, launchers, callbacks ---------------------------------------------
 
 
 def registered_strategy(name: str) -> tuple[type[Strategy], dict[str, Any]] | None:
@@ -371,148 +313,10 @@ def remade_loader(loader: Any, *args: Any, **kwargs: Any) -> Any:
     return _reinstantiate_wrapped_cls(loader, *args, **kwargs)
 
 
-# -- jsonargparse and LightningCLI --------------------------------------------------------------------------
+# -- Lightning: ModelCheckpoint: its own module, for the size of this one -------------------------------------
 
-
-def subcommand_parser(cli: LightningCLI, subcommand: str | None) -> LightningArgumentParser:
-    """The parser of one subcommand (``fit``, ...), or the only one without subcommands: LightningCLI keeps them in
-    its private ``_parser``."""
-    return cli._parser(subcommand)
-
-
-def skip_default_config_files(cli: LightningCLI, subcommand: str | None) -> None:
-    """Make the next parse of a subcommand's options read none of its ``default_config_files`` (jsonargparse's own
-    property, on the subcommand's parser that LightningCLI keeps to itself)."""
-    subcommand_parser(cli, subcommand).default_config_files = []
-
-
-class _Parsed(Exception):
-    """Ends ``LightningCLI.__init__`` once it has parsed (``parse_only``)."""
-
-
-def parse_only(cli: LightningCLI, run: bool, **init_arguments: Any) -> None:
-    """``LightningCLI.__init__`` up to its parse: the parser built and the arguments parsed into ``cli.config``,
-    nothing built or run. Its steps after the parse are each a function below, which the engine calls in its own
-    order (``multigpu/run.py``). ``LightningCLI.__init__`` calls its private ``_parse_ckpt_path`` right after
-    ``parse_arguments``; that call, made on this one object, ends it."""
-
-    from lightning.pytorch.cli import LightningCLI  # imported by the command line only
-
-    def stop() -> None:
-        raise _Parsed
-
-    cli._parse_ckpt_path = stop  # type: ignore[method-assign]
-    try:
-        LightningCLI.__init__(cli, run=run, **init_arguments)
-    except _Parsed:
-        pass
-    finally:
-        del cli._parse_ckpt_path
-    cli.subcommand = cli.config.get("subcommand") if run else None
-
-
-def apply_checkpoint_hyperparameters(cli: LightningCLI) -> None:
-    """LightningCLI's step after the parse: the model options saved in the ``--ckpt_path`` file (a local file) become
-    the run's (its private ``_parse_ckpt_path``)."""
-    cli._parse_ckpt_path()
-
-
-def seed_from_options(cli: LightningCLI) -> None:
-    """LightningCLI's step after the parse: ``seed_everything`` of the options, with the seed recorded in them (its
-    private ``_set_seed``)."""
-    cli._set_seed()
-
-
-def save_hyperparameters_as_parsed(cli: LightningCLI) -> None:
-    """LightningCLI's step after the parse where ``load_from_checkpoint_support``: the model and data module keep the
-    parsed options in their hyperparameters, so that ``load_from_checkpoint`` rebuilds them (its private
-    ``_add_instantiators``)."""
-    cli._add_instantiators()
-
-
-def add_optimizer_options_to_model(cli: LightningCLI) -> None:
-    """LightningCLI's step after the model is built: a ``configure_optimizers`` from ``parser.add_optimizer_args``,
-    where a project's parser added them (its private ``_add_configure_optimizers_method_to_model``)."""
-    cli._add_configure_optimizers_method_to_model(cli.subcommand)
-
-
-def run_subcommand(cli: LightningCLI) -> None:
-    """LightningCLI's last step: the subcommand, a method of the Trainer (or of the CLI where it has one), with the
-    CLI's ``before_<subcommand>`` and ``after_<subcommand>`` hooks around it (its private ``_run_subcommand``)."""
-    cli._run_subcommand(cli.subcommand)
-
-
-# -- torch and torchmetrics ---------------------------------------------------------------------------------
-
-
-def compiled_by_torch(module: nn.Module) -> bool:
-    """Whether ``module.compile()`` compiled the module's call, or its ``forward`` is a ``torch.compile`` result:
-    compiling either again would trace a compiled function."""
-    forward = vars(module).get("forward")  # a forward of the module's own, put on the instance
-    return module._compiled_call_impl is not None or hasattr(forward, "_torchdynamo_orig_callable")
-
-
-@contextlib.contextmanager
-def only_children(module: nn.Module, names: Collection[str]) -> Iterator[None]:
-    """Within the block, ``module`` has only the child modules ``names`` (and its own parameters and buffers).
-
-    ``nn.parallel.replicate`` copies every module below the one it gets; this is how dp copies only the children
-    ``forward`` uses. The registry of children (``_modules``) is swapped, not rebuilt, so identities stay.
-    """
-    children = module._modules
-    module._modules = {name: child for name, child in children.items() if name in names or child is None}
-    try:
-        yield
-    finally:
-        module._modules = children
-
-
-def scatter_to_devices(args: tuple, kwargs: dict[str, Any], devices: Sequence[int | None]) -> tuple[tuple, tuple]:
-    """``forward``'s arguments cut for each device, as ``nn.DataParallel`` cuts them: every tensor in chunks along
-    dim 0, anything else repeated; one ``args`` tuple and one ``kwargs`` dict per device (torch's ``scatter_kwargs``,
-    which ``torch.nn.parallel`` does not export)."""
-    from torch.nn.parallel.scatter_gather import scatter_kwargs
-
-    return scatter_kwargs(args, kwargs, list(devices), dim=0)
-
-
-def draw_loader_base_seed() -> None:
-    """Draw from the global generator what creating a torch ``DataLoader`` iterator draws when the loader has no
-    generator of its own (its workers' base seed, drawn by the iterator's private base class)."""
-    torch.empty((), dtype=torch.int64).random_()
-
-
-# -- torch.distributed.pipelining: a stage's work -------------------------------------------------------------
-
-#: what a schedule of ``torch.distributed.pipelining`` calls on a ``PipelineStage`` for the stage's own work on one
-#: micro-batch (its forward; its backward; the weight half of a split backward): the schedule's waits for the
-#: neighbouring stages lie between these calls, which its public API does not time
-STAGE_WORK = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
-
-
-def wrap_stage_work(stage: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Replace each piece of ``stage``'s own work (``STAGE_WORK``) with ``wrap`` of it, on this stage only, whichever
-    schedule calls it. Relied on: the schedules call these methods on the stage object, after waiting for its inputs
-    and before sending its outputs."""
-    for name in STAGE_WORK:
-        setattr(stage, name, wrap(getattr(stage, name)))
-
-
-# -- torch.distributed.tensor ------------------------------------------------------------------------------------
-
-
-def dtensor_of_local(like: Any, local: Tensor) -> Any:
-    """A DTensor of ``like``'s layout (mesh, placements, global shape) whose local shard is ``local``, wherever that
-    lies: the host copy of a shard for an asynchronous checkpoint. ``DTensor.from_local`` moves a shard onto the
-    mesh's device (a GPU's state would go back to the GPU) and checks the layout with collectives; the constructor
-    with ``like``'s spec (``_spec``) does neither, as ``torch.distributed.checkpoint``'s own stager does."""
-    from torch.distributed.tensor import DTensor
-
-    return DTensor(local, like._spec, requires_grad=False)
-
-
+# -- torch: its own module, for the size of this one ------------------------------------------------------------
 # -- torch.distributed.checkpoint: a folder of shards read without running code (its own module, for its size) --
-
 from multigpu.compat.checkpoint_index import (  # noqa: E402
     CHECKPOINT_INDEX_GLOBALS,
     CheckpointIndexUnpickler,
@@ -525,16 +329,54 @@ from multigpu.compat.checkpoint_index import (  # noqa: E402
     read_whole_checkpoint,
     shard_extents,
 )
+from multigpu.compat.model_checkpoint import (  # noqa: E402
+    checkpoint_not_due,
+    checkpoint_schedule,
+    interval_clock,
+    last_checkpoint_written,
+    monitor_candidates,
+    record_checkpoint_written,
+    restart_interval_clock,
+    save_last_checkpoint,
+    trained_class_path,
+    versions_checkpoint_names,
+)
+from multigpu.compat.torch_internals import (  # noqa: E402
+    STAGE_WORK,
+    compiled_by_torch,
+    draw_loader_base_seed,
+    dtensor_of_local,
+    only_children,
+    scatter_to_devices,
+    wrap_stage_work,
+)
 
 __all__ = [
     "CHECKPOINT_INDEX_GLOBALS",
+    "STAGE_WORK",
     "CheckpointIndexUnpickler",
     "RefusedGlobal",
     "checked_reader",
+    "checkpoint_not_due",
+    "checkpoint_schedule",
+    "compiled_by_torch",
+    "draw_loader_base_seed",
+    "dtensor_of_local",
     "index_global_allowed",
+    "interval_clock",
     "is_checkpoint_index",
+    "last_checkpoint_written",
+    "monitor_candidates",
     "non_tensor_entries",
+    "only_children",
     "read_checkpoint_index",
     "read_whole_checkpoint",
+    "record_checkpoint_written",
+    "restart_interval_clock",
+    "save_last_checkpoint",
+    "scatter_to_devices",
     "shard_extents",
+    "trained_class_path",
+    "versions_checkpoint_names",
+    "wrap_stage_work",
 ]

@@ -1,8 +1,7 @@
-"""``multigpu/compat.py``, proven on real objects: a fast test for each function and for each protected hook a subclass
-overrides (``OVERRIDDEN_HOOKS``), run on a real Trainer and its loops, a real strategy, a real ``ModelCheckpoint`` or a
-real parser. Each fails when a library release changes the behaviour the template relies on, whatever the library's
-source looks like. The last section scans ``multigpu/`` and ``src/``: a private name used outside ``multigpu/compat.py``
-fails.
+"""``multigpu/compat/``, proven on real objects: a fast test for each function and for each protected hook a subclass
+overrides (``OVERRIDDEN_HOOKS``), run on a real Trainer and its loops, a real strategy or a real ``ModelCheckpoint``.
+Each fails when a library release changes the behaviour the template relies on, whatever the library's source looks
+like. The last section scans ``multigpu/`` and ``src/``: a private name used outside ``multigpu/compat/`` fails.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import types
 import warnings
 from collections.abc import Callable
@@ -26,8 +24,7 @@ import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy, StrategyRegistry
@@ -38,48 +35,9 @@ from multigpu import compat
 from multigpu.callbacks.continuation import uncount_epoch_end
 from multigpu.strategies import DataParallelStrategy
 from multigpu.strategies.dp import ParallelForward
+from tests.compat.conftest import BATCHES, Hooks, tiny_data, trainer
 from tests.conftest import REPO
-from tests.fixtures.workload import TinyClassifier, TinyData
-
-BATCHES = 4  # training batches per epoch of the small runs below
-
-
-def trainer(**kwargs: Any) -> L.Trainer:
-    """A Trainer for a few CPU steps, with nothing the test does not ask for."""
-    options: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        max_steps=2,
-        limit_train_batches=BATCHES,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    return L.Trainer(**{**options, **kwargs})
-
-
-def tiny_data() -> TinyData:
-    return TinyData(train_size=32 * BATCHES, val_size=32, test_size=32)
-
-
-class Hooks(Callback):
-    """Runs the given functions in the named hooks (``on_train_batch_end=fn(trainer, batch_idx)``, the others
-    ``fn(trainer)``)."""
-
-    def __init__(self, **hooks: Callable[..., Any]) -> None:
-        self.hooks = hooks
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.hooks.get("on_train_start", lambda trainer: None)(trainer)
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        self.hooks.get("on_train_batch_end", lambda trainer, index: None)(trainer, args[-1])
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.hooks.get("on_validation_start", lambda trainer: None)(trainer)
+from tests.fixtures.workload import TinyClassifier
 
 
 class Rows(Logger):
@@ -313,149 +271,6 @@ def test_the_per_step_sigterm_broadcast_is_still_there_and_skipped(one_process_g
     assert skipped == [True] and calls == []
 
 
-# -- Lightning: checkpointing -------------------------------------------------------------------------------
-
-
-class LoggedModel(BoringModel):
-    """BoringModel that logs ``val/loss``."""
-
-    def validation_step(self, batch: Any, batch_idx: int) -> Any:
-        output = super().validation_step(batch, batch_idx)
-        self.log("val/loss", output["x"])
-        return output
-
-
-class RecordingCheckpoint(ModelCheckpoint):
-    """Test-only: records each call of the two protected hooks ``RunCheckpoint`` overrides. A monitored metric that
-    is missing stops in the top-k hook when ``missing`` says so: ``skip`` (nothing saved), or ``write_last``
-    (``last.ckpt`` written there, as ``RunCheckpoint`` writes it)."""
-
-    def __init__(self, *args: Any, missing: str | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.missing = missing
-        self.calls: list[tuple[str, int, set[str]]] = []
-
-    def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
-        self.calls.append(("topk", trainer.global_step, set(monitor_candidates)))
-        if self.missing is not None and self.monitor not in monitor_candidates:
-            if self.missing == "write_last":
-                compat.save_last_checkpoint(self, trainer, monitor_candidates)
-            return
-        super()._save_topk_checkpoint(trainer, monitor_candidates)
-
-    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
-        self.calls.append(("last", trainer.global_step, set(monitor_candidates)))
-        super()._save_last_checkpoint(trainer, monitor_candidates)
-
-
-def checkpointed_fit(tmp_path: Path, monitor: str, **kwargs: Any) -> tuple[L.Trainer, RecordingCheckpoint]:
-    """A fit of 4 steps that validates after steps 2 and 4, checkpointed by a ``RecordingCheckpoint``."""
-    checkpoint = RecordingCheckpoint(dirpath=tmp_path, monitor=monitor, save_last=True, **kwargs)
-    fit = trainer(max_steps=BATCHES, limit_val_batches=1, val_check_interval=2, enable_checkpointing=True,
-                  callbacks=[checkpoint])  # fmt: skip
-    fit.fit(LoggedModel())
-    return fit, checkpoint
-
-
-def hook_calls(checkpoint: RecordingCheckpoint) -> list[tuple[str, int]]:
-    return [(name, step) for name, step, _ in checkpoint.calls]
-
-
-def test_model_checkpoint_runs_the_topk_hook_at_every_validation_and_the_last_hook_after_a_save(tmp_path):
-    _, checkpoint = checkpointed_fit(tmp_path, monitor="val/loss", save_top_k=-1)
-    assert hook_calls(checkpoint) == [("topk", 2), ("last", 2), ("topk", 4), ("last", 4)]
-    assert all({"val/loss", "epoch", "step"} <= names for _, _, names in checkpoint.calls)
-    assert (tmp_path / "last.ckpt").is_file() and checkpoint.best_model_path
-
-
-def test_a_monitored_metric_the_model_does_not_log_still_reaches_the_topk_hook(tmp_path):
-    """``RunCheckpoint`` reports the missing metric there (Lightning must not raise before it) and writes
-    ``last.ckpt`` there: without it nothing is written before training ends, and with it Lightning calls the last
-    hook right after, which ``RunCheckpoint``'s override of that hook skips."""
-    _, skipped = checkpointed_fit(tmp_path / "skip", monitor="val/missing", missing="skip")
-    assert hook_calls(skipped) == [("topk", 2), ("topk", 4), ("last", 4)]  # last.ckpt only at the end
-    assert all("val/missing" not in names for _, _, names in skipped.calls)
-    _, written = checkpointed_fit(tmp_path / "written", monitor="val/missing", missing="write_last")
-    assert hook_calls(written) == [("topk", 2), ("last", 2), ("last", 2), ("topk", 4), ("last", 4), ("last", 4)]
-    with pytest.raises(Exception, match="val/missing"):  # what the override of the top-k hook prevents
-        checkpointed_fit(tmp_path / "stock", monitor="val/missing")
-
-
-def test_monitor_candidates_and_save_last_checkpoint_write_last_as_model_checkpoint_does(tmp_path):
-    fit, checkpoint = checkpointed_fit(tmp_path, monitor="val/loss", save_top_k=-1)
-    candidates = compat.monitor_candidates(checkpoint, fit)
-    assert {"val/loss", "epoch", "step"} <= set(candidates) and int(candidates["step"]) == BATCHES
-    (tmp_path / "last.ckpt").unlink()
-    checkpoint.calls.clear()
-    compat.save_last_checkpoint(checkpoint, fit, candidates)
-    assert [name for name, _, _ in checkpoint.calls] == ["last"]  # through a subclass's override
-    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == BATCHES
-
-
-class ScheduleProbe(ModelCheckpoint):
-    """Test-only: at each training batch end, whether ModelCheckpoint saves nothing whatever its schedule, and each
-    file its one writing hook ``_save_checkpoint`` (which ``RunCheckpoint`` overrides) is called for."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.not_due: list[tuple[int, bool]] = []
-        self.written: list[tuple[int, str]] = []
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self.not_due.append((trainer.global_step, compat.checkpoint_not_due(self, trainer)))
-        super().on_train_batch_end(trainer, *args)
-
-    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
-        self.written.append(compat.last_checkpoint_written(self))
-
-
-def test_the_schedule_and_the_record_of_written_files_are_model_checkpoints(tmp_path):
-    """Every 2 steps with no monitor: each save (steps 2 and 4) passes through ``_save_checkpoint``, which records
-    the step and file; the record can be set, as a link of a file sets it."""
-    probe = ScheduleProbe(dirpath=tmp_path, monitor=None, every_n_train_steps=2, save_last=True, save_top_k=1)
-    fit = trainer(max_steps=BATCHES, enable_checkpointing=True, callbacks=[probe])
-    fit.fit(BoringModel())
-    assert probe.not_due == [(1, False), (2, False), (3, False), (4, False)]  # while fitting, the schedule decides
-    assert [(step, Path(path).name) for step, path in probe.written] == [
-        (2, "epoch=0-step=2.ckpt"), (2, "last.ckpt"), (4, "epoch=0-step=4.ckpt"), (4, "last.ckpt")
-    ]  # fmt: skip
-    assert compat.checkpoint_not_due(probe, fit)  # not fitting any more
-    compat.record_checkpoint_written(probe, fit, str(tmp_path / "other.ckpt"))
-    assert compat.last_checkpoint_written(probe) == (BATCHES, str(tmp_path / "other.ckpt"))
-    assert compat.versions_checkpoint_names(probe) and not compat.versions_checkpoint_names(
-        ModelCheckpoint(enable_version_counter=False)
-    )
-
-
-def test_the_schedule_and_the_clock_of_its_interval_are_the_ones_model_checkpoint_decides_on(tmp_path):
-    """The clock read is the one ``ModelCheckpoint`` restarts when its interval falls due, and a clock set back two
-    hours makes its hourly interval due at the next batch end."""
-    assert compat.checkpoint_schedule(ModelCheckpoint(every_n_train_steps=3)) == (3, None)
-    hourly = ModelCheckpoint(dirpath=tmp_path, monitor=None, train_time_interval=timedelta(hours=1))
-    assert compat.checkpoint_schedule(hourly) == (0, timedelta(hours=1)) and compat.interval_clock(hourly) is None
-    clocks: list[float | None] = []
-
-    def at_batch_end(t: L.Trainer, index: int) -> None:  # runs before ModelCheckpoint's, which Lightning puts last
-        clocks.append(compat.interval_clock(hourly))
-        if index == 1:
-            compat.restart_interval_clock(hourly, time.monotonic() - 7200)
-
-    trainer(max_steps=3, enable_checkpointing=True, callbacks=[Hooks(on_train_batch_end=at_batch_end), hourly]).fit(
-        BoringModel()
-    )
-    assert [path.name for path in tmp_path.iterdir()] == ["epoch=0-step=2.ckpt"]  # due once, after the set-back
-    assert isinstance(clocks[0], float) and clocks[0] == clocks[1] < clocks[2]  # restarted when it saved
-
-
-def test_trained_class_path_is_the_class_lightning_cli_built_the_model_as():
-    model_path = f"{TinyClassifier.__module__}.{TinyClassifier.__qualname__}"
-    cli = LightningCLI(L.LightningModule, subclass_mode_model=True, run=False, args=[f"--model={model_path}",
-                       "--trainer.logger=false", "--trainer.enable_checkpointing=false"])  # fmt: skip
-    assert compat.trained_class_path(dict(cli.model.hparams)) == model_path
-    assert compat.trained_class_path(dict(TinyClassifier().hparams)) is None  # built without LightningCLI
-
-
 # -- Lightning: strategies, launchers, callbacks ------------------------------------------------------------
 
 
@@ -624,135 +439,6 @@ def test_available_flops_is_lightnings_table_of_device_peaks(monkeypatch):
     assert compat.available_flops(cuda, torch.bfloat16) is None
 
 
-# -- jsonargparse and LightningCLI --------------------------------------------------------------------------
-
-
-class Parsed(Exception):
-    """Raised by the probes below once the arguments are parsed, before anything is built."""
-
-
-def test_subcommand_parser_is_the_parser_that_read_the_subcommands_options():
-    class Probe(LightningCLI):
-        def before_instantiate_classes(self) -> None:
-            raise Parsed(compat.subcommand_parser(self, self.subcommand), self.parser)
-
-    with pytest.raises(Parsed) as parsed:
-        Probe(BoringModel, args=["fit", "--trainer.max_steps=3"])
-    fit_parser, main_parser = parsed.value.args
-    assert isinstance(fit_parser, LightningArgumentParser) and fit_parser is not main_parser
-    assert fit_parser.get_defaults().trainer.max_steps == -1 and "ckpt_path" in fit_parser.get_defaults()
-
-
-def test_skip_default_config_files_makes_the_next_parse_read_none(tmp_path):
-    defaults = tmp_path / "defaults.yaml"
-    defaults.write_text("trainer:\n  max_steps: 5\n")
-
-    class Probe(LightningCLI):
-        def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-            super().parse_arguments(parser, args)
-            first = self.config.fit.trainer.max_steps
-            compat.skip_default_config_files(self, "fit")
-            super().parse_arguments(parser, args)
-            raise Parsed(first, self.config.fit.trainer.max_steps)
-
-    with pytest.raises(Parsed) as parsed:
-        Probe(BoringModel, parser_kwargs={"fit": {"default_config_files": [str(defaults)]}}, args=["fit"])
-    assert parsed.value.args == (5, -1)
-
-
-def test_parse_only_parses_and_the_steps_after_the_parse_build_and_run_in_the_callers_order(tmp_path):
-    checkpoint = tmp_path / "saved.ckpt"
-    torch.save({"hyper_parameters": {"_class_path": "tests.fixtures.workload.TinyClassifier", "hidden": 8}}, checkpoint)
-    seen: list[str] = []
-
-    class Probe(LightningCLI):
-        def __init__(self, args: list[str]) -> None:
-            compat.parse_only(self, True, subclass_mode_model=True, subclass_mode_data=True, args=args)
-
-        def before_fit(self) -> None:
-            seen.append(f"before_fit {self.trainer.max_steps}")
-
-    arguments = ["fit", "--model=tests.fixtures.workload.TinyClassifier", "--data=tests.fixtures.workload.TinyData"]
-    arguments += ["--trainer.max_steps=1", "--seed_everything=7", "--trainer.logger=false"]
-    arguments += ["--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={tmp_path}"]
-    cli = Probe(arguments)
-    assert cli.subcommand == "fit" and cli.config.fit.trainer.max_steps == 1  # parsed ...
-    assert not hasattr(cli, "model") and not hasattr(cli, "trainer") and seen == []  # ... and nothing else
-    cli.config.fit.ckpt_path = str(checkpoint)
-    compat.apply_checkpoint_hyperparameters(cli)  # the checkpoint's model options into the config
-    assert cli.config.fit.model.init_args.hidden == 8
-    cli.config.fit.ckpt_path = None
-    torch.manual_seed(0)
-    compat.seed_from_options(cli)
-    assert torch.initial_seed() == 7
-    compat.save_hyperparameters_as_parsed(cli)
-    cli.config_init = cli.parser.instantiate_classes(cli.config)
-    cli.model, cli.datamodule = cli.config_init.fit.model, cli.config_init.fit.data
-    assert cli.model.hparams.get("_instantiator")  # kept for load_from_checkpoint
-    compat.add_optimizer_options_to_model(cli)  # none added here: the model's own configure_optimizers stays
-    cli.trainer = cli.instantiate_trainer()
-    compat.run_subcommand(cli)
-    assert seen == ["before_fit 1"] and cli.trainer.global_step == 1  # the subcommand ran, with the CLI's hook
-
-
-# -- torch and torchmetrics ---------------------------------------------------------------------------------
-
-
-def test_compiled_by_torch_sees_a_compiled_call_and_a_compiled_forward():
-    module = nn.Linear(2, 2)
-    assert not compat.compiled_by_torch(module)
-    module.forward = torch.compile(module.forward, backend="eager")
-    assert compat.compiled_by_torch(module)
-    other = nn.Linear(2, 2)
-    other.compile(backend="eager")
-    assert compat.compiled_by_torch(other)
-
-
-def test_only_children_hides_the_other_children_from_replicate_and_puts_them_back():
-    module = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
-    first = module[0]
-    with compat.only_children(module, ["0"]):
-        assert [name for name, _ in module.named_children()] == ["0"]
-        assert list(module.modules())[1:] == [first]  # what replicate walks and copies
-        replica = module._replicate_for_data_parallel()  # how replicate makes each copy: the children it has now
-        assert [name for name, _ in replica.named_children()] == ["0"]
-    assert [name for name, _ in module.named_children()] == ["0", "1", "2"] and module[0] is first
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's replicate copies onto GPUs")
-def test_only_children_is_what_replicate_copies_on_a_gpu():
-    from torch.nn.parallel import replicate
-
-    module = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)).cuda()
-    with compat.only_children(module, ["0"]):
-        (replica,) = replicate(module, [0])
-    assert [name for name, _ in replica.named_children()] == ["0"]
-
-
-def test_scatter_to_devices_gives_one_args_tuple_and_one_kwargs_dict_per_device():
-    args, kwargs = compat.scatter_to_devices((1, "a"), {"k": 2}, [0, 1])
-    assert args == ((1, "a"), (1, "a")) and kwargs == ({"k": 2}, {"k": 2})
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch scatters tensors onto GPUs")
-def test_scatter_to_devices_cuts_tensors_as_chunk_does():
-    batch = torch.arange(5.0)
-    args, kwargs = compat.scatter_to_devices((batch,), {"y": batch}, [0] * 3)
-    assert [len(a[0]) for a in args] == [len(c) for c in batch.chunk(3)] == [len(k["y"]) for k in kwargs]
-
-
-def test_draw_loader_base_seed_draws_what_a_loader_iterator_draws():
-    loader = DataLoader(TensorDataset(torch.zeros(4)), batch_size=2)  # no generator of its own
-    torch.manual_seed(3)
-    iter(loader)
-    after_iterator = torch.get_rng_state()
-    torch.manual_seed(3)
-    compat.draw_loader_base_seed()
-    assert torch.equal(torch.get_rng_state(), after_iterator)
-    torch.manual_seed(3)
-    assert not torch.equal(torch.get_rng_state(), after_iterator)  # the iterator did draw
-
-
 def test_a_hook_on_the_instance_is_what_lightning_calls_and_overrides_hook_counts():
     """What the sharding policy and the loaders rely on when they put a hook on the user's module itself."""
     model, calls = BoringModel(), []
@@ -763,35 +449,6 @@ def test_a_hook_on_the_instance_is_what_lightning_calls_and_overrides_hook_count
     assert calls == [model]
     del model.configure_model
     assert not compat.overrides_hook(model, "configure_model")
-
-
-def test_wrapped_stage_work_brackets_each_forward_and_backward_a_schedule_runs_on_the_stage(one_process_group):
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
-    torch.manual_seed(0)
-    events: list[str] = []
-    module = nn.Linear(4, 2)
-    module.register_forward_hook(lambda *args: events.append("forward"))
-    module.register_full_backward_hook(lambda *args: events.append("backward"))  # the input requires grad below
-    stage = PipelineStage(module, 0, 1, torch.device("cpu"))
-    schedule = ScheduleGPipe(stage, 2, loss_fn=lambda output, target: (output - target).pow(2).mean())
-    batch = torch.randn(4, 4, requires_grad=True), torch.zeros(4, 2)
-    schedule.step(batch[0], target=batch[1])  # the first step also sets the stage up (a forward and a backward)
-    events.clear()
-
-    def bracketed(work: Callable[..., Any]) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            events.append("start")
-            result = work(*args, **kwargs)
-            events.append("end")
-            return result
-
-        return run
-
-    compat.wrap_stage_work(stage, bracketed)
-    schedule.step(batch[0], target=batch[1])
-    # GPipe on one stage and two micro-batches: two forwards, then two backwards, each inside its own bracket
-    assert events == ["start", "forward", "end"] * 2 + ["start", "backward", "end"] * 2
 
 
 # -- the seam: nothing else in multigpu/ or src/ reaches into a library's internals ------------------------------
@@ -812,7 +469,7 @@ UNDOCUMENTED_NAMES = {
     "is_overridden",
     *compat.STAGE_WORK,
 }
-UNDOCUMENTED_ATTRIBUTES = {"callback_keys", "default_config_files", "restarting", "restarted_mid_epoch", "reset_on_run"}
+UNDOCUMENTED_ATTRIBUTES = {"callback_keys", "restarting", "restarted_mid_epoch", "reset_on_run"}
 UNDOCUMENTED_KEYS = {"init_params"}
 UNDOCUMENTED_MODULES = {
     "lightning.pytorch.utilities.model_summary.model_summary",  # the package exports what the template uses
@@ -1035,20 +692,6 @@ def test_optimizer_count_reads_every_form_configure_optimizers_returns():
             return torch.optim.SGD(self.parameters(), lr=1 / self.trainer.estimated_stepping_batches)
 
     assert compat.optimizer_count(NeedsTheTrainer()) is None
-
-
-def test_a_dtensor_of_a_local_copy_keeps_the_layout_and_the_copy(one_process_group):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-
-    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("data_parallel",))
-    original = distribute_tensor(torch.arange(6.0).reshape(3, 2), mesh, [Shard(0)])
-    local = original.to_local().clone()
-    copy = compat.dtensor_of_local(original, local)
-    assert isinstance(copy, DTensor) and copy.to_local().data_ptr() == local.data_ptr()
-    assert copy.device_mesh == mesh and copy.placements == original.placements and copy.shape == original.shape
-    original.to_local().add_(1)  # the training step changes the shard; the copy keeps what it was
-    assert torch.equal(copy.full_tensor(), torch.arange(6.0).reshape(3, 2))
 
 
 class StatefulLoader(DataLoader):
