@@ -1,5 +1,4 @@
-"""Lightning's ``DDPStrategy`` for the ``ddp`` names given ``--collective_timeout``: the ranks' start is bounded
-apart from the collectives."""
+"""Lightning's ``DDPStrategy`` for the ``ddp`` names given ``--collective_timeout``."""
 
 from __future__ import annotations
 

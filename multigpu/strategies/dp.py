@@ -20,22 +20,21 @@ from multigpu.compat import only_children, scatter_to_devices
 from multigpu.hooks import DP_MODULES, ReplicatesForDataParallel
 
 
-def _tensors(obj: Any) -> Iterator[Tensor]:
-    # where torch's scatter looks: tuples, lists and dicts, nothing else
+def _scattered_tensors(obj: Any) -> Iterator[Tensor]:
     if isinstance(obj, Tensor):
         yield obj
     elif isinstance(obj, (tuple, list)):
         for item in obj:
-            yield from _tensors(item)
+            yield from _scattered_tensors(item)
     elif isinstance(obj, dict):
         for item in obj.items():
-            yield from _tensors(item)
+            yield from _scattered_tensors(item)
 
 
 def chunk_sizes(args: tuple, kwargs: dict, num_devices: int) -> list[int]:
     """Sizes of the chunks ``scatter`` cuts the batch into (``Tensor.chunk``'s sizes); ``[]`` without tensors."""
     # torch's scatter zips each tensor's pieces: another size along dim 0 would silently drop samples
-    tensors = list(_tensors((args, kwargs)))
+    tensors = list(_scattered_tensors((args, kwargs)))
     if not tensors:
         return []
     if any(tensor.dim() == 0 for tensor in tensors):
@@ -122,8 +121,7 @@ def in_callers_modes(forward: Callable[..., Any], device_type: str) -> Callable[
 
 
 def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Sequence[int]) -> Any:
-    """torch's ``gather``, except that a 0-dim tensor becomes the replicas' mean weighted by chunk size and other
-    values must agree across replicas."""
+    """torch's ``gather``, but a 0-dim tensor is the replicas' mean weighted by chunk size; other values must agree."""
     first = outputs[0]
     if isinstance(first, Tensor):
         if first.dim() > 0:
@@ -190,7 +188,6 @@ class ParallelForward:
         for replica in replicas:
             for name, stand_in in skipped.items():
                 setattr(replica, name, stand_in)
-            # a shallow copy, this object included: point it at the real forward
             replica.forward = functools.partial(forward, replica)
             replica.log = replica.log_dict = _refuse_logging
         return replicas

@@ -1,6 +1,5 @@
 """``strategy="fsdp2"`` and ``strategy="tensor_parallel"``: Lightning's ``ModelParallelStrategy`` under a name, with
-atomic sharded checkpoints read without running code and gradient clipping across device meshes
-(docs/strategies.md)."""
+atomic sharded checkpoints and gradient clipping across device meshes (docs/strategies.md)."""
 
 from __future__ import annotations
 
@@ -47,10 +46,8 @@ def clip_grad_norm(
     reduce_group: Any = None,
     not_in_norm: Collection[int] = (),
 ) -> Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` for gradients on several device meshes (torch's refuses to mix them).
-
-    ``reduce_group`` sums the pipeline stages' norms; ``not_in_norm`` (ids) leaves out a tied weight's second copy.
-    """
+    """``torch.nn.utils.clip_grad_norm_`` for gradients on several device meshes (torch's refuses to mix them);
+    ``reduce_group`` sums the pipeline stages' norms, ``not_in_norm`` (ids) leaves out a tied weight's second copy."""
     groups: dict[Any, list[Tensor]] = {}
     for param in parameters:
         if param.grad is not None:
@@ -76,7 +73,7 @@ def clip_across_meshes(plugin: Precision) -> None:
     def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
         clip_grad_norm(list(plugin.main_params(optimizer)), clip_val)
 
-    plugin.clip_grad_by_norm = clip_grad_by_norm  # this plugin only
+    plugin.clip_grad_by_norm = clip_grad_by_norm
 
 
 class ClipAcrossMeshes(Callback):
@@ -248,14 +245,7 @@ class TensorParallelStrategy(_ModelParallelMixin, ModelParallelStrategy):
 
 
 def prediction_replica(trainer: pl.Trainer) -> int | None:
-    """The data-parallel replica whose predictions this process writes, or None where another process writes them.
-
-    Example::
-
-        replica = prediction_replica(trainer)
-        if replica is not None:
-            torch.save(predictions, f"predictions_{replica}.pt")
-    """
+    """The data-parallel replica whose predictions this process writes, or None where another process writes them."""
     strategy = trainer.strategy
     mesh = strategy.device_mesh if isinstance(strategy, ModelParallelStrategy) else None
     if mesh is not None:

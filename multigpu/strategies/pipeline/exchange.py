@@ -18,8 +18,7 @@ def forward_through_stages(
     count: int,
     device: torch.device,
 ) -> Tensor:
-    """The model's forward through its ``count`` stages (stage ``s`` on rank ``s % ranks``), its output on every
-    process of the pipeline ``group``."""
+    """The model's forward through its ``count`` stages, its output on every process of the pipeline ``group``."""
     x: Tensor | None = inputs
     for index, stage in stages.items():
         if index > 0 and (index - 1) % ranks != rank:

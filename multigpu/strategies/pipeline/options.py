@@ -1,5 +1,4 @@
-"""The settings of ``--trainer.strategy=pipeline`` (``PipelineOptions``), their checks before launch, and the
-idle share of a split."""
+"""The settings of ``--trainer.strategy=pipeline``, their checks before launch, and the idle share of a split."""
 
 from __future__ import annotations
 
@@ -57,12 +56,9 @@ class PipelineOptions:
     """``--pipeline.*``: the settings of ``--trainer.strategy=pipeline``.
 
     Args:
-        micro_batches: Micro-batches per batch (more shrink the bubble; ``gpipe`` and ``1f1b`` need at least one
-            per pipeline rank).
-        schedule: ``1f1b`` (a stage holds the activations of at most ``ranks`` micro-batches), ``gpipe``, or, with
-            ``stages_per_rank`` >= 2, ``interleaved_1f1b``.
-        stages_per_rank: Stages each process of a pipeline runs (stage ``s`` on pipeline rank ``s % ranks``): 1
-            for ``gpipe`` and ``1f1b``, 2 or more for ``interleaved_1f1b``.
+        micro_batches: Micro-batches per batch, at least one per pipeline rank (more shrink the idle share).
+        schedule: ``1f1b``, ``gpipe``, or with ``stages_per_rank`` >= 2, ``interleaved_1f1b``.
+        stages_per_rank: Stages each process of a pipeline runs: 1, or 2 or more for ``interleaved_1f1b``.
         data_parallel_size: Ranks that see different samples; each stage is sharded with FSDP2 over them.
         tensor_parallel_size: Ranks that split each layer of a stage (the model's ``configure_model`` plan).
     """

@@ -1,5 +1,4 @@
-"""A pipeline process's part of the model: its stages sharded, the other stages' layers replaced, the tied
-weights found."""
+"""A pipeline process's part of the model: its stages sharded, the other stages' layers replaced."""
 
 from __future__ import annotations
 

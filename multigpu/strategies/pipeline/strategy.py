@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
     from torch.distributed.pipelining import PipelineStage
 
-# the checkpoint's record of the split: a resume with another split is refused
 CHECKPOINT_KEY = "pipeline"
 
 
@@ -224,7 +223,6 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         self._pending = [(p, p.grad) for p in trained]
         for parameter, grad in zip(trained, earlier, strict=True):
             parameter.grad = grad
-        # from the last stage to the others: the model logs the loss as one device would
         loss = torch.zeros((), dtype=torch.float64, device=self.root_device)
         if self.is_last:
             loss += torch.stack([value.detach().double() for value in losses]).sum()
