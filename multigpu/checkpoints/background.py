@@ -1,8 +1,6 @@
-"""Checkpoints written in the background: a save costs the training loop a copy of the state into host memory,
-not a write; one writer at a time, the file put in place as a synchronous save puts it (docs/checkpoints.md).
-
-Not Lightning's ``AsyncCheckpointIO``: it clones tensors where they are (on the GPU), queues any number of copies,
-removes a replaced checkpoint before its successor is written, and reports a failed write only at the next save."""
+"""Checkpoints written in the background: a save costs the training loop a host copy of the state, not a write
+(docs/checkpoints.md). Not Lightning's ``AsyncCheckpointIO``: it clones tensors on the GPU, queues any number of
+copies, removes a replaced checkpoint before its successor is written, and reports a failed write a save late."""
 
 from __future__ import annotations
 
@@ -42,7 +40,7 @@ class HostSnapshot:
     def __init__(self) -> None:
         self.buffers: list[torch.Tensor] = []
         self.on_gpu = False
-        self.ready: Any = None  # a CUDA event after the queued copies
+        self.ready: Any = None
 
     def take(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
         """The checkpoint with every tensor replaced by its copy."""
@@ -158,7 +156,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
             raise failure
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        self.wait()  # never two writers, and the host copy is free again
+        self.wait()  # never two writers; the host copy is free again
         if storage_options is not None or "://" in str(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
@@ -190,11 +188,11 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
-        self.wait()  # never two writers; the previous save is in place on every rank before this one is planned
-        if self._shard_group is None:  # a collective: every rank at its first sharded save
+        self.wait()  # the previous save is in place on every rank before this one is planned
+        if self._shard_group is None:
             self._shard_group = dist.new_group(backend="gloo", timeout=timeout)
         if self._shard_stager is None:
-            self._shard_stager = SnapshotStager(self._snapshot)  # a run saves single files or shards, not both
+            self._shard_stager = SnapshotStager(self._snapshot)  # a run saves files or shards, never both
         group = self._shard_group
         try:
             written = dcp.async_save(
@@ -208,7 +206,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
             if then is not None:
                 then()
             return
-        upload = getattr(written, "upload_completion", written)  # an AsyncSaveResponse, or a future
+        upload = getattr(written, "upload_completion", written)
 
         def finish() -> None:
             raise_shard_failure(upload.result, checkpoint)

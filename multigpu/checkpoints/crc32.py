@@ -1,5 +1,5 @@
-"""Checkpoints written without CRC-32s: torch.load never checks them, and computing them takes CPU time a
-background write takes from training (docs/checkpoints.md)."""
+"""``torch.save`` without CRC-32s: torch.load never checks them, and a background write takes their CPU time from
+training."""
 
 from __future__ import annotations
 

@@ -38,8 +38,6 @@ FOLDER_FIX = (
 
 @dataclass
 class CheckedFolder:
-    """A folder of shards that ``check_sharded_checkpoint`` read: its index and its ``meta.pt``."""
-
     index: Any
     meta: dict[str, Any]
 
@@ -57,7 +55,7 @@ def read_torch_file(path: Path, name: str | None = None, mmap: bool = False, map
     name = name or str(path)
     try:
         return torch.load(path, map_location=map_location, mmap=mmap, weights_only=True)
-    except pickle.UnpicklingError as error:  # torch's refusal of a global that weights_only does not allow
+    except pickle.UnpicklingError as error:
         raise ConfigurationError(
             f"{name} holds Python objects besides tensors ({refused_globals(path, error)}), which safe loading"
             f" (torch.load weights_only=True) refuses: unpickling them could run any code. Fix: {ALLOW_TRUSTED}"

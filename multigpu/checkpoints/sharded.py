@@ -71,9 +71,8 @@ def fsync_directory(folder: Path) -> None:
 
 
 def shard_writer(folder: Path) -> Any:
-    """torch's ``FileSystemWriter`` whose failed write reports the file system's ``OSError`` with its errno."""
-    # torch's zip writer turns a full disk into "RuntimeError: ... unexpected pos", and other ranks' failures arrive
-    # pickled, without the context that held the errno
+    """torch's ``FileSystemWriter`` whose failed write reports the file system's ``OSError`` with its errno: torch's
+    says "unexpected pos", and other ranks' failures arrive pickled, without the context that held the errno."""
     from torch.distributed.checkpoint import FileSystemWriter
 
     class ShardWriter(FileSystemWriter):
@@ -98,7 +97,6 @@ def file_system_cause(error: BaseException) -> OSError | None:
 
 
 def write_shards(shards: dict[str, Any], folder: Path, checkpoint: Path, process_group: Any = None) -> None:
-    """This rank's part of a sharded checkpoint written into ``folder`` now; every rank calls it at the same save."""
     import torch.distributed.checkpoint as dcp
 
     raise_shard_failure(
@@ -200,7 +198,7 @@ def load_shards(
         return state
 
     model.load_state_dict(into({"state_dict": get_model_state_dict(model)})["state_dict"], strict=strict)
-    setting = optimizer_options or StateDictOptions(cpu_offload=True)  # Lightning's
+    setting = optimizer_options or StateDictOptions(cpu_offload=True)
     for index, optimizer in enumerate(optimizers):
         key = f"optimizer_{index}"
         state = into({key: get_optimizer_state_dict(model, optimizer, options=optimizer_options)})
