@@ -1,27 +1,5 @@
-"""The proofs a project's tests make for its own model and data, through its own command line (a pytest plugin).
-
-pytest loads this module in every project that has the engine installed (the ``pytest11`` entry point of
-``pyproject.toml``), so a project's test file reads::
-
-    def test_it_trains(project):
-        project.assert_trains()
-
-    def test_ddp_trains_the_one_device_model(project):
-        project.assert_same_model_under_ddp()
-
-    def test_a_stopped_run_resumes_exactly(project):
-        project.assert_exact_resume("--model.init_args.dropout=0.1")
-
-    def test_a_bad_option_gets_one_paragraph(project):
-        project.assert_refuses("--data.init_args.batch_size=0", option="--data.batch_size")
-
-Each helper runs ``python -m src.cli fit ...`` in a subprocess from the project's root (pytest's ``rootdir``), as
-its users run it, into fresh run directories under the test's ``tmp_path``, and fails with what differed. The
-arguments every run gets come from the fixture ``project_args`` (a project's ``conftest.py`` overrides it: its
-config file, smaller sizes). docs/engine.md ("Testing your project") says what each proof shows.
-
-pytest imports this module at every start: it imports neither torch nor Lightning until a helper runs.
-"""
+"""The proofs a project's tests make for its own model through its own command line, as a pytest plugin that
+imports neither torch nor Lightning until a helper runs (docs/engine.md, "Testing your project")."""
 
 from __future__ import annotations
 
@@ -40,11 +18,8 @@ import pytest
 
 from multigpu.command import configured
 
-#: the seed of every run (a project's ``seed_everything: true`` would draw a new one per run)
-SEED = 42
-#: optimizer steps of a helper's run: enough for a difference to show, few enough for seconds on 2 CPU cores
-STEPS = 4
-#: before ``project_args`` (which may change them): short, seeded runs, a training loss logged at every step
+SEED = 42  # a project's seed_everything: true would draw a new one per run
+STEPS = 4  # enough for a difference to show, few enough for seconds on 2 CPU cores
 SMALL = (
     f"--seed_everything={SEED}",
     "--trainer.max_epochs=-1",  # max_steps ends every run, whatever the size of an epoch
@@ -52,7 +27,6 @@ SMALL = (
     "--trainer.log_every_n_steps=1",
     "--trainer.enable_model_summary=false",
 )
-#: after ``project_args`` (a helper's own arguments may change them): on the CPU, quiet, one CSV logger
 FIXED = (
     "--trainer.accelerator=cpu",
     "--progress_bar=none",
@@ -60,18 +34,14 @@ FIXED = (
     "--trainer.logger.init_args.name=logs",
 )
 FP64 = "--trainer.precision=64-true"
-#: the exit status of a run that saved and stopped on SIGTERM (multigpu/callbacks/preemption.py)
 SIGTERM_EXIT = 128 + signal.SIGTERM
-#: variables that would make a run think it is one process of a cluster job, or change its config, if the tests
-#: themselves run inside one (an ``srun`` step, a ``torchrun`` worker) or with a ``PL_FIT__...`` setting
+# a run inside a cluster job's step (srun, torchrun) or with PL_FIT__... would take them as its own
 JOB_VARIABLES = ("SLURM_", "PL_", "TORCHELASTIC_")
 JOB_NAMES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass
 class Run:
-    """One finished command: its exit status, its output and the run directory it wrote."""
-
     command: list[str]
     returncode: int
     stdout: str
@@ -79,7 +49,7 @@ class Run:
     run_dir: Path
 
     def metrics(self) -> list[dict[str, str]]:
-        """The rows of ``logs/version_*/metrics.csv``, every logger version in order (a resumed run adds one)."""
+        """The rows of every ``logs/version_*/metrics.csv``, in order (a resumed run adds a version)."""
         files = (self.run_dir / "logs").glob("version_*/metrics.csv")
         rows: list[dict[str, str]] = []
         for path in sorted(files, key=lambda p: int(p.parent.name.split("_")[1])):
@@ -88,24 +58,22 @@ class Run:
         return rows
 
     def plan(self) -> dict[str, Any]:
-        """The run plan of its first start (``logs/version_0/run_plan.json``); empty where none was written."""
+        """The run plan of its first start; empty where none was written."""
         import json
 
         path = self.run_dir / "logs" / "version_0" / "run_plan.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def notes(self) -> list[str]:
-        """The ``note:`` lines of its stderr."""
         return [line for line in self.stderr.splitlines() if line.startswith("note:")]
 
     def checkpoint(self, name: str = "last.ckpt") -> dict[str, Any]:
-        """``checkpoints/<name>``, loaded with ``torch.load(..., weights_only=True)`` on the CPU."""
+        """``checkpoints/<name>``, loaded with ``weights_only=True`` on the CPU."""
         import torch
 
         return torch.load(self.run_dir / "checkpoints" / name, map_location="cpu", weights_only=True)
 
     def describe(self) -> str:
-        """The command and the end of its output, for a failure message."""
         return (
             f"command: {' '.join(self.command)}\nexit status {self.returncode}\n"
             f"stdout (end):\n{self.stdout[-1500:]}\nstderr (end):\n{self.stderr[-3000:]}"
@@ -113,27 +81,8 @@ class Run:
 
 
 class Project:
-    """A project's command line run as its users run it (python -m src.cli), in fresh run directories under tmp.
-
-    Every run gets, in this order: the config files of ``args`` (``--config FILE``); ``SMALL`` and
-    ``--trainer.max_steps`` (``STEPS`` unless a helper needs more); the rest of ``args`` (the project's own:
-    ``project_args``); ``FIXED``; the arguments of the call; the helper's own settings;
-    ``--trainer.default_root_dir`` (a fresh folder under ``tmp_path``). Later arguments win, so a project's
-    flags may change the sizes, and a call may change anything.
-
-    Args:
-        root: The project's root folder (the command runs there, so ``src`` and relative config paths resolve).
-        tmp_path: Where the run directories are made.
-        args: Arguments of every run (a config file, smaller batches, ...): its config files before the helpers' sizes,
-            its flags after them.
-        cli: The module of the command line (``python -m <cli> fit ...``); default: the one the project's
-            ``pyproject.toml`` names (``[tool.multigpu] cli``), else ``src.cli``.
-        env: Variables to set for the runs, over this process's environment less the variables of a cluster job
-            (``SLURM_*``, ``PL_*``, the rank variables) and with one compute thread per process
-            (``OMP_NUM_THREADS=1`` unless set: the ranks of a ddp run share the cores).
-        runner: Runs a command (``subprocess.run``'s signature and result); a project may start its commands
-            some faster way.
-    """
+    """A project's command line run from ``root`` as its users run it, in fresh run directories under ``tmp_path``;
+    ``cli`` defaults to the project's ``[tool.multigpu] cli``, ``runner`` (``subprocess.run``'s signature) runs it."""
 
     def __init__(
         self,
@@ -149,12 +98,11 @@ class Project:
         self.args = list(args)
         self.cli = cli or configured(root)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(JOB_VARIABLES) and k not in JOB_NAMES}
-        self.env.setdefault("OMP_NUM_THREADS", "1")
+        self.env.setdefault("OMP_NUM_THREADS", "1")  # the ranks of a ddp run share the cores
         self.env.update(env or {})
         self.runner = runner or subprocess.run
 
     def run_dir(self, name: str) -> Path:
-        """A run directory under ``tmp_path`` that no run has used (``name``, ``name-2``, ...)."""
         path, number = self.tmp_path / name, 1
         while path.exists():
             number += 1
@@ -169,14 +117,12 @@ class Project:
         timeout: float = 600,
         max_steps: int = STEPS,
     ) -> Run:
-        """``python -m <cli> fit`` with this project's arguments and ``args`` into ``run_dir`` (default: a fresh
-        one); with ``check``, a non-zero exit status fails the test with the command and its output."""
+        """``python -m <cli> fit`` with this project's arguments and ``args``; with ``check``, an exit status not 0
+        fails the test. Later arguments win: a project's flags may change the sizes, a call anything."""
         run_dir = Path(run_dir) if run_dir is not None else self.run_dir("run")
         configs, flags = split_configs(self.args)
-        command = [
-            sys.executable, "-m", self.cli, "fit", *configs, *SMALL, f"--trainer.max_steps={max_steps}", *flags,
-            *FIXED, *args, f"--trainer.default_root_dir={run_dir}",
-        ]  # fmt: skip
+        command = [sys.executable, "-m", self.cli, "fit", *configs, *SMALL, f"--trainer.max_steps={max_steps}"]
+        command += [*flags, *FIXED, *args, f"--trainer.default_root_dir={run_dir}"]
         done = self.runner(command, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=timeout)
         run = Run(command, done.returncode, done.stdout, done.stderr, run_dir)
         if check and run.returncode != 0:
@@ -184,8 +130,7 @@ class Project:
         return run
 
     def assert_trains(self, *args: str) -> Run:
-        """One run of ``STEPS`` steps exits 0, logs a finite training loss (every logged column whose name holds
-        ``train`` and ``loss``: ``train/loss`` for the engine's models) and writes ``checkpoints/last.ckpt``."""
+        """One run exits 0, logs a finite training loss and writes ``checkpoints/last.ckpt``."""
         run = self.fit(*args, run_dir=self.run_dir("trains"))
         rows = run.metrics()
         columns = sorted({key for row in rows for key in row if "train" in key and "loss" in key})
@@ -199,22 +144,15 @@ class Project:
         return run
 
     def assert_same_model_under_ddp(self, *args: str, devices: int = 2, tolerance: float = 1e-10) -> None:
-        """``ddp`` on ``devices`` CPU processes trains the model one process trains: two runs in fp64
-        (``--trainer.precision=64-true``, so that only the order of additions differs), one with
-        ``--trainer.strategy=auto --trainer.devices=1``, one with ``--trainer.strategy=ddp``, whose ``last.ckpt``
-        hold the same step and weights (every floating-point tensor of the state dict) to ``tolerance``, relative.
-
-        A model that draws random numbers while training (dropout) draws other ones on each process: give it
-        none here (e.g. ``--model.init_args.dropout=0``); ``assert_exact_resume`` is the proof with dropout on.
-        """
-        one = self.fit(*args, FP64, "--trainer.strategy=auto", "--trainer.devices=1", "--trainer.num_nodes=1",
-                       run_dir=self.run_dir("one-device"))  # fmt: skip
-        cause = order_cause(one.plan(), devices)  # said before a ddp run that could only show it as a difference
+        """``ddp`` on ``devices`` CPU processes trains the model one process trains, in fp64, to ``tolerance``."""
+        one_device = (FP64, "--trainer.strategy=auto", "--trainer.devices=1", "--trainer.num_nodes=1")
+        one = self.fit(*args, *one_device, run_dir=self.run_dir("one-device"))
+        cause = order_cause(one.plan(), devices)
         assert cause is None, f"{cause} (one device: {one.run_dir})"
-        many = self.fit(*args, FP64, "--trainer.strategy=ddp", f"--trainer.devices={devices}",
-                        "--trainer.num_nodes=1", run_dir=self.run_dir("ddp"))  # fmt: skip
+        ddp = (FP64, "--trainer.strategy=ddp", f"--trainer.devices={devices}", "--trainer.num_nodes=1")
+        many = self.fit(*args, *ddp, run_dir=self.run_dir("ddp"))
         where = f"one device: {one.run_dir}, ddp: {many.run_dir}"
-        cause = order_cause(many.plan(), devices)  # a stream that shards itself by rank shows it under ddp only
+        cause = order_cause(many.plan(), devices)
         assert cause is None, f"{cause} ({where})"
         expected, got = one.checkpoint(), many.checkpoint()
         assert got["global_step"] == expected["global_step"], (
@@ -234,15 +172,7 @@ class Project:
             )
 
     def assert_exact_resume(self, *args: str, stop_at_step: int = 2, tolerance: float = 0.0) -> None:
-        """A run stopped by SIGTERM after step ``stop_at_step`` and resumed with ``--ckpt_path=last`` ends as the
-        uninterrupted run does: the same step, weights, optimizer and LR-scheduler states in ``last.ckpt``, bit
-        for bit (or to ``tolerance``, relative). Both train ``max(STEPS, stop_at_step + 2)`` steps; the signal
-        comes from ``multigpu.testing.SignalAtStep``, added with ``--trainer.callbacks+=``, and the stopped run
-        must exit with 143 (saved and stopped, ``multigpu/callbacks/preemption.py``).
-
-        Turn the model's dropout on in ``args`` (e.g. ``--model.init_args.dropout=0.1``): the proof then also
-        shows that every random generator the training draws from is saved and restored.
-        """
+        """A run stopped by SIGTERM after ``stop_at_step`` and resumed ends as the uninterrupted run, bit for bit."""
         steps = max(STEPS, stop_at_step + 2)
         straight = self.fit(*args, run_dir=self.run_dir("uninterrupted"), max_steps=steps)
         signal_args = (
@@ -273,9 +203,7 @@ class Project:
             )
 
     def assert_refuses(self, *args: str, option: str) -> str:
-        """A run with the bad ``args`` exits with status 2 before training, with one paragraph on stderr (from
-        its ``error:`` line to the end, no blank line, no traceback) that names ``option``, and writes no file
-        into its run directory (empty folders a logger made are allowed). Returns the paragraph."""
+        """A run with the bad ``args`` exits 2 with one paragraph naming ``option`` and writes no file; returns it."""
         run = self.fit(*args, run_dir=self.run_dir("refused"), check=False)
         assert run.returncode == 2, f"expected exit status 2 (a refused option)\n{run.describe()}"
         assert "Traceback" not in run.stderr, f"the refusal printed a traceback\n{run.describe()}"
@@ -291,8 +219,7 @@ class Project:
 
 
 def order_cause(plan: Mapping[str, Any], devices: int) -> str | None:
-    """Why ddp on ``devices`` processes cannot train the one-device model, in one sentence, from a run plan: a
-    training loader whose order depends on the number of processes, or whose batch is per process (None: none)."""
+    """Why ddp on ``devices`` processes cannot train the one-device model, from a run plan, or None."""
     from multigpu.callbacks.run_plan import ORDER_DEPENDS
 
     source = plan.get("data") or plan.get("model")
@@ -309,14 +236,12 @@ def order_cause(plan: Mapping[str, Any], devices: int) -> str | None:
 
 
 def _per_loader(fact: str | list[str] | None) -> list[tuple[str, str]]:
-    """A plan's fact of the training loader, or of each of several (``loader i: ...``), as (loader, fact) pairs."""
     if isinstance(fact, str):
         return [("loader", fact)]
     return [tuple(line.split(": ", 1)) for line in fact or []]  # type: ignore[misc]
 
 
 def resume_cause(resumed: Run) -> str:
-    """Why a resumed run may have ended elsewhere: a loader that said it restarts its epoch first."""
     restarts = ("cannot resume in the middle of its epoch", "restarts that epoch's data")
     restarted = [note for note in resumed.notes() if any(text in note for text in restarts)]
     if restarted:
@@ -329,8 +254,7 @@ def resume_cause(resumed: Run) -> str:
 
 
 def split_configs(args: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``args`` split into its config files (``--config FILE``, ``--config=FILE``, ``-c FILE``) and the rest, each
-    in order: a project's preset sets ``max_steps`` and the like, which the helpers' sizes must override."""
+    """``args`` split into its config files and the rest: the helpers' sizes must override a preset's."""
     configs: list[str] = []
     flags: list[str] = []
     words = iter(args)
@@ -344,12 +268,8 @@ def split_configs(args: Sequence[str]) -> tuple[list[str], list[str]]:
     return configs, flags
 
 
-# -- comparing states --------------------------------------------------------------------------------------------
-
-
 def _squares(a: Any, b: Any) -> tuple[float, float]:
-    """(sum of squared differences, sum of squares of ``a``) over the entries finite in both tensors; infinite
-    where a non-finite entry differs (a metric's ``-inf`` before its first value is equal to itself)."""
+    # over the entries finite in both; a metric's -inf before its first value is equal to itself
     x, y = a.detach().double().cpu(), b.detach().double().cpu()
     if x.shape != y.shape:
         return math.inf, float((x[x.isfinite()] ** 2).sum())
@@ -366,15 +286,14 @@ def _floating(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 
 def relative_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
-    """||a - b|| / ||a|| over all floating-point tensors of two state dicts (the same keys required); a
-    non-finite entry counts only where the two differ (then the result is ``inf``)."""
+    """||a - b|| / ||a|| over all floating-point tensors of two state dicts with the same keys."""
     sums = [_squares(a[key], b[key]) for key in _floating(a, b)]
     difference, norm = sum(s[0] for s in sums), sum(s[1] for s in sums)
     return math.sqrt(difference / norm) if norm else (0.0 if difference == 0 else math.inf)
 
 
 def key_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, float]:
-    """Each floating-point tensor's own relative difference (absolute where ``a``'s is zero)."""
+    """Each floating-point tensor's relative difference (absolute where ``a``'s is zero)."""
     result = {}
     for key in _floating(a, b):
         difference, norm = _squares(a[key], b[key])
@@ -383,8 +302,7 @@ def key_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, flo
 
 
 def differences(a: Any, b: Any, tolerance: float = 0.0, where: str = "") -> list[str]:
-    """Where two nested states (dicts, lists, tensors, numbers) differ, largest tensor difference first: tensors
-    must be equal, or within ``tolerance`` relative; NaN equals NaN."""
+    """Where two nested states differ, largest first: tensors equal or within ``tolerance`` relative, NaN equal NaN."""
     import torch
 
     found: list[tuple[float, str]] = []
@@ -395,7 +313,7 @@ def differences(a: Any, b: Any, tolerance: float = 0.0, where: str = "") -> list
                 found.append((math.inf, f"{path}: {x.dtype} {tuple(x.shape)} against {y.dtype} {tuple(y.shape)}"))
             elif x.is_floating_point():
                 if not torch.allclose(x, y, rtol=tolerance, atol=0.0, equal_nan=True):
-                    same = (x == y) | (x.isnan() & y.isnan())  # -inf against -inf too
+                    same = (x == y) | (x.isnan() & y.isnan())
                     apart = (x.double() - y.double()).abs().nan_to_num(math.inf)
                     largest = float(apart.masked_fill(same, 0).max())
                     found.append((largest, f"{path}: largest difference {largest:.3g}"))
@@ -416,18 +334,11 @@ def differences(a: Any, b: Any, tolerance: float = 0.0, where: str = "") -> list
     return [text for _, text in sorted(found, key=lambda item: -item[0])]
 
 
-# -- the callback that stops a run -------------------------------------------------------------------------------
-
-
 def _signal_at_step() -> type:
     from lightning.pytorch.callbacks import Callback
 
     class SignalAtStep(Callback):
-        """Sends ``signal_name`` to its own process (on rank ``rank`` only) after optimizer step ``step``: a stop
-        at a known step, as a scheduler's ``SIGTERM`` or SLURM's ``SIGUSR1`` warning brings one at any step.
-
-        Add it to a run with ``--trainer.callbacks+=multigpu.testing.SignalAtStep --trainer.callbacks.step=2``.
-        """
+        """Sends ``signal_name`` to its own process on rank ``rank`` after optimizer step ``step``."""
 
         def __init__(self, step: int, signal_name: str = "SIGUSR1", rank: int = 0) -> None:
             self.step = step
@@ -446,26 +357,20 @@ def _signal_at_step() -> type:
 
 
 def __getattr__(name: str) -> Any:
-    # SignalAtStep subclasses Lightning's Callback: built when first named (a run's --trainer.callbacks+=, an
-    # import), so that pytest's start, which imports this module, does not import Lightning
+    # built when first named: pytest imports this module at every start, which must not import Lightning
     if name == "SignalAtStep":
         globals()[name] = value = _signal_at_step()
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# -- the fixtures ----------------------------------------------------------------------------------------------
-
-
 @pytest.fixture
 def project_args() -> list[str]:
-    """The arguments every run of ``project`` gets: none here; a project's ``conftest.py`` overrides this fixture,
-    e.g. to return ``["--trainer.max_steps=4", "--data.init_args.batch_size=8"]``."""
+    """The arguments every run of ``project`` gets; a project's ``conftest.py`` overrides this fixture."""
     return []
 
 
 @pytest.fixture
 def project(request: pytest.FixtureRequest, tmp_path: Path, project_args: list[str]) -> Project:
-    """This project's command line (``python -m src.cli``, or the module its ``pyproject.toml`` names), run from
-    pytest's rootdir, with ``project_args``."""
+    """This project's command line, run from pytest's rootdir with ``project_args``."""
     return Project(request.config.rootpath, tmp_path, project_args)

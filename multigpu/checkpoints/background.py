@@ -1,30 +1,6 @@
-"""Checkpoints written in the background: a save costs the training loop a copy of the state, not a write.
-
-``BackgroundCheckpointIO`` is ``AtomicCheckpointIO`` (``files.py``) with its writes moved to one thread. A save
-copies every tensor of the checkpoint into host memory at the step boundary (pinned where the tensor is on a GPU:
-the copy is queued on the GPU's stream and the writer waits for it), hands the copy to the writer and returns;
-the file appears by the same write, fsync and rename as a synchronous save, so that ``last.ckpt`` is never partial.
-
-Sharded checkpoints (``fsdp2``, ``tensor_parallel``, ``pipeline``) go the same way through ``save_shards``: torch's
-``dcp.async_save`` takes every rank's part, copied by the same host copy (``SnapshotStager``), and writes it on a
-thread, whose collectives run on a gloo group of their own (training's run on the main
-thread); once every rank's shards and the index are written, rank 0 moves the staging folder into place
-(``sharded.move_into_place``) on this writer, in order with the removals and links queued behind it.
-
-- One writer: a save waits for the previous one (and for the removals and links queued behind it) before it copies,
-  so two writes of one file never overlap and the host copy is reused from save to save.
-- Memory: the copy takes as much host memory as the checkpoint's tensors (about the size of ``last.ckpt``; under
-  sharding, this rank's shard), kept for the next save. Where it cannot be allocated, that save is synchronous, with
-  one note.
-- A stop: ``wait_for_checkpoints(trainer)`` (the end of training, a stop signal, the strategy's teardown) returns
-  once every queued write is on disk.
-- A write that fails (a full disk) is raised at the next save or wait, as the synchronous save raises it (an
-  ``OSError`` naming the checkpoint, for a sharded one whichever rank failed); the previous checkpoint is still there.
-
-Lightning's ``AsyncCheckpointIO`` is not used: it clones tensors where they are (a GPU copy of the state on the
-GPU), queues any number of saves each holding a copy, removes a replaced checkpoint before its successor is
-written, and reports a failed write only at the next save.
-"""
+"""Checkpoints written in the background: a save costs the training loop a host copy of the state, not a write
+(docs/checkpoints.md). Not Lightning's ``AsyncCheckpointIO``: it clones tensors on the GPU, queues any number of
+copies, removes a replaced checkpoint before its successor is written, and reports a failed write a save late."""
 
 from __future__ import annotations
 
@@ -51,7 +27,6 @@ log = logging.getLogger(__name__)
 
 
 def snapshot_note(error: BaseException) -> str:
-    """The one note for a save that could not copy the state into host memory and wrote synchronously."""
     return (
         f"a checkpoint was written synchronously: its copy in host memory could not be allocated ({error})."
         " Training went on after the write; later saves try the copy again. Fix: free host memory, or pass"
@@ -65,26 +40,25 @@ class HostSnapshot:
     def __init__(self) -> None:
         self.buffers: list[torch.Tensor] = []
         self.on_gpu = False
-        self.ready: Any = None  # a CUDA event recorded after the copies were queued
+        self.ready: Any = None
 
     def take(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
-        """The checkpoint with every tensor replaced by its copy (the other values are the caller's: Lightning
-        builds a new dict of them at each save)."""
+        """The checkpoint with every tensor replaced by its copy."""
         previous, self.buffers, self.on_gpu = self.buffers, [], False
-        copies: dict[int, torch.Tensor] = {}  # a tensor held twice (a tied weight) is copied once, saved once
-        held: list[torch.Tensor] = []  # every tensor copied, alive until the end: a freed one's id could be reused
+        copies: dict[int, torch.Tensor] = {}  # a tied weight is copied once, saved once
+        held: list[torch.Tensor] = []  # alive until the end: a freed tensor's id could be reused
 
         def copy(tensor: torch.Tensor) -> torch.Tensor:
             if id(tensor) in copies:
                 return copies[id(tensor)]
             held.append(tensor)
-            if isinstance(tensor, DTensor):  # a shard (fsdp2, tensor_parallel): its local part, in its layout
+            if isinstance(tensor, DTensor):
                 copies[id(tensor)] = dtensor_of_local(tensor, copy(tensor.to_local()))
                 return copies[id(tensor)]
             original, tensor = tensor, tensor.detach()
             index = len(self.buffers)
             reuse = previous[index] if index < len(previous) else None
-            if tensor.layout != torch.strided:  # sparse: a copy of its own
+            if tensor.layout != torch.strided:
                 reuse = tensor.to("cpu", copy=True)
             else:
                 if reuse is None or reuse.shape != tensor.shape or reuse.dtype != tensor.dtype:
@@ -96,10 +70,8 @@ class HostSnapshot:
             copies[id(original)] = reuse
             return reuse
 
-        # a copy is bound by memory bandwidth. One process: on torch's threads, which wait for it at the step boundary
-        # (28 ms on one thread, 18 ms on two for 124 MiB on 2 cores: scripts/checkpoint_stall.py). Several
-        # processes: one thread, since another rank's training may hold the cores and torch's parallel copy waits
-        # on them (measured 5 to 20 times slower on 2 busy cores)
+        # one thread when several processes train: torch's parallel copy waits for cores another rank holds
+        # (5 to 20 times slower on 2 busy cores; scripts/checkpoint_stall.py)
         threads = torch.get_num_threads()
         several = torch.distributed.is_available() and torch.distributed.is_initialized()
         torch.set_num_threads(1 if several and torch.distributed.get_world_size() > 1 else threads)
@@ -109,7 +81,7 @@ class HostSnapshot:
             torch.set_num_threads(threads)
         self.ready = torch.cuda.Event() if self.on_gpu else None
         if self.ready is not None:
-            self.ready.record()  # the copies are queued on this stream; the writer waits for them
+            self.ready.record()
         return copied
 
     def wait_copied(self) -> None:
@@ -121,11 +93,8 @@ class HostSnapshot:
 
 
 class SnapshotStager:
-    """``dcp.async_save``'s copy of the shards into host memory, made by ``HostSnapshot``: torch's ``DefaultStager``
-    deep-copies every DTensor's layout with its shard, which was 60% of a save's stall on the CPU (cProfile of
-    ``scripts/checkpoint_stall.py --strategy fsdp2``); this copies the local shards into the reused buffers and keeps
-    each layout. A GPU's copies are queued on its stream: torch's writer thread waits for them, training does not.
-    (torch's ``AsyncStager`` protocol; not its subclass, so that every run need not import torch's checkpointing.)"""
+    """``dcp.async_save``'s host copy of the shards by ``HostSnapshot``, which keeps each DTensor's layout: torch's
+    ``DefaultStager`` deep-copies them, 60% of a save's stall on the CPU."""
 
     def __init__(self, snapshot: HostSnapshot) -> None:
         self.snapshot = snapshot
@@ -138,7 +107,7 @@ class SnapshotStager:
         copied = self.snapshot.take(state_dict)
         if not self.snapshot.on_gpu:
             return copied
-        staged: Future = Future()  # torch's writer thread takes the copy once the GPU has made it
+        staged: Future = Future()  # torch's writer thread waits for the GPU's copy; training does not
 
         def when_copied() -> None:
             self.snapshot.wait_copied()
@@ -163,8 +132,8 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         self._queued: list[Future] = []
         self._snapshot = HostSnapshot()
         self._noted = False
-        self._shard_group: Any = None  # the gloo group of the sharded writes' collectives
-        self._shard_stager: SnapshotStager | None = None  # dcp.async_save's copy: this IO's host snapshot
+        self._shard_group: Any = None  # gloo: the writer's collectives stay off training's
+        self._shard_stager: SnapshotStager | None = None
 
     def _note_synchronous(self, error: BaseException) -> None:
         if not self._noted:
@@ -177,8 +146,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         self._queued.append(self._executor.submit(work, *args))
 
     def wait(self) -> None:
-        """Return once every queued write, removal and link is done; raise the first that failed (a full disk:
-        ``files.atomic_torch_save``'s error, naming the checkpoint)."""
+        """Return once every queued write, removal and link is done; raise the first that failed."""
         queued, self._queued = self._queued, []
         failure: BaseException | None = None
         for future in queued:
@@ -188,7 +156,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
             raise failure
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        self.wait()  # never two writers, and the host copy is free again
+        self.wait()  # never two writers; the host copy is free again
         if storage_options is not None or "://" in str(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
@@ -215,34 +183,30 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         then: Callable[[], None] | None = None,
         timeout: timedelta | None = None,
     ) -> None:
-        """Write this rank's part of a sharded checkpoint (``state_dict``, ``optimizer_N``) into ``folder`` with
-        ``dcp.async_save``; return once it is copied. Every rank calls it, at the same save. ``then`` runs on the
-        writer once every rank's shards and the index are written (rank 0 moves ``folder`` into place);
-        ``checkpoint``: the name a failure reports. ``timeout``: how long the writes' collectives wait for the other
-        ranks."""
+        """Write this rank's part of a sharded checkpoint into ``folder`` in the background; return once it is copied.
+        Every rank calls it at the same save; ``then`` runs on the writer once every rank's shards are written."""
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
-        self.wait()  # never two writers; the previous save is in place on every rank before this one is planned
-        if self._shard_group is None:  # a collective: every rank creates it at its first sharded save
+        self.wait()  # the previous save is in place on every rank before this one is planned
+        if self._shard_group is None:
             self._shard_group = dist.new_group(backend="gloo", timeout=timeout)
         if self._shard_stager is None:
-            self._shard_stager = SnapshotStager(self._snapshot)  # a run saves single files or shards, not both
+            self._shard_stager = SnapshotStager(self._snapshot)  # a run saves files or shards, never both
         group = self._shard_group
         try:
             written = dcp.async_save(
                 shards, storage_writer=shard_writer(folder), process_group=group, async_stager=self._shard_stager
             )
-        except (MemoryError, RuntimeError) as error:  # the host copy could not be allocated: write from the state
-            # the same collectives on the same group as the other ranks' writers, so a rank that writes this save
-            # synchronously meets the others' background writes
+        except (MemoryError, RuntimeError) as error:
+            # on the same group as the other ranks' writers, so that this synchronous write meets their collectives
             self._shard_stager.close()
             self._note_synchronous(error)
             write_shards(shards, folder, checkpoint, process_group=group)
             if then is not None:
                 then()
             return
-        upload = getattr(written, "upload_completion", written)  # torch's AsyncSaveResponse (a GPU's copy), or a future
+        upload = getattr(written, "upload_completion", written)
 
         def finish() -> None:
             raise_shard_failure(upload.result, checkpoint)
@@ -271,7 +235,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
 
 
 def wait_for_checkpoints(trainer: L.Trainer) -> None:
-    """Every checkpoint this process queued is on disk (a no-op for a synchronous checkpoint IO)."""
+    """Return once every checkpoint this process queued is on disk."""
     io = trainer.strategy.checkpoint_io
     if isinstance(io, BackgroundCheckpointIO):
         io.wait()

@@ -1,11 +1,6 @@
-"""Checkpoint files: written atomically and durably next to their destination; what "intact" means.
+"""Checkpoint files written atomically and durably beside their destination, and what "intact" means.
 
-Lightning's local save stages the file in ``$TMPDIR`` and moves it into place, which is a copy where ``/tmp`` is
-another file system (the usual cluster layout): a job killed during it leaves a truncated ``last.ckpt``.
-``AtomicCheckpointIO`` writes, fsyncs and renames a temporary file in the destination folder instead, reads a
-sharded checkpoint folder whole where a strategy that does not shard reads it, and reads a file with
-``weights_only=True`` (``multigpu/checkpoints/safe.py``).
-"""
+Lightning stages a save in ``$TMPDIR``, where a move onto another file system is a copy a kill can cut short."""
 
 from __future__ import annotations
 
@@ -44,20 +39,19 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             torch.save(obj, file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temporary, path)  # atomic within one file system
+        os.replace(temporary, path)
     except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
         cause = _file_error(error)
-        if cause is not None:  # a full disk or a read-only folder: say so, with the checkpoint's path
+        if cause is not None:
             raise OSError(cause.errno, cause.strerror, str(path)) from error
         raise
-    fsync_directory(path.parent)  # the rename itself survives a power loss
+    fsync_directory(path.parent)
 
 
 def link_checkpoint(source: str | os.PathLike, path: str | os.PathLike) -> None:
-    """Make ``path`` another name of checkpoint ``source`` (``best-<step>.ckpt`` and ``last.ckpt`` of one step): a
-    hard link, which survives the removal of either name, put in place by a rename as a save is; a folder of shards
-    becomes a folder of hard links. Where the file system has no hard links, a copy."""
+    """Make ``path`` another name of checkpoint ``source``: a hard link (a copy where there are none), renamed into
+    place as a save is."""
     source, path = Path(source), Path(path)
     if source.resolve() == path.resolve():
         return
@@ -82,15 +76,14 @@ def link_checkpoint(source: str | os.PathLike, path: str | os.PathLike) -> None:
 def _link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
     try:
         os.link(source, target)
-    except OSError:  # no hard links here (some network and FUSE file systems): a copy, made durable
+    except OSError:  # some network and FUSE file systems have no hard links
         shutil.copyfile(source, target)
         with open(target, "rb+") as file:
             os.fsync(file.fileno())
 
 
 def _file_error(error: BaseException) -> OSError | None:
-    """The file system's error behind a failed save. torch's zip writer reports a failed write of the file as
-    ``RuntimeError: ... unexpected pos``, with the ``OSError`` (``ENOSPC``: disk full) only as its context."""
+    # torch's zip writer reports a full disk as "RuntimeError: ... unexpected pos", the OSError only its context
     for candidate in (error, error.__context__):
         if isinstance(candidate, OSError) and candidate.errno is not None and not candidate.filename:
             return candidate
@@ -98,8 +91,7 @@ def _file_error(error: BaseException) -> OSError | None:
 
 
 def with_atomic_io(plugins: Any, atomic_io: CheckpointIO | None = None) -> list[Any]:
-    """The user's ``--trainer.plugins``, plus ``atomic_io`` (default: an ``AtomicCheckpointIO``) unless they chose
-    a ``CheckpointIO``."""
+    """The user's ``--trainer.plugins``, plus ``atomic_io`` unless they chose a ``CheckpointIO``."""
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
         plugins.append(atomic_io or AtomicCheckpointIO())
@@ -107,7 +99,7 @@ def with_atomic_io(plugins: Any, atomic_io: CheckpointIO | None = None) -> list[
 
 
 def remove_leftovers(folder: Path) -> None:
-    """Delete the temporary files of checkpoint writes a kill interrupted in ``folder`` (one run writes there)."""
+    """Delete the temporary files of checkpoint writes a kill interrupted in ``folder``."""
     for leftover in folder.glob(".*.ckpt.*.tmp"):
         leftover.unlink(missing_ok=True)
 
@@ -117,7 +109,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def __init__(self) -> None:
         super().__init__()
-        self._cleaned: set[Path] = set()  # the folders whose leftovers of killed writes are gone
+        self._cleaned: set[Path] = set()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
@@ -127,15 +119,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_torch_save(checkpoint, path)
 
     def clean_once(self, folder: Path) -> None:
-        """At a run's first save into ``folder``, the leftovers of another's killed writes (the run lock keeps one
-        run per directory): a file written again deletes its own, a best file of another step never is."""
+        # once per run: a best file of another step is never written again to delete its own leftovers
         if folder not in self._cleaned:
             self._cleaned.add(folder)
             remove_leftovers(folder)
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
-        """A file with ``weights_only=True`` unless the caller says otherwise (Lightning's default for a URL is
-        ``False``); a folder saved under fsdp2 / tensor_parallel / pipeline read whole, checked first."""
+        # weights_only unless told otherwise: Lightning's default for a URL is False
         if os.path.isdir(path):
             return load_sharded_checkpoint(path)
         weights_only = True if weights_only is None else weights_only
@@ -144,10 +134,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def is_intact(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a complete checkpoint: a sharded folder with its index and ``meta.pt``, or a
-    ``torch.save`` archive whose zip directory (written last) is there and names its pickle. A file cut off while
-    it was written, or overwritten with something else, fails. A flipped bit inside an otherwise complete archive
-    passes, and torch.load does not check it either (it reads a wrong value): torch's archives hold a CRC-32 of each
-    member, which torch.load never reads, and the engine writes none (``without_crc32``)."""
+    ``torch.save`` archive whose zip directory (written last) names its pickle. A flipped bit inside passes."""
     path = Path(path)
     if path.is_dir():
         return is_sharded_checkpoint(path)

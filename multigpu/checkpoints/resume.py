@@ -1,5 +1,4 @@
-"""Which checkpoint a command resumes or evaluates: ``--ckpt_path`` resolved (``last`` in the run directory, a
-damaged newest file replaced by the newest intact one) and read once, before launch, for the checks."""
+"""Which checkpoint a command resumes or evaluates: ``--ckpt_path`` resolved and read once, before launch."""
 
 from __future__ import annotations
 
@@ -13,26 +12,20 @@ from multigpu.checkpoints.safe import read_torch_file
 from multigpu.checkpoints.sharded import check_sharded_checkpoint, is_sharded_checkpoint, restore_interrupted
 from multigpu.errors import ConfigurationError, notice
 
-#: ``--ckpt_path`` values Lightning resolves itself
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 
 
 def checkpoint_dir(run_dir: str | None) -> str:
-    """Where ``ModelCheckpoint`` and preemption save: ``<run dir>/checkpoints``, stable across restarts."""
+    """Where ``ModelCheckpoint`` and preemption save, stable across restarts."""
     return str(Path(run_dir or Path.cwd()) / "checkpoints")
 
 
 def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[str, Any] | None] | None:
-    """The local checkpoint ``--ckpt_path`` names (``last`` resolved in the run directory) and its contents, read
-    once (None for a folder of shards, which the strategy reads); None where there is no local checkpoint.
-
-    Refuses a fresh ``fit`` into a run directory that holds checkpoints; a damaged newest ``last*.ckpt`` falls
-    back to the newest intact one, so that a requeued job does not stop on it.
-    """
+    """The local checkpoint ``--ckpt_path`` names and its contents (None for a folder of shards), or None."""
     ckpt_path, run_dir = config.get("ckpt_path"), config.trainer.get("default_root_dir")
     folder = Path(checkpoint_dir(run_dir))
     if ckpt_path == "last":
-        restore_interrupted(folder)  # a sharded checkpoint that a kill left aside while replacing it
+        restore_interrupted(folder)
     existing = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     if ckpt_path is None:
         if subcommand == "fit" and existing:
@@ -47,7 +40,7 @@ def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[s
         if not candidates:
             return None  # Lightning says there is nothing to resume and starts afresh
         path = candidates[-1]
-        if not is_sharded_checkpoint(path) and not is_intact(path):
+        if not is_sharded_checkpoint(path) and not is_intact(path):  # a requeued job must not stop on it
             fallback = newest_intact_checkpoint(folder, skip=path)
             if fallback is None:
                 raise ConfigurationError(
@@ -70,8 +63,7 @@ def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[s
 
 
 def read_checked(path: Path) -> tuple[Path, dict[str, Any] | None]:
-    """A checkpoint file and its contents; a folder of shards is checked whole (``multigpu/checkpoints/safe.py``: its
-    index, shard files, entries and ``meta.pt``) and read by the strategy later (no contents here)."""
+    """A checkpoint file and its contents; a folder of shards is checked whole, and read by the strategy later."""
     if path.is_dir():
         check_sharded_checkpoint(path)
         return path, None
@@ -79,5 +71,5 @@ def read_checked(path: Path) -> tuple[Path, dict[str, Any] | None]:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint once, for the checks below: memory-mapped and ``weights_only``, as Lightning reads it."""
+    """Read a checkpoint once for the checks: memory-mapped and ``weights_only``, as Lightning reads it."""
     return read_torch_file(path, name=f"--ckpt_path={path}", mmap=True)

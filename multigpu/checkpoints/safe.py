@@ -1,17 +1,5 @@
-"""Reading a checkpoint without running code: every file a command reads that it may not have written.
-
-- A ``torch.save`` file (a single-file checkpoint, a folder's ``meta.pt``, an entry of a shard) is read with
-  ``weights_only=True``: tensors, numbers, strings and containers. Anything else is refused, its classes named.
-- A folder of shards (``torch.distributed.checkpoint``) is checked whole before torch reads any of it
-  (``check_sharded_checkpoint``): its index (``.metadata``, a plain pickle that torch itself reads with
-  ``pickle.load``) unpickled by one that builds only torch's checkpoint metadata classes (``multigpu/compat/``), every
-  shard file it names present and long enough, every entry that is no tensor read with ``weights_only``, and
-  ``meta.pt`` Lightning's state. torch then reads the folder through a reader given that checked index
-  (``compat.checked_reader``), never the file again.
-
-Each refusal is one paragraph (a ``ConfigurationError``, exit status 2) naming the file and what it holds; nothing
-in the file ran, and the file is left as it is.
-"""
+"""Reading a checkpoint a command may not have written without running code: files with ``weights_only``, a
+folder of shards checked whole (its index unpickled with torch's metadata classes only) before torch reads it."""
 
 from __future__ import annotations
 
@@ -33,13 +21,10 @@ from multigpu.compat import (
 )
 from multigpu.errors import ConfigurationError, describe
 
-#: the file ``ModelParallelStrategy`` writes next to the shards (Lightning's ``_METADATA_FILENAME``)
+# Lightning's _METADATA_FILENAME
 METADATA_FILE = "meta.pt"
-#: the index ``torch.distributed.checkpoint`` writes once every shard is written
 INDEX_FILE = ".metadata"
-#: a key of every checkpoint Lightning writes, ``meta.pt`` included
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
-#: how to allow what ``weights_only`` refuses in a file one trusts (the engine's docs/troubleshooting.md, Checkpoints)
 ALLOW_TRUSTED = (
     "if you trust where the file came from, allow those classes with torch.serialization.add_safe_globals([...])"
     " in your model's module, or re-save the checkpoint without them (the engine's docs/troubleshooting.md,"
@@ -53,15 +38,11 @@ FOLDER_FIX = (
 
 @dataclass
 class CheckedFolder:
-    """A folder of shards that ``check_sharded_checkpoint`` read: its index and its ``meta.pt`` (Lightning's loops,
-    callbacks and hyperparameters)."""
-
     index: Any
     meta: dict[str, Any]
 
 
 def refused_globals(source: str | Path | IO[bytes], error: Exception) -> str:
-    """The globals ``weights_only`` loading refused in ``source``, as torch names them (``posix.system``)."""
     try:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(source)
     except Exception:  # not a zip archive torch wrote: the refusal's own text names the global
@@ -70,12 +51,11 @@ def refused_globals(source: str | Path | IO[bytes], error: Exception) -> str:
 
 
 def read_torch_file(path: Path, name: str | None = None, mmap: bool = False, map_location: Any = "cpu") -> Any:
-    """``torch.load(path, weights_only=True)``, on the CPU unless ``map_location`` says otherwise (None: where it was
-    saved); a refusal or a damaged file is one paragraph that starts with ``name`` (the path where not given)."""
+    """``torch.load(path, weights_only=True)``; a refusal or a damaged file is one paragraph naming ``name``."""
     name = name or str(path)
     try:
         return torch.load(path, map_location=map_location, mmap=mmap, weights_only=True)
-    except pickle.UnpicklingError as error:  # torch's refusal of a global that weights_only does not allow
+    except pickle.UnpicklingError as error:
         raise ConfigurationError(
             f"{name} holds Python objects besides tensors ({refused_globals(path, error)}), which safe loading"
             f" (torch.load weights_only=True) refuses: unpickling them could run any code. Fix: {ALLOW_TRUSTED}"
@@ -89,8 +69,7 @@ def read_torch_file(path: Path, name: str | None = None, mmap: bool = False, map
 
 
 def read_index(folder: Path) -> Any:
-    """The checked index of a folder of shards: unpickled with torch's checkpoint metadata classes only, with
-    the layout torch's reader relies on."""
+    """The index of a folder of shards, unpickled with torch's checkpoint metadata classes only, and checked."""
     file = folder / INDEX_FILE
     what = f"{file}, the index of the sharded checkpoint {folder},"
     try:
@@ -116,7 +95,6 @@ def read_index(folder: Path) -> Any:
 
 
 def check_shard_files(folder: Path, index: Any) -> None:
-    """Every shard file the index names is a file of ``folder`` that holds every byte the index places in it."""
     for name, extent in shard_extents(index).items():
         if Path(name).name != name or name in ("", ".", ".."):
             raise ConfigurationError(
@@ -137,7 +115,6 @@ def check_shard_files(folder: Path, index: Any) -> None:
 
 
 def check_non_tensor_entries(folder: Path, index: Any) -> None:
-    """Every entry of the shards that is no tensor (an optimizer's settings) loads with ``weights_only``."""
     try:
         entries = non_tensor_entries(folder, index)
     except Exception as error:
@@ -161,9 +138,7 @@ def check_non_tensor_entries(folder: Path, index: Any) -> None:
 
 
 def check_sharded_checkpoint(folder: Path, map_location: Any = "cpu") -> CheckedFolder:
-    """Read and check a folder of shards before torch reads any of it: its index, its shard files, the entries
-    that are no tensor, and ``meta.pt`` (its tensors onto ``map_location``; None: where they were saved, as
-    Lightning's resume reads them). Each problem is one paragraph naming the file; nothing in it runs."""
+    """Read and check a folder of shards before torch reads any of it; each problem is one paragraph naming the file."""
     missing = [name for name in (INDEX_FILE, METADATA_FILE) if not (folder / name).is_file()]
     if not folder.is_dir() or missing:
         has = "" if not folder.is_dir() else f": it has no {' and no '.join(missing)}"

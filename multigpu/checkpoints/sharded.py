@@ -1,19 +1,8 @@
-"""Sharded checkpoints (``fsdp2``, ``tensor_parallel``, ``pipeline``): tell one apart, replace one atomically,
-read one whole.
+"""Sharded checkpoints (``fsdp2``, ``tensor_parallel``, ``pipeline``): a folder of shards and ``meta.pt``,
+replaced atomically and read whole (docs/checkpoints.md).
 
-A sharded checkpoint is a folder named like a checkpoint file (``last.ckpt``, ``best-100.ckpt``) holding one
-shard file per rank (``torch.distributed.checkpoint``: ``*.distcp`` and ``.metadata``) and ``meta.pt``,
-Lightning's loop and callback state. Every rank writes only its shard, so saving costs no gather and no
-rank holds the whole model.
-
-Atomic: the ranks write a new checkpoint into ``.NAME.partial`` beside the old one; rank 0 then moves the old
-folder aside (``.NAME.old``), the new one into place, and deletes the old one. A kill during the write leaves the
-old checkpoint untouched; a kill between the two renames leaves ``.NAME.old`` complete, which
-``restore_interrupted(folder)`` (run before ``--ckpt_path=last`` is resolved) puts back.
-
-Read: every read of a folder (whole, or each rank its part) checks it first and gives torch a reader of the checked
-index (``multigpu/checkpoints/safe.py``), so that a folder from elsewhere runs no code.
-"""
+The ranks write into ``.NAME.partial``; rank 0 moves the old folder aside (``.NAME.old``) and the new one into
+place. A kill between the two renames leaves ``.NAME.old`` whole, which ``restore_interrupted`` puts back."""
 
 from __future__ import annotations
 
@@ -33,7 +22,6 @@ from multigpu.errors import ConfigurationError, describe
 
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` is a complete sharded checkpoint folder (its index and ``meta.pt`` written)."""
     path = Path(path)
     return path.is_dir() and (path / METADATA_FILE).is_file() and (path / INDEX_FILE).is_file()
 
@@ -47,7 +35,6 @@ def _aside_path(final: Path) -> Path:
 
 
 def move_into_place(staging: Path, final: Path) -> None:
-    """Replace checkpoint ``final`` (a folder, a file or nothing) by the complete folder ``staging``."""
     aside = _aside_path(final)
     shutil.rmtree(aside, ignore_errors=True)
     if final.exists():
@@ -61,7 +48,6 @@ def move_into_place(staging: Path, final: Path) -> None:
 
 
 def restore_interrupted(folder: str | Path) -> None:
-    """Put back a checkpoint a kill left aside between the two renames of ``move_into_place``."""
     folder = Path(folder)
     if not folder.is_dir():
         return
@@ -72,11 +58,10 @@ def restore_interrupted(folder: str | Path) -> None:
 
 
 def fsync_directory(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (also used by ``files.py`` for single files)."""
     try:
         descriptor = os.open(folder, os.O_RDONLY)
     except OSError:
-        return  # some file systems do not open directories; the rename is still atomic
+        return  # some file systems do not open directories
     try:
         os.fsync(descriptor)
     except OSError:
@@ -86,16 +71,14 @@ def fsync_directory(folder: Path) -> None:
 
 
 def shard_writer(folder: Path) -> Any:
-    """torch's ``FileSystemWriter`` for ``folder`` (the writer ``dcp.save`` picks for a path), whose failed write of
-    a file reports the file system's ``OSError`` with its errno: torch's zip writer turns a full disk into
-    ``RuntimeError: ... unexpected pos``, and the failures of other ranks arrive pickled, without the context that
-    held the errno."""
+    """torch's ``FileSystemWriter`` whose failed write reports the file system's ``OSError`` with its errno: torch's
+    says "unexpected pos", and other ranks' failures arrive pickled, without the context that held the errno."""
     from torch.distributed.checkpoint import FileSystemWriter
 
     class ShardWriter(FileSystemWriter):
         def write_data(self, plan: Any, planner: Any) -> Any:
             try:
-                with without_crc32():  # each shard file is a torch.save archive
+                with without_crc32():
                     return super().write_data(plan, planner)
             except Exception as error:
                 cause = file_system_cause(error)
@@ -107,7 +90,6 @@ def shard_writer(folder: Path) -> Any:
 
 
 def file_system_cause(error: BaseException) -> OSError | None:
-    """The file system's error (with an errno) behind ``error``: itself, or its context or cause."""
     for candidate in (error, error.__context__, error.__cause__):
         if isinstance(candidate, OSError) and candidate.errno is not None:
             return candidate
@@ -115,9 +97,6 @@ def file_system_cause(error: BaseException) -> OSError | None:
 
 
 def write_shards(shards: dict[str, Any], folder: Path, checkpoint: Path, process_group: Any = None) -> None:
-    """This rank's part of a sharded checkpoint (``state_dict``, ``optimizer_N``) written into ``folder`` with
-    ``dcp.save``, now; every rank calls it at the same save. A failed write on any rank is raised on every rank as
-    the ``OSError`` naming ``checkpoint`` (``raise_shard_failure``)."""
     import torch.distributed.checkpoint as dcp
 
     raise_shard_failure(
@@ -126,8 +105,7 @@ def write_shards(shards: dict[str, Any], folder: Path, checkpoint: Path, process
 
 
 def raise_shard_failure(write: Any, checkpoint: Path) -> Any:
-    """``write()``; a failure of the file system on any rank (torch gathers every rank's failures into one
-    ``CheckpointException``) raised as that ``OSError``, naming ``checkpoint``, as a single file's save raises it."""
+    """``write()``; a file system failure on any rank raised on every rank as the ``OSError`` naming ``checkpoint``."""
     from torch.distributed.checkpoint import CheckpointException
 
     try:
@@ -141,8 +119,7 @@ def raise_shard_failure(write: Any, checkpoint: Path) -> Any:
 
 
 def _optimizer_state_by_position(state: dict[str, Any]) -> dict[str, Any]:
-    """``torch.distributed.checkpoint`` keys optimizer state by parameter name; ``Optimizer.load_state_dict``
-    wants each parameter's position in the optimizer's groups, in order."""
+    # torch.distributed.checkpoint keys it by parameter name; Optimizer.load_state_dict wants positions
     names = [name for group in state["param_groups"] for name in group["params"]]
     if not names or isinstance(names[0], int):
         return state
@@ -156,9 +133,8 @@ def _optimizer_state_by_position(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _optimizer_state_from_flat(flat: dict[str, Any], order: list[str]) -> dict[str, Any]:
-    """The optimizer state of a ``pipeline`` checkpoint (``state.NAME.KEY`` and ``param_groups.NAME.KEY``, each stage's
-    own names) in one device's layout: positions in ``order`` (the whole model's parameter names, a tied weight
-    under its first name only; its other copy's entries are dropped), groups of equal settings in that order."""
+    """A ``pipeline`` checkpoint's flat optimizer state in one device's layout, by the positions in ``order``."""
+    # a tied weight is in ``order`` under its first name only: its other copy's entries are dropped
     position = {name: index for index, name in enumerate(order)}
     state: dict[int, dict[str, Any]] = {}
     settings: dict[str, dict[str, Any]] = {}
@@ -182,18 +158,13 @@ def _optimizer_state_from_flat(flat: dict[str, Any], order: list[str]) -> dict[s
 
 
 def load_sharded_checkpoint(folder: str | Path) -> dict[str, Any]:
-    """The whole checkpoint of a sharded folder in the single-file layout (read in this process, no process group).
-
-    The result is what a one-device or ddp run saves: ``state_dict``, ``optimizer_states`` keyed by parameter
-    position, and the loops' and callbacks' state. It needs the whole model and optimizer state in host memory.
-    The folder is checked first (``multigpu/checkpoints/safe.py``): nothing in it runs code.
-    """
+    """The whole checkpoint of a sharded folder in the single-file layout, checked first, in host memory."""
     folder = Path(folder)
     checked = check_sharded_checkpoint(folder)
     checkpoint = read_shards(folder, checked, read_whole_checkpoint)
     checkpoint.update(checked.meta)
     optimizer_keys = sorted((k for k in checkpoint if re.fullmatch(r"optimizer_\d+", k)), key=lambda k: int(k[10:]))
-    order = (checkpoint.get("pipeline") or {}).get("parameter_order")  # multigpu/strategies/pipeline/strategy.py
+    order = (checkpoint.get("pipeline") or {}).get("parameter_order")
     if optimizer_keys:
         checkpoint["optimizer_states"] = [
             _optimizer_state_from_flat(checkpoint.pop(k), order)
@@ -212,10 +183,8 @@ def load_shards(
     strict: bool = True,
     optimizer_options: Any = None,
 ) -> None:
-    """Read a checked folder into a sharded ``model`` and its ``optimizers`` (``optimizer_0``, ...), each rank its
-    part, as Lightning's ``ModelParallelStrategy`` reads one; ``optimizer_options``: the ``StateDictOptions`` the
-    optimizer states were saved with (the default: Lightning's)."""
-    # torch.distributed.checkpoint is imported where it is used: every run imports this module, few read shards
+    """Read a checked folder into a sharded ``model`` and its ``optimizers``, each rank its part."""
+    # imported here: every run imports this module, few read shards
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -229,7 +198,7 @@ def load_shards(
         return state
 
     model.load_state_dict(into({"state_dict": get_model_state_dict(model)})["state_dict"], strict=strict)
-    setting = optimizer_options or StateDictOptions(cpu_offload=True)  # Lightning's: set on the CPU
+    setting = optimizer_options or StateDictOptions(cpu_offload=True)
     for index, optimizer in enumerate(optimizers):
         key = f"optimizer_{index}"
         state = into({key: get_optimizer_state_dict(model, optimizer, options=optimizer_options)})
@@ -237,8 +206,7 @@ def load_shards(
 
 
 def read_shards(folder: Path, checked: CheckedFolder, read: Any) -> Any:
-    """``read(reader)`` with a reader of ``folder`` given its checked index; a failure of torch's reading (which
-    torch wraps, with every rank's traceback) is one paragraph."""
+    """``read(reader)`` with a reader of ``folder`` given its checked index; a failure is one paragraph."""
     from torch.distributed.checkpoint import CheckpointException
 
     try:

@@ -1,5 +1,4 @@
-"""Base classes of a project's models: ``TemplateModule`` (optimizer and scheduler from the command line) and
-``Classifier`` (its metrics)."""
+"""Base classes of a project's models."""
 
 from multigpu.models.base import Classifier, TemplateModule, WeightedMean, at_least_fp32
 

@@ -21,11 +21,7 @@ def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class WeightedMean(Metric):
-    """A sample-weighted mean (or several, updated together) that never waits for the device.
-
-    ``MeanMetric``'s arithmetic without its update's NaN check (a host-device sync every step; see
-    ``docs/benchmarks.md``); a NaN loss shows as a NaN mean. ``shape=(k,)`` keeps ``k`` means updated by one call.
-    """
+    """A sample-weighted mean (``shape=(k,)``: k of them) without ``MeanMetric``'s NaN check, a sync every step."""
 
     full_state_update = False
 
@@ -35,7 +31,6 @@ class WeightedMean(Metric):
         self.add_state("weight", torch.zeros(()), dist_reduce_fx="sum")
 
     def update(self, value: torch.Tensor, weight: float | torch.Tensor) -> None:
-        """Add ``value`` (of the metric's shape) with ``weight``, the number of samples it stands for."""
         self.mean_value += value * weight
         self.weight += weight
 
@@ -44,18 +39,12 @@ class WeightedMean(Metric):
 
 
 class TemplateModule(L.LightningModule):
-    """Base class for this template's models: injects the optimizer and LR scheduler.
-
-    Both are callables LightningCLI builds from ``--model.init_args.optimizer`` and ``--model.init_args.lr_scheduler``
-    (any class from ``torch.optim`` or your own). A missing ``lr_scheduler_monitor`` skips a step with a warning.
-    A subclass takes these options as ``**kwargs`` and passes them on (``super().__init__(**kwargs)``): the
-    command line still lists them for it, with the help written here.
+    """Base class for this template's models: the optimizer and LR scheduler come from the command line.
 
     Args:
         optimizer: Optimizer class and options, e.g. ``--model.optimizer=SGD --model.optimizer.lr=0.1``.
         lr_scheduler: Scheduler class and options (``torch.optim.lr_scheduler``), or none for a constant rate.
-        lr_scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch`` (default: per
-            ``epoch`` for ``ReduceLROnPlateau``, which watches a validation metric, per ``step`` otherwise).
+        lr_scheduler_interval: Step the scheduler every ``step`` or ``epoch`` (default: ``epoch`` for a plateau).
         lr_scheduler_monitor: Metric a ``ReduceLROnPlateau`` scheduler watches.
     """
 
@@ -73,7 +62,6 @@ class TemplateModule(L.LightningModule):
         self.lr_scheduler_monitor = lr_scheduler_monitor
 
     def configure_optimizers(self) -> Any:
-        """Build the optimizer (and scheduler) from the injected factories."""
         optimizer = self.optimizer_factory(self.parameters())
         if self.lr_scheduler_factory is None:
             return optimizer
@@ -85,20 +73,16 @@ class TemplateModule(L.LightningModule):
                 "scheduler": scheduler,
                 "interval": self.lr_scheduler_interval or ("epoch" if plateau else "step"),
                 "monitor": self.lr_scheduler_monitor,
-                # a metric that is not logged (yet, or at all) skips the step with Lightning's warning naming it
-                "strict": False,
+                "strict": False,  # a metric not logged (yet) skips the step with Lightning's warning
             },
         }
 
     def log_computed(self, metrics: dict[str, Tensor], **kwargs: Any) -> None:
-        """Log values every rank already holds alike, a torchmetrics ``compute()``'s: with ``sync_dist=True``, which
-        tells Lightning so (without it, Lightning recommends it at every distributed validation; its mean of equal
-        values over a power-of-two number of ranks is the value itself)."""
+        """Log values every rank holds alike (a ``compute()``'s) with ``sync_dist``, which Lightning asks for."""
         self.log_dict(metrics, sync_dist=True, **kwargs)
 
     def should_log_step(self) -> bool:
-        """True on the optimizer steps whose per-step metrics the logger will write: ``self.log`` costs about
-        0.25 ms per value even when nothing is written (``docs/benchmarks.md``)."""
+        """True on the optimizer steps whose metrics the logger writes: ``self.log`` costs ~0.25 ms a value anyway."""
         trainer = attached_trainer(self)
         if trainer is None:
             return False
@@ -108,10 +92,6 @@ class TemplateModule(L.LightningModule):
 
 class Classifier(TemplateModule):
     """Base class for a classifier: a subclass sets ``self.net``, a network from inputs to class logits.
-
-    Trains with cross-entropy and logs ``train/loss`` (on the logged steps), ``train/loss_epoch``, ``train/acc``,
-    ``val/loss``, ``val/acc``, ``val/acc_best`` (saved in checkpoints: a resumed run continues its best so far),
-    ``test/loss`` and ``test/acc``; ``predict`` returns class probabilities.
 
     Args:
         num_classes: Number of classes.
@@ -123,15 +103,13 @@ class Classifier(TemplateModule):
 
     def __init__(self, num_classes: int, lr_scheduler_monitor: str = "val/acc", **kwargs: Any) -> None:
         super().__init__(lr_scheduler_monitor=lr_scheduler_monitor, **kwargs)
-        # one metric object per stage, so epoch reductions never mix; validate_args=False and WeightedMean keep
-        # the updates free of host-device syncs. Training runs one update per step for its loss and accuracy
-        # means (the sample-weighted mean of each batch's accuracy is micro accuracy exactly)
-        self.train_means = WeightedMean(shape=(2,))  # loss, accuracy
+        # one metric per stage, so epoch reductions never mix; validate_args=False: no host-device syncs
+        self.train_means = WeightedMean(shape=(2,))  # loss, accuracy: the weighted mean is micro accuracy exactly
         self.val_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.test_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.val_loss, self.test_loss = WeightedMean(), WeightedMean()
         self.val_acc_best = MaxMetric()
-        self.val_acc_best.persistent(True)
+        self.val_acc_best.persistent(True)  # a resumed run continues its best so far
 
     def forward(self, inputs: Tensor) -> Tensor:
         """Inputs ``(N, ...)`` -> class logits ``(N, num_classes)``."""
@@ -149,17 +127,15 @@ class Classifier(TemplateModule):
         accuracy = (preds == labels).to(loss.dtype).mean()
         self.train_means.update(torch.stack([loss.detach(), accuracy]), weight=len(labels))
         if self.should_log_step():
-            self.log("train/loss", loss.detach(), sync_dist=True)  # shown by the progress output: not prog_bar
+            self.log("train/loss", loss.detach(), sync_dist=True)  # the progress output shows it: not prog_bar
         return loss
 
     def on_train_epoch_end(self) -> None:
-        # compute() reduces the metric states of all processes
         loss, accuracy = self.train_means.compute()
         self.log_computed({"train/loss_epoch": loss, "train/acc": accuracy})
         self.train_means.reset()
 
     def _accumulate(self, batch: tuple[Tensor, Tensor], loss_mean: WeightedMean, accuracy: Metric) -> None:
-        """Add a batch to a stage's loss (weighted by batch size) and accuracy."""
         loss, preds, labels = self.model_step(batch)
         loss_mean.update(loss, weight=len(labels))
         accuracy.update(preds, labels)

@@ -1,6 +1,5 @@
-"""Strategies this template adds to Lightning's registry (``dp``, ``fsdp2``, ``tensor_parallel``, ``pipeline``), and the
-one place that registers them: every ``TemplateCLI`` run calls ``register_strategies()`` before it parses, so that
-``--trainer.strategy=<name>`` resolves; a script of your own calls it before ``Trainer(strategy="<name>")``."""
+"""The strategies the engine adds to Lightning's registry; a script of your own calls ``register_strategies()``
+before ``Trainer(strategy="<name>")``."""
 
 from lightning.pytorch.strategies import StrategyRegistry
 
@@ -8,7 +7,6 @@ from multigpu.strategies.dp import DataParallelStrategy
 from multigpu.strategies.model_parallel import FSDP2Strategy, TensorParallelStrategy, prediction_replica
 from multigpu.strategies.pipeline import PipelineStrategy
 
-#: each name with its class and the description Lightning's registry lists (``StrategyRegistry.available_strategies``)
 STRATEGIES = {
     DataParallelStrategy.strategy_name: (
         DataParallelStrategy,
@@ -36,7 +34,7 @@ def register_strategies() -> None:
             StrategyRegistry.register(name, strategy, description=description)
 
 
-# the names of 1.0 and 1.1, each a family's registration: kept through 1.x, each now registers every strategy
+# public in 1.x
 register_dp_strategy = register_model_parallel_strategies = register_pipeline_strategy = register_strategies
 
 __all__ = [

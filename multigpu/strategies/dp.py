@@ -1,13 +1,5 @@
-"""``strategy="dp"`` for Lightning 2.x: one process, the batch of every forward split across the GPUs.
-
-Lightning 2.x removed its DataParallel strategy. As Lightning Fabric's DataParallel, the steps run once, in the
-main process, and only the module's ``forward`` is parallel: the batch is scattered over the devices, the
-network replicated, the replicas run in threads and the outputs gathered on the first device, where the loss,
-``self.log`` and metrics see the whole batch as on one device. The module is never wrapped, so checkpoints have
-single-device keys. ``docs/strategies.md`` has the full table of what is split, gathered and refused.
-
-Usage: ``python -m src.cli fit --trainer.strategy=dp --trainer.accelerator=gpu --trainer.devices=4``.
-"""
+"""``strategy="dp"``, which Lightning 2.x removed: one process, each forward's batch split across the GPUs and the
+outputs gathered on the first, the module never wrapped (docs/strategies.md)."""
 
 from __future__ import annotations
 
@@ -27,29 +19,22 @@ from torchmetrics import Metric, MetricCollection
 from multigpu.compat import only_children, scatter_to_devices
 from multigpu.hooks import DP_MODULES, ReplicatesForDataParallel
 
-#: the LightningModule attribute naming the child modules ``forward`` uses (the ones dp replicates)
 
-
-def _tensors(obj: Any) -> Iterator[Tensor]:
-    """The tensors torch's ``scatter`` splits: it looks inside tuples, lists and dicts, and nothing else."""
+def _scattered_tensors(obj: Any) -> Iterator[Tensor]:
     if isinstance(obj, Tensor):
         yield obj
     elif isinstance(obj, (tuple, list)):
         for item in obj:
-            yield from _tensors(item)
+            yield from _scattered_tensors(item)
     elif isinstance(obj, dict):
         for item in obj.items():
-            yield from _tensors(item)
+            yield from _scattered_tensors(item)
 
 
 def chunk_sizes(args: tuple, kwargs: dict, num_devices: int) -> list[int]:
-    """Sizes of the chunks ``scatter`` cuts the batch into (``Tensor.chunk``'s sizes); ``[]`` without tensors.
-
-    torch's scatter (``multigpu.compat.scatter_to_devices``) cuts every tensor independently and zips the pieces, so a
-    tensor with another size along dim 0 would silently drop samples or replicas; and it cannot cut a 0-dim tensor.
-    Refuse both.
-    """
-    tensors = list(_tensors((args, kwargs)))
+    """Sizes of the chunks ``scatter`` cuts the batch into (``Tensor.chunk``'s sizes); ``[]`` without tensors."""
+    # torch's scatter zips each tensor's pieces: another size along dim 0 would silently drop samples
+    tensors = list(_scattered_tensors((args, kwargs)))
     if not tensors:
         return []
     if any(tensor.dim() == 0 for tensor in tensors):
@@ -71,7 +56,7 @@ def chunk_sizes(args: tuple, kwargs: dict, num_devices: int) -> list[int]:
 
 
 class _NotReplicated(nn.Module):
-    """Stands in, inside a replica, for a child module dp does not copy to the GPUs: any use raises ``message``."""
+    """Stands in, inside a replica, for a child module dp does not copy to the GPUs."""
 
     def __init__(self, message: str) -> None:
         super().__init__()
@@ -105,12 +90,7 @@ def _not_replicated_message(name: str, child: nn.Module) -> str:
 
 
 def replicated_children(module: nn.Module) -> list[str]:
-    """Names of the child modules dp copies to every GPU each step: ``module.dp_modules``, else all but metrics.
-
-    Replication copies every parameter to every GPU on every forward, so networks ``forward`` never uses (an EMA
-    copy, a GAN discriminator) can be left out; only the module can say which, as a frozen backbone looks like a
-    frozen teacher from outside.
-    """
+    """Names of the child modules dp copies to every GPU each step: ``module.dp_modules``, else all but metrics."""
     children = dict(module.named_children())
     declared = module.dp_modules if isinstance(module, ReplicatesForDataParallel) else None
     if declared is None:
@@ -124,9 +104,8 @@ def replicated_children(module: nn.Module) -> list[str]:
 
 
 def in_callers_modes(forward: Callable[..., Any], device_type: str) -> Callable[..., Any]:
-    """``forward(replica, ...)`` run in the calling thread's grad, inference and autocast modes, which are per
-    thread: torch's parallel_apply re-enters autocast with the default dtype (bf16-mixed would silently run in
-    fp16) and not inference mode (in-place ops on the input chunks would then fail in validation)."""
+    # the modes are per thread: torch's parallel_apply re-enters autocast with the default dtype (bf16-mixed would
+    # run in fp16) and not inference mode (in-place ops on the input chunks would fail in validation)
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     autocast, dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
@@ -142,10 +121,7 @@ def in_callers_modes(forward: Callable[..., Any], device_type: str) -> Callable[
 
 
 def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Sequence[int]) -> Any:
-    """torch's ``gather`` (concatenate along dim 0, recursing into dicts, namedtuples, lists and tuples), except:
-    a 0-dim tensor becomes the mean of the replicas' values weighted by chunk size (torch's stacks them into a
-    vector, with a warning), and other values must agree across replicas (torch's fails on them).
-    """
+    """torch's ``gather``, but a 0-dim tensor is the replicas' mean weighted by chunk size; other values must agree."""
     first = outputs[0]
     if isinstance(first, Tensor):
         if first.dim() > 0:
@@ -169,7 +145,6 @@ def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Seq
         )
     if isinstance(first, (list, tuple)):
         gathered = [gather_outputs(items, target_device, sizes) for items in zip(*outputs, strict=True)]
-        # a namedtuple is rebuilt with its public `_make`; its constructor takes the fields one by one
         return type(first)._make(gathered) if hasattr(first, "_fields") else type(first)(gathered)
     if all(output is first or output == first for output in outputs):
         return first
@@ -180,14 +155,13 @@ def gather_outputs(outputs: Sequence[Any], target_device: int | None, sizes: Seq
 
 
 class ParallelForward:
-    """Stands in for ``module.forward``: scatter, replicate, run the replicas in parallel, gather; what
-    ``nn.DataParallel.forward`` does, without wrapping the module (its hooks and state-dict keys stay its own)."""
+    """``nn.DataParallel.forward`` without wrapping the module: its hooks and state-dict keys stay its own."""
 
     def __init__(self, module: nn.Module, devices: list[torch.device]) -> None:
         self.module = module
         self.device_ids = [device.index for device in devices]
         self.device_type = devices[0].type
-        self.forward = type(module).forward  # the class's forward, unbound: replicas call it on themselves
+        self.forward = type(module).forward  # unbound: replicas call it on themselves
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         sizes = chunk_sizes(args, kwargs, len(self.device_ids))
@@ -200,11 +174,9 @@ class ParallelForward:
         return gather_outputs(outputs, self.device_ids[0], sizes)
 
     def replicas(self, devices: list[int | None]) -> list[nn.Module]:
-        """Shallow copies of the module for ``devices``, holding copies of the children ``forward`` uses."""
         module = self.module
         kept = replicated_children(module)
-        # torch's replicate copies every module below the one it gets: hand it the module with only the kept
-        # children (its own parameters and buffers stay), then put stand-ins for the others into the replicas
+        # torch's replicate copies every module below the one it gets
         with only_children(module, kept):
             replicas = replicate(module, devices, detach=not torch.is_grad_enabled())
         skipped = {
@@ -216,15 +188,13 @@ class ParallelForward:
         for replica in replicas:
             for name, stand_in in skipped.items():
                 setattr(replica, name, stand_in)
-            # each replica is a shallow copy of the module, this object included: point it at the real forward
             replica.forward = functools.partial(forward, replica)
             replica.log = replica.log_dict = _refuse_logging
         return replicas
 
 
 class DataParallelStrategy(ParallelStrategy):
-    """Single-process data parallelism over the GPUs of one machine (see the module docstring); on the CPU it
-    runs as a single device, and says so."""
+    """Single-process data parallelism over the GPUs of one machine; on the CPU, one device, and says so."""
 
     strategy_name = "dp"
 
@@ -232,7 +202,7 @@ class DataParallelStrategy(ParallelStrategy):
         super().__init__(parallel_devices=parallel_devices, **kwargs)
         self.num_nodes = 1
 
-    # One process: rank 0 of a world of one, whatever cluster environment Lightning attaches.
+    # rank 0 of a world of one, whatever cluster environment Lightning attaches
     @property
     def root_device(self) -> torch.device:
         assert self.parallel_devices, "the Trainer sets parallel_devices before use"
@@ -260,11 +230,10 @@ class DataParallelStrategy(ParallelStrategy):
 
     @property
     def distributed_sampler_kwargs(self) -> None:
-        return None  # one process reads every sample
+        return None
 
     @property
     def parallel_forward_active(self) -> bool:
-        """Whether forwards are split across devices (more than one GPU)."""
         devices = self.parallel_devices or []
         return len(devices) > 1 and all(device.type == "cuda" for device in devices)
 
@@ -289,18 +258,15 @@ class DataParallelStrategy(ParallelStrategy):
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         if self.parallel_forward_active:
-            # the user's forward replaced on the instance, not wrapped: the module, its class and its checkpoint
-            # keys stay the user's, and self(x) in their step runs the forward split over the devices
             model.forward = ParallelForward(model, self.parallel_devices or [])
         return model
 
     def teardown(self) -> None:
         module = self.lightning_module
         if module is not None and isinstance(vars(module).get("forward"), ParallelForward):
-            del module.forward  # the class's forward again
+            del module.forward
         super().teardown()
 
-    # Collectives are trivial in one process.
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean") -> Any:
         return tensor
 

@@ -1,6 +1,5 @@
-"""What the processes of a pipeline exchange outside torch's schedules: evaluation's forward, stage after stage
-(``forward_through_stages``), and the gradients of a weight tied across stages (``sum_tied_gradients``). An
-activation goes with a header of its dtype and shape, so that the process receiving it can allocate it."""
+"""What the processes of a pipeline exchange outside torch's schedules: evaluation's forward and the gradients of
+tied weights. An activation goes after a header of its dtype and shape, so that the receiver can allocate it."""
 
 from __future__ import annotations
 
@@ -19,10 +18,7 @@ def forward_through_stages(
     count: int,
     device: torch.device,
 ) -> Tensor:
-    """The model's forward through its ``count`` stages (no micro-batches: any batch size), its output on every
-    process of the pipeline ``group``. The process of pipeline rank ``rank`` of ``ranks`` runs its ``stages`` (by
-    index: stage ``s`` on rank ``s % ranks``) in order, receiving each one's input from the process of the stage
-    before and sending its output to the one of the stage after."""
+    """The model's forward through its ``count`` stages, its output on every process of the pipeline ``group``."""
     x: Tensor | None = inputs
     for index, stage in stages.items():
         if index > 0 and (index - 1) % ranks != rank:
@@ -44,9 +40,7 @@ def sum_tied_gradients(
     ranks: int,
     device: torch.device,
 ) -> None:
-    """Sum this step's gradients (``new``) of each tied weight over its two ends (the first and the last stage, on
-    the first and the last pipeline rank; the ranks between, whose end in ``held`` is None, add zeros), so that both
-    copies take the step one device takes. With one rank, both ends are one parameter of one process."""
+    """Sum each tied weight's gradients over its two ends, the first and the last rank (the others add zeros)."""
     if ranks == 1:
         return
     for parameter in held:
@@ -60,7 +54,6 @@ def _local(tensor: Tensor) -> Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-#: dtypes an activation may have, by position in the header a stage sends before it
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32)
 _HEADER = 8  # dtype, number of dimensions, up to 6 sizes
 

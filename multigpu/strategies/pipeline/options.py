@@ -1,7 +1,4 @@
-"""The settings of ``--trainer.strategy=pipeline`` (``--pipeline.*``, ``PipelineOptions``) and the checks before
-launch: the sizes, the schedule and the micro-batches against the process count and the batch
-(``check_pipeline``), and the model's own split into stages (``check_stages``), each refused in one paragraph
-before any process starts; and what a split costs, the idle share of a step (``bubble_fraction``, ``split_plan``)."""
+"""The settings of ``--trainer.strategy=pipeline``, their checks before launch, and the idle share of a split."""
 
 from __future__ import annotations
 
@@ -14,24 +11,17 @@ from torch import nn
 from multigpu.errors import ConfigurationError
 from multigpu.hook_readers import missing_pipeline_hooks
 
-#: the schedules by name: their classes in ``torch.distributed.pipelining``, imported by a pipeline run alone
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
-#: the schedules that run several stages per process (the others run one)
 MULTI_STAGE = ("interleaved_1f1b",)
 
 
 def bubble_fraction(ranks: int, micro_batches: int, stages_per_rank: int = 1) -> float:
-    """The share of a step each process idles while the pipeline fills and drains: ``(p - 1) / (v m + p - 1)`` for
-    ``p`` ranks, ``m`` micro-batches and ``v`` stages per rank (``m >= p``). With one stage per rank (GPipe, 1F1B)
-    it is ``(p - 1) / (m + p - 1)``; ``v`` stages per rank (interleaved 1F1B) make each fill and drain
-    step ``v`` times shorter: Narayanan et al. 2021's bubble ``(p - 1) / (v m)`` of the ideal step time, here
-    as a share of the whole step."""
+    """The share of a step each process idles while the pipeline fills and drains (for ``micro_batches >= ranks``)."""
     return (ranks - 1) / (stages_per_rank * micro_batches + ranks - 1)
 
 
 def split_plan(options: PipelineOptions, ranks: int, stage_sizes: list[tuple[Any, int]]) -> dict[str, Any]:
-    """The run plan's pipeline lines (``multigpu/callbacks/run_plan.py``) of a split over ``ranks`` whose stages
-    hold ``stage_sizes`` (layers, parameters): the stages, the schedule and the idle share."""
+    """The run plan's pipeline lines of a split whose stages hold ``stage_sizes`` (layers, parameters)."""
     per_rank, count = options.stages_per_rank, ranks * options.stages_per_rank
     formula = "(ranks - 1) / (" + ("micro_batches" if per_rank == 1 else "stages_per_rank x micro_batches")
     formula += " + ranks - 1)"
@@ -47,8 +37,7 @@ def split_plan(options: PipelineOptions, ranks: int, stage_sizes: list[tuple[Any
 
 
 def fits_rounds(micro_batches: int, ranks: int) -> bool:
-    """Whether ``ScheduleInterleaved1F1B`` takes ``micro_batches``: it runs them in ``max(1, m // ranks)`` rounds of
-    equal size."""
+    # ScheduleInterleaved1F1B runs them in max(1, m // ranks) rounds of equal size
     return micro_batches >= 1 and micro_batches % max(1, micro_batches // ranks) == 0
 
 
@@ -64,16 +53,12 @@ def pipeline_refusal(model_name: str, missing: list[str]) -> ConfigurationError:
 
 @dataclass
 class PipelineOptions:
-    """``--pipeline.*``: the settings of ``--trainer.strategy=pipeline`` (given by name; a strategy given as a
-    class takes them as its ``init_args``).
+    """``--pipeline.*``: the settings of ``--trainer.strategy=pipeline``.
 
     Args:
-        micro_batches: Micro-batches per batch (more shrink the bubble; ``gpipe`` and ``1f1b`` need at least one
-            per pipeline rank).
-        schedule: ``1f1b`` (a stage holds the activations of at most ``ranks`` micro-batches), ``gpipe``, or, with
-            ``stages_per_rank`` >= 2, ``interleaved_1f1b``.
-        stages_per_rank: Stages each process of a pipeline runs (stage ``s`` on pipeline rank ``s % ranks``): 1
-            for ``gpipe`` and ``1f1b``, 2 or more for ``interleaved_1f1b``.
+        micro_batches: Micro-batches per batch, at least one per pipeline rank (more shrink the idle share).
+        schedule: ``1f1b``, ``gpipe``, or with ``stages_per_rank`` >= 2, ``interleaved_1f1b``.
+        stages_per_rank: Stages each process of a pipeline runs: 1, or 2 or more for ``interleaved_1f1b``.
         data_parallel_size: Ranks that see different samples; each stage is sharded with FSDP2 over them.
         tensor_parallel_size: Ranks that split each layer of a stage (the model's ``configure_model`` plan).
     """
@@ -88,12 +73,7 @@ class PipelineOptions:
 def check_pipeline(
     options: PipelineOptions, processes: int, model_class: Any, batch_size: Any, accumulate: int
 ) -> None:
-    """Refuse before launch what would fail or hang in every process: a model without the hooks, sizes that do not
-    multiply to the process count, a schedule given the wrong number of stages per rank, fewer micro-batches than
-    ranks under ``gpipe`` / ``1f1b`` (torch's schedules wait forever or refuse) or a count torch's interleaved
-    schedules refuse, a batch that does not split into equal micro-batches (the stages exchange activations of one
-    fixed shape). A split the model refuses (more stages than layers) is found by ``check_stages`` on the built
-    model, also before launch."""
+    """Refuse before launch, in one paragraph, a split that would fail or hang in every process."""
     missing = missing_pipeline_hooks(model_class) if model_class is not None else []
     if missing:
         raise pipeline_refusal(model_class.__name__, missing)
@@ -149,9 +129,7 @@ def check_pipeline(
 
 
 def check_stages(model: nn.Module, count: int) -> None:
-    """Build every stage once, on the model built before launch (cheap: a stage shares the model's layers), so that
-    a split the model refuses, a hook that changes the model, or a parameter no stage holds (it would never
-    train) is refused in one paragraph here, not in every process."""
+    """Build every stage once before launch (a stage shares the model's layers) and refuse a split that would fail."""
     names = [name for name, _ in model.named_parameters()]
     stages = [model.pipeline_stage(index, count) for index in range(count)]
     kind = type(model).__name__

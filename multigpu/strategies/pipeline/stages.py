@@ -1,6 +1,4 @@
-"""A pipeline process's part of the model: its stages sharded with FSDP2 (``shard_stages``), the layers of the
-other processes' stages replaced by placeholders (``remove_other_stages``, ``HeldElsewhere``), and the weights tied
-across stages (``tied_parameter_names``)."""
+"""A pipeline process's part of the model: its stages sharded, the other stages' layers replaced."""
 
 from __future__ import annotations
 
@@ -14,13 +12,11 @@ from multigpu.errors import ConfigurationError
 
 
 def shard_stages(stages: dict[int, nn.Module], mesh: Any, model_name: str) -> None:
-    """Make each stage the FSDP2 root of what the model's ``configure_model`` left unsharded in it (the GPT's
-    embeddings and head), over the data-parallel ``mesh``, as ``torch.distributed.pipelining`` wants a stage: its
-    schedules then gather and reduce each stage's parameters once per step, not per micro-batch. A model that
-    sharded a module around a stage's layers (its whole network) is refused: no process runs that module."""
+    """Make each stage the FSDP2 root of what ``configure_model`` left unsharded in it (embeddings, head)."""
+    # a stage as its own root: the schedules gather and reduce its parameters once per step, not per micro-batch
     for index, stage in stages.items():
         if isinstance(stage, FSDPModule):
-            continue  # sharded for an earlier run of this Trainer
+            continue
         inner = {id(p) for layer in stage.modules() if isinstance(layer, FSDPModule) for p in layer.parameters()}
         outer = [p for p in stage.parameters() if id(p) not in inner and isinstance(p, DTensor)]
         if any(p.device_mesh.mesh_dim_names == mesh.mesh_dim_names for p in outer):
@@ -36,8 +32,7 @@ def shard_stages(stages: dict[int, nn.Module], mesh: Any, model_name: str) -> No
 
 
 class HeldElsewhere(nn.Module):
-    """Stands in for a layer that another pipeline process holds: no parameters, so the names of those this
-    process keeps stay one device's (``net.blocks.2.…``), as the sharded checkpoints want."""
+    """Stands in for a layer another pipeline process holds; the kept parameters keep one device's names."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(
@@ -47,8 +42,7 @@ class HeldElsewhere(nn.Module):
 
 
 def remove_other_stages(module: nn.Module, stages: list[nn.Module]) -> None:
-    """Replace in ``module`` each submodule that holds parameters or buffers and that none of ``stages`` runs by a
-    ``HeldElsewhere``; the ancestors of a stage's layers stay, with what the stages use in them."""
+    """Replace each submodule of ``module`` that holds state and that none of ``stages`` runs by ``HeldElsewhere``."""
     used = {id(layer) for stage in stages for layer in stage.modules()}
 
     def prune(parent: nn.Module) -> None:

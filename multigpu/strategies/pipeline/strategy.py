@@ -1,39 +1,6 @@
-"""``strategy="pipeline"``: whole layers on different devices, run in sequence over micro-batches.
-
-Pipeline parallelism as the article first defines model parallelism: the model's layers are cut into stages, held
-by the processes of a pipeline group, and a batch is split into micro-batches that flow through the stages, so
-that every stage works on one micro-batch while the next waits for it. The schedules are PyTorch's
-(``torch.distributed.pipelining``): ``gpipe`` (all forwards, then all backwards) and ``1f1b`` (one forward, one
-backward: a stage holds the activations of at most ``ranks`` micro-batches) run one stage per process;
-``interleaved_1f1b`` (1F1B over several stages per process, Narayanan et al. 2021) runs ``stages_per_rank`` of
-them, stage ``s`` on pipeline rank ``s % ranks`` (torch's loop layout), which shrinks the bubble by that factor.
-
-The processes form a 3-D device mesh ``(pipeline, data_parallel, tensor_parallel)``: each pipeline stage is
-sharded with FSDP2 over the data-parallel ranks (always, also over one rank, so that its parameters are DTensors
-as the sharded checkpoints want) and split with tensor parallelism where ``tensor_parallel_size`` > 1, by the
-model's own ``configure_model`` (the GPT example's), which shards the layers; the strategy then shards each stage
-as the root of its rest (embeddings, head). The global batch (``--data.batch_size``) keeps its meaning: the
-samples of one optimizer step, split over the data-parallel ranks, then into ``micro_batches``.
-
-A model is pipelined through three methods, which the GPT example has (docs/models.md, "pipeline"):
-
-- ``pipeline_stage(index, count)``: the module that runs stage ``index`` of ``count``, built from the model's own
-  layers (shared, not copied; the model itself unchanged), from the previous stage's output (the batch's inputs
-  on the first stage) to the next stage's input (the logits on the last). The strategy calls it for the stages
-  a process holds, then replaces in the LightningModule every layer holding parameters that none of them runs
-  by a placeholder (``HeldElsewhere``): the parameters a process keeps have one device's names;
-- ``pipeline_loss(output, target)``: the mean loss of one micro-batch from the last stage's output;
-- ``model_step(batch)``: the loss of a batch ``(inputs, targets)``, which its ``training_step`` calls. Under this
-  strategy it is answered from the pipeline (the stages ran the forward and backward already), so the model's
-  own ``training_step`` logs and updates its metrics unchanged.
-
-Evaluation and prediction run the stages forward, one after the other, and give every stage the last stage's
-output: ``validation_step``, ``test_step`` and ``predict_step`` run as they are, with the numbers of one device
-(a prediction writer writes once per pipeline with ``prediction_replica``). Tied weights (the GPT's output layer
-is its token embedding) live on the first and last stage, on pipeline ranks 0 and ``ranks - 1``: their
-gradients are summed over the two before each optimizer step, so both copies stay equal. Gradient clipping takes
-the norm over every stage (and counts a tied weight once).
-"""
+"""``strategy="pipeline"``: the model's layers cut into stages over processes, each batch split into micro-batches
+that flow through them under ``torch.distributed.pipelining``'s schedules, each stage sharded with FSDP2 over the
+data-parallel ranks (docs/strategies.md, "Pipeline parallelism")."""
 
 from __future__ import annotations
 
@@ -62,7 +29,6 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
     from torch.distributed.pipelining import PipelineStage
 
-#: the checkpoint's record of the split: a resume with another split is refused
 CHECKPOINT_KEY = "pipeline"
 
 
@@ -70,13 +36,11 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
     """Pipeline stages over processes, each stage sharded with FSDP2 (and split with tensor parallelism).
 
     Args:
-        pipeline_size: Processes of one pipeline (``"auto"``: the world size over the data- and tensor-parallel
-            sizes).
+        pipeline_size: Processes of one pipeline (``"auto"``: the world size over the other two sizes).
         save_distributed_checkpoint: Save a folder of shards (one file per rank), the default.
         process_group_backend: ``nccl`` on GPUs, ``gloo`` on the CPU unless given.
         timeout: How long a collective waits for the other ranks.
-        options: The settings of ``PipelineOptions`` by name (``micro_batches``, ``schedule``, ``stages_per_rank``,
-            ``data_parallel_size``, ``tensor_parallel_size``; ``--pipeline.*`` for the strategy given by name).
+        options: The settings of ``PipelineOptions`` by name (``--pipeline.*`` for the strategy given by name).
     """
 
     strategy_name = "pipeline"
@@ -90,7 +54,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         timeout: timedelta | None = LIGHTNING_TIMEOUT,
         **options: Any,
     ) -> None:
-        self.options = PipelineOptions(**options)  # the settings are declared there alone (their help too)
+        self.options = PipelineOptions(**options)
         schedule = self.options.schedule
         if schedule not in SCHEDULES:
             names = ", ".join(SCHEDULES)
@@ -106,21 +70,15 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         )
         self.sharded_checkpoints = save_distributed_checkpoint
         self.pipeline_size = pipeline_size
-        #: the stages this process runs, by stage index
         self.stage_modules: dict[int, nn.Module] = {}
         self.pipeline_rank = 0
         self._schedule: Any = None
-        #: this rank's stages (``PipelineStage``), built with the schedule at the first training batch (the benchmark
-        #: times their work: benchmarks/timing.py)
         self.pipeline_stages: list[PipelineStage] = []
         self._batch_shape: torch.Size | None = None
         self._pending: list[tuple[nn.Parameter, Tensor | None]] = []
 
-    # -- the mesh and the cut -----------------------------------------------------------------------------------
-
     @property
     def ranks(self) -> int:
-        """Processes of one pipeline."""
         if self.pipeline_size != "auto":
             return int(self.pipeline_size)
         parallel = self.options.data_parallel_size * self.options.tensor_parallel_size
@@ -128,12 +86,10 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
 
     @property
     def stages_per_rank(self) -> int:
-        """Stages each process runs (``--pipeline.stages_per_rank``)."""
         return self.options.stages_per_rank
 
     @property
     def stage_count(self) -> int:
-        """Stages of the model: ``stages_per_rank`` on each pipeline rank."""
         return self.ranks * self.stages_per_rank
 
     @property
@@ -142,12 +98,10 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
 
     @property
     def is_first(self) -> bool:
-        """Whether this process runs the first stage (torch's loop layout: stage ``s`` on rank ``s % ranks``)."""
         return self.pipeline_rank == 0
 
     @property
     def is_last(self) -> bool:
-        """Whether this process runs the last stage."""
         return self.pipeline_rank == self.ranks - 1
 
     def setup_environment(self) -> None:
@@ -164,8 +118,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
                 " --trainer.devices and --trainer.num_nodes to their product, or change the sizes.",
                 every_rank=True,
             )
-        # Lightning's 2-D mesh is built first (its checks, its process group); the pipeline then takes the outer
-        # dimension of a 3-D mesh, whose data-parallel and tensor-parallel dimensions the model's hook uses
+        # Lightning's 2-D mesh first (its checks, its process group), then the 3-D mesh the model's hook uses
         set_mesh_sizes(self, data_parallel=self.ranks * data_parallel, tensor_parallel=tensor_parallel)
         super().setup_environment()
         mesh = init_device_mesh(
@@ -178,7 +131,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         assert module is not None
         if self.stage_modules:
             return  # built for an earlier run of this Trainer: the model holds only those stages' layers
-        self.parameter_order = [name for name, _ in module.named_parameters()]  # one device's, tied weights once
+        self.parameter_order = [name for name, _ in module.named_parameters()]
         self.tied = tied_parameter_names(module)
         indices = range(self.pipeline_rank, self.stage_count, self.ranks)
         self.stage_modules = {index: module.pipeline_stage(index, self.stage_count) for index in indices}
@@ -192,30 +145,28 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         shard_stages(self.stage_modules, self.device_mesh["data_parallel"], type(self.lightning_module).__name__)
         super().setup(trainer)
-        # this plugin only: its clip_gradients calls self.clip_grad_by_norm
         self.precision_plugin.clip_grad_by_norm = self._clip_grad_by_norm
-        #: this process's end of each tied weight (None between the ends), found once: the sharded parameters exist now
         self._tied_held = self._held_tied()
-        held = [(index, stage_layer_count(stage), sum(p.numel() for p in stage.parameters())) for index, stage in
-                self.stage_modules.items()]  # fmt: skip
+        held = [
+            (index, stage_layer_count(stage), sum(p.numel() for p in stage.parameters()))
+            for index, stage in self.stage_modules.items()
+        ]
         gathered: list[Any] = [None] * self.ranks
         dist.all_gather_object(gathered, held, group=self.pipeline_group)
         stages = sorted(stage for of_rank in gathered for stage in of_rank)
         self.stage_sizes = [(layers, parameters) for _, layers, parameters in stages]
 
     def pipeline_plan(self) -> dict[str, Any]:
-        """The run plan's pipeline lines (``multigpu/callbacks/run_plan.py``): the split and its idle share."""
         return split_plan(self.options, self.ranks, self.stage_sizes)
 
     def teardown(self) -> None:
-        vars(self.precision_plugin).pop("clip_grad_by_norm", None)  # the class's clipping again
+        vars(self.precision_plugin).pop("clip_grad_by_norm", None)
         self._schedule = None
         self.pipeline_stages = []
         super().teardown()
 
     def _schedule_for(self, batch_size: int) -> Any:
-        """The schedule of this process's stages, built at the first batch (``PipelineStage`` needs static
-        shapes)."""
+        # built at the first batch: PipelineStage needs static shapes
         if self._schedule is None:
             micro_batches = self.options.micro_batches
             if batch_size % micro_batches:
@@ -239,13 +190,10 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         return self._schedule
 
     def _micro_batch_loss(self, output: Tensor, target: Tensor) -> Tensor:
-        # the schedule backpropagates each micro-batch's loss: the mean over micro-batches and the accumulated
-        # batches is what one device's backward of the batch mean (divided by Lightning's accumulation) gives
+        # the backward of each micro-batch's share adds up to one device's backward of the accumulated batch mean
         trainer = self.lightning_module.trainer
         scale = self.options.micro_batches * trainer.accumulate_grad_batches
         return self.lightning_module.pipeline_loss(output, target) / scale
-
-    # -- training --------------------------------------------------------------------------------------------------
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         batch = args[0]
@@ -259,8 +207,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
                 " an epoch (the template's data modules do: drop_last) or size the data set to whole batches."
             )
         schedule = self._schedule_for(len(inputs))
-        # Lightning zeroes the gradients between training_step and backward: the schedule's gradients (its
-        # backward runs here, interleaved with the forwards) are set aside and added in backward()
+        # Lightning zeroes the gradients between training_step and backward: the schedule's are added in backward()
         trained = [p for p in self.lightning_module.parameters() if p.requires_grad]
         earlier = [p.grad for p in trained]
         for parameter in trained:
@@ -276,7 +223,6 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         self._pending = [(p, p.grad) for p in trained]
         for parameter, grad in zip(trained, earlier, strict=True):
             parameter.grad = grad
-        # the batch's mean loss, from the last stage's process to the others: the model logs it as one device would
         loss = torch.zeros((), dtype=torch.float64, device=self.root_device)
         if self.is_last:
             loss += torch.stack([value.detach().double() for value in losses]).sum()
@@ -287,7 +233,6 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
             return self.lightning_module.training_step(*args, **kwargs)
 
     def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
-        """Add the gradients the schedule computed in ``training_step`` (every micro-batch's backward ran there)."""
         pending, self._pending = self._pending, []
         sum_tied_gradients(self._tied_held, dict(pending), self.pipeline_group, self.ranks, self.root_device)
         for parameter, grad in pending:
@@ -299,15 +244,12 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         dtype = next((p.dtype for p in self.lightning_module.parameters()), torch.float32)
         return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
-    # -- tied weights and clipping ---------------------------------------------------------------------------------
-
     def _held_tied(self) -> list[nn.Parameter | None]:
         named = dict(self.lightning_module.named_parameters())
         end = (lambda first, last: first) if self.is_first else (lambda first, last: last) if self.is_last else None
         return [named.get(end(first, last)) if end is not None else None for first, last in self.tied]
 
     def _clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
-        # a tied weight counts once, on the first stage
         counted_elsewhere = {id(p) for p in self._tied_held if p is not None} if not self.is_first else set()
         clip_grad_norm(
             list(self.precision_plugin.main_params(optimizer)),
@@ -315,8 +257,6 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
             reduce_group=self.pipeline_group,
             not_in_norm=counted_elsewhere,
         )
-
-    # -- evaluation ------------------------------------------------------------------------------------------------
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
         with self.precision_plugin.val_step_context(), self._forward_through_stages():
@@ -332,26 +272,21 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
 
     @contextlib.contextmanager
     def _forward_through_stages(self) -> Iterator[None]:
-        # the user's forward replaced on the instance (not the class): self(x) in their step runs the stages
         self.lightning_module.forward = self.forward_through_stages
         try:
             yield
         finally:
-            vars(self.lightning_module).pop("forward", None)  # the class's forward again
-            # an FSDP2 root keeps its parameters gathered after a forward, for the backward that follows in
-            # training; none follows an evaluation, and with the copy it gathered there, the next training step's
+            vars(self.lightning_module).pop("forward", None)
+            # an FSDP2 root keeps its parameters gathered for a backward; left so, the next training step's
             # gradients of the stage's own parameters (embeddings, head) would not reach them
             for stage in self.stage_modules.values():
                 if isinstance(stage, FSDPModule):
                     stage.reshard()
 
     def forward_through_stages(self, inputs: Tensor) -> Tensor:
-        """The model's forward, stage after stage (no micro-batches: any batch size), its output on every process
-        of the pipeline."""
+        """The model's forward through every stage (any batch size), its output on every process of the pipeline."""
         stages, group, rank = self.stage_modules, self.pipeline_group, self.pipeline_rank
         return forward_through_stages(stages, inputs, group, rank, self.ranks, self.stage_count, self.root_device)
-
-    # -- checkpoints ---------------------------------------------------------------------------------------------
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         checkpoint[CHECKPOINT_KEY] = {
@@ -362,9 +297,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
-        """Each stage's optimizer state keyed by parameter name and setting (``state.NAME.exp_avg``,
-        ``param_groups.NAME.lr``): the stages' keys are disjoint, as a sharded checkpoint wants them (torchtitan's
-        layout); ``multigpu/checkpoints/sharded.py`` puts them back in one device's order."""
+        # keyed by parameter name (state.NAME.exp_avg): the stages' keys are disjoint, as shards need
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         options = StateDictOptions(
@@ -376,8 +309,6 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
         return get_optimizer_state_dict(self.model, optimizer, options=options)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Each rank reads its stages' part of a folder a pipeline run saved, checked first (its index, entries and
-        ``meta.pt`` read without running code: ``multigpu/checkpoints/safe.py``); returns ``meta.pt``'s state."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         from multigpu.checkpoints.sharded import check_sharded_checkpoint, load_shards
@@ -390,7 +321,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
                 " a single-file checkpoint, run validate/test/predict with another strategy.",
                 every_rank=True,
             )
-        checked = check_sharded_checkpoint(path, map_location=None)  # meta.pt's tensors where saved, as before
+        checked = check_sharded_checkpoint(path, map_location=None)
         split = checked.meta.get(CHECKPOINT_KEY) or {}
         saved, saved_per_rank = split.get("stages"), split.get("stages_per_rank", 1)
         if (saved, saved_per_rank) != (self.stage_count, self.stages_per_rank):
@@ -416,7 +347,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
 @contextlib.contextmanager
 def answered(module: nn.Module, name: str, value: Any) -> Iterator[None]:
     """Make ``module.NAME(...)`` return ``value`` inside the block (for this object only)."""
-    setattr(module, name, lambda *args, **kwargs: value)  # an attribute of the instance hides the class's method
+    setattr(module, name, lambda *args, **kwargs: value)
     try:
         yield
     finally:
