@@ -45,8 +45,8 @@ def pipeline_refusal(model_name: str, missing: list[str]) -> ConfigurationError:
     return ConfigurationError(
         f"--trainer.strategy=pipeline needs the model to say how its layers split into stages: {model_name} has no"
         f" {', '.join(missing)}. Fix: add pipeline_stage(index, count) (return the module that runs stage `index`,"
-        " built from the model's own layers), pipeline_loss(output, target) and model_step(batch) (multigpu.hooks;"
-        " the engine's GPT example, src/models/gpt.py, has all three), or use --trainer.strategy=fsdp2, which"
+        " built from the model's own layers), pipeline_loss(output, target) and model_step(batch) (multigpu.hooks),"
+        " or use --trainer.strategy=fsdp2, which"
         " shards any model without code."
     )
 

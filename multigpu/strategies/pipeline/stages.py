@@ -24,8 +24,7 @@ def shard_stages(stages: dict[int, nn.Module], mesh: Any, model_name: str) -> No
                 f"{model_name}.configure_model sharded a module around the layers of pipeline stage {index} (e.g."
                 " fully_shard(self.net), the whole network), which under --trainer.strategy=pipeline no process"
                 " runs. Fix: shard only the layers (each block) when self.device_mesh has a 'pipeline' dimension,"
-                " as the engine repository's GPT example (src/models/gpt.py) does: the strategy shards the rest of"
-                " each stage.",
+                " the strategy shards the rest of each stage.",
                 every_rank=True,
             )
         fully_shard(stage, mesh=mesh)

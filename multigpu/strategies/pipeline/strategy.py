@@ -335,7 +335,7 @@ class PipelineStrategy(_ModelParallelMixin, ModelParallelStrategy):
             raise ConfigurationError(
                 f"--ckpt_path={path} was saved by a run with {saved or 'no'} pipeline stages ({saved_per_rank} per"
                 f" rank); this run has {self.stage_count} ({self.stages_per_rank} per rank). Fix: {again}, or"
-                " consolidate it (python -m src.consolidate) and evaluate or continue the file under another"
+                " consolidate it (python -m multigpu.consolidate) and evaluate or continue the file under another"
                 " strategy.",
                 every_rank=True,
             )
