@@ -1,30 +1,21 @@
-"""The errors a user can fix, and the one-paragraph text they are told in.
-
-``ConfigurationError`` is bad input, naming the option and the fix; ``EnvironmentFailure`` a failure of the network
-or the file system (``multigpu/failures.py`` tells one from the exception's type); ``TrainingStopped`` and
-``Preempted`` a stop on purpose. How the command line prints each, and with which exit status, is
-``multigpu/reporting.py``.
-"""
+"""The errors a user can fix, each told in one paragraph, and the stops on purpose; how the command line prints each
+is ``multigpu/reporting.py``."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
-from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 #: the debug switch jsonargparse already reads; it turns every one-paragraph error back into a traceback
 DEBUG_ENV = "JSONARGPARSE_DEBUG"
 MAX_DETAIL_CHARS = 400  # a state-dict mismatch or a pickle error can run to a hundred lines
-#: the failure helpers, which moved to ``multigpu.failures``: importable from here too through 1.x
-MOVED_TO_FAILURES = ("FILE_SYSTEM_ERRNOS", "file_system_failure", "network_failure", "is_network_error")
 
 
 @rank_zero_only
 def notice(message: str) -> None:
-    """A line for the person running the command (stderr, rank 0): not a Python warning with its source line."""
+    """A line for the person running the command (stderr, rank 0), not a Python warning with its source line."""
     print(f"note: {message}", file=sys.stderr, flush=True)
 
 
@@ -38,8 +29,7 @@ class ConfigurationError(ValueError):
 
 
 class EnvironmentFailure(ConfigurationError):
-    """The network or the file system failed, not an option (reported the same way; exit status 1: the command
-    itself was right)."""
+    """The network or the file system failed, not an option (exit status 1: the command itself was right)."""
 
     exit_code = 1
 
@@ -48,7 +38,7 @@ class TrainingStopped(Exception):
     """Training stopped on purpose, with a message saying why and what to do; ``exit_code`` is the exit status."""
 
     exit_code = 1
-    label = "stopped"  # how the CLI introduces the message
+    label = "stopped"
 
     def __init__(self, message: str, exit_code: int | None = None) -> None:
         super().__init__(message)
@@ -57,20 +47,18 @@ class TrainingStopped(Exception):
 
 
 class Preempted(TrainingStopped):
-    """Training stopped early after saving a resumable checkpoint (a signal asked it to stop); ``128 + signal``
-    for a stop a person or a scheduler asked for (130 for Ctrl-C, 143 for SIGTERM), which is not requeued."""
+    """Training stopped after saving a resumable checkpoint: 75, requeued, for a preemption notice; ``128 + signal``
+    for a stop a person or a scheduler asked for (130 for Ctrl-C, 143 for SIGTERM)."""
 
-    exit_code = 75  # a preemption notice: EX_TEMPFAIL, "retry later", which the slurm/ scripts requeue
+    exit_code = 75  # EX_TEMPFAIL, "retry later", which the slurm/ scripts requeue
     label = "preempted"
 
 
 def debug_mode() -> bool:
-    """True when the user asked for tracebacks (``JSONARGPARSE_DEBUG=true``)."""
     return os.environ.get(DEBUG_ENV, "").lower() in ("true", "1", "yes")
 
 
 def one_paragraph(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
-    """``text`` on one line, cut to ``limit`` characters."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
@@ -81,16 +69,10 @@ def describe(exception: BaseException) -> str:
 
 
 def causes(exception: BaseException) -> list[BaseException]:
-    """The exception and the ones it was raised from (``raise ... from``), not its implicit context: code that
-    catches a missing cache file and then fails otherwise must not be reported as a missing file."""
+    """The exception and the ones it was raised from, not its implicit context: code that catches a missing cache
+    file and then fails otherwise must not be reported as a missing file."""
     chain: list[BaseException] = []
     while exception is not None and exception not in chain:
         chain.append(exception)
         exception = exception.__cause__
     return chain
-
-
-def __getattr__(name: str) -> Any:
-    if name in MOVED_TO_FAILURES:  # the failure helpers' old home (``from multigpu.errors import network_failure``)
-        return getattr(importlib.import_module("multigpu.failures"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,5 @@
-"""What failed, told from the exception alone: the network, the file system (each turned into the one-paragraph
-``EnvironmentFailure`` naming the URL or the path), a collective of several processes that timed out or lost its
-connection, or a configuration error raised from deeper down.
-"""
+"""What failed, told from the exception alone: the network or the file system (an ``EnvironmentFailure`` naming the
+URL or the path), a collective that timed out or lost a peer, or a configuration error raised from deeper down."""
 
 from __future__ import annotations
 
@@ -18,8 +16,6 @@ from urllib.parse import urlparse
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from multigpu.errors import DEBUG_ENV, ConfigurationError, EnvironmentFailure, causes, describe
-
-# -- network and file-system failures, by the type of the exception -------------------------------------------
 
 #: the network's exceptions: urllib's, the socket's, and the HTTP client's (a server that hung up mid-download)
 NETWORK_ERRORS = (urllib.error.URLError, ConnectionError, TimeoutError, socket.herror, http.client.HTTPException)
@@ -100,8 +96,6 @@ def user_error_of(exception: BaseException) -> ConfigurationError | None:
             return file_system_failure(error)
     return None
 
-
-# -- collectives that timed out or lost a peer -----------------------------------------------------------------
 
 #: what gloo, NCCL and torch.distributed say when a collective waits too long or a peer is gone
 COLLECTIVE_FAILURE_TEXTS = (

@@ -1,8 +1,5 @@
-"""Lines every run printed that say nothing about the run, silenced here, each by its exact message.
-
-Each filter matches one message of one library, so every other warning still shows; delete a line below to see
-its message again. ``src/cli.py`` calls ``silence_known_noise`` before it builds anything.
-"""
+"""Lines every run printed that say nothing about the run, each silenced by its exact message, so every other
+warning still shows."""
 
 from __future__ import annotations
 
@@ -19,8 +16,6 @@ RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.
 
 
 class _DropMessage(logging.Filter):
-    """A logging filter that drops the records whose message starts with ``prefix``."""
-
     def __init__(self, prefix: str) -> None:
         super().__init__()
         self.prefix = prefix
@@ -29,27 +24,23 @@ class _DropMessage(logging.Filter):
         return not record.getMessage().startswith(self.prefix)
 
 
-#: the advertisement Lightning logs when a Trainer is built without its commercial logger
 _LITLOGGER_TIP = _DropMessage("💡 Tip: For seamless cloud logging")
 
 
 def silence_known_noise() -> None:
-    """Install the filters (idempotent: a filter that is already there is not added twice)."""
-    # An advertisement for Lightning's cloud logger, at every Trainer; nothing about the run.
+    """Install the filters (idempotent)."""
+    # an advertisement for Lightning's cloud logger, at every Trainer
     for name in RANK_ZERO_LOGGERS:
         if _LITLOGGER_TIP not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_LITLOGGER_TIP)
-    # PyTorch deprecates `LeafSpec` (2.13 warns), which Lightning 2.6's own _pytree helper still uses: once per
-    # process, in Lightning's code, nothing a user can change.
+    # torch 2.13 deprecates `LeafSpec`, which Lightning 2.6's own _pytree helper still uses
     warnings.filterwarnings(
         "ignore",
         message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
         category=FutureWarning,
         module=pytree_warning_module(),
     )
-    # Lightning's hint to prefix `srun` fires whenever srun is on PATH (any cluster node), also outside any SLURM
-    # job, where there is nothing to launch with srun. Inside a job it stays, and multigpu/checks.py refuses a
-    # multi-task job step that srun did not start.
+    # Lightning's hint to prefix `srun` fires whenever srun is on PATH, also outside a SLURM job
     if "SLURM_JOB_ID" not in os.environ:
         warnings.filterwarnings(
             "ignore",
@@ -57,17 +48,14 @@ def silence_known_noise() -> None:
             category=PossibleUserWarning,
             module=r"lightning\.fabric\.plugins\.environments\.slurm",
         )
-    # The template refuses a fresh fit into a run directory that holds checkpoints (multigpu/checkpoints/resume.py), so
-    # Lightning's warning about a non-empty checkpoint folder only appears on a resume, where the folder is meant to
-    # hold them.
+    # a fresh fit into a folder of checkpoints is refused, so this shows only on a resume, where it is meant to
     warnings.filterwarnings(
         "ignore",
         message=r"Checkpoint directory .* exists and is not empty\.",
         module=r"lightning\.pytorch\.callbacks\.model_checkpoint",
     )
-    # DDP (on the CPU, for one): the gradient of a 1x1 convolution comes back with other strides than DDP's bucket
-    # only on its two dimensions of size 1, where strides do not change the memory layout, and DDP copies it into
-    # the bucket as it does any gradient. Only that case: the warning for any other shape still shows.
+    # a 1x1 convolution's gradient differs from DDP's bucket in strides only on its dimensions of size 1, where they
+    # do not change the memory layout; the warning for any other shape still shows
     warnings.filterwarnings(
         "ignore",
         message=r"Grad strides do not match bucket view strides(?s:.*)grad\.sizes\(\) = \[\d+, \d+, 1, 1\],",

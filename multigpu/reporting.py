@@ -1,19 +1,9 @@
-"""How the command line reports an exception: one paragraph and a non-zero exit status.
+"""How the command line reports an exception: one paragraph and its exit status (2 bad input, 1 the environment,
+70 a failed collective); any other exception keeps its traceback.
 
-Bad input is a ``ConfigurationError`` naming the option and the fix (exit status 2); a failure of the network or
-the file system, told by the exception's type, an ``EnvironmentFailure`` (exit status 1); a collective of several
-processes that timed out or lost its connection, the report of where every rank was
-(``multigpu/callbacks/stack_dumps.py``; exit status ``COLLECTIVE_FAILURE_EXIT_CODE``, 70); any other exception keeps
-its traceback, as every error does under ``JSONARGPARSE_DEBUG=true``.
-
-One process speaks for a run that Lightning's launcher started from it (``ddp`` from one command): rank 0. It opens a
-``ReportDesk`` before the launch, and the ranks it starts hand their report to it instead of printing it. A report
-handed over while rank 0 reports a failure of its own is not printed; one that comes first is printed by rank 0,
-which then stops the other ranks and exits with that rank's status; one that rank 0 meets too (a failed collective it
-waits in, or a ``ConfigurationError(every_rank=True)``: a check of what the ranks share) waits for rank 0's own
-report, which covers it, so which rank fails first does not change what is printed. A rank whose rank 0 is gone
-prints its own. Under srun and torchrun, which start every rank themselves, each rank prints its own, prefixed with
-its rank.
+Where Lightning's launcher starts the ranks from rank 0, rank 0 speaks for the run: the ranks hand their report to
+its ``ReportDesk``. Rank 0 prints the first report and exits with its status, unless it reports a failure of its
+own; a report that rank 0 meets too waits for rank 0's, so which rank fails first does not change what is printed.
 """
 
 from __future__ import annotations
@@ -37,10 +27,8 @@ from multigpu.compat import release_started_processes
 from multigpu.errors import debug_mode, one_paragraph
 from multigpu.failures import collective_failure, collective_failure_message, user_error_of
 
-#: the exit status of a rank whose collective timed out or lost its connection (EX_SOFTWARE): not a bad option (2)
-#: nor a failure of the machine (1), and not requeued
+#: EX_SOFTWARE: neither a bad option (2) nor a failure of the machine (1), and not requeued
 COLLECTIVE_FAILURE_EXIT_CODE = 70
-#: the address of rank 0's ``ReportDesk`` (a Unix socket of Linux's abstract namespace), for the ranks it starts
 REPORT_DESK_ENV = "TEMPLATE_REPORT_DESK"
 
 
@@ -73,9 +61,7 @@ def report(exception: BaseException) -> int:
 
 
 def say(text: str, status: int, rank_zero_reports: bool = False) -> None:
-    """Print a report: here, or, in a rank that Lightning's launcher started, by rank 0 (``ReportDesk``), which
-    prints it or its own. ``rank_zero_reports``: rank 0 fails alike (a check every rank makes, or a collective it
-    waits in too) and reports for the run."""
+    """Print a report here, or hand it to rank 0's desk. ``rank_zero_reports``: rank 0 fails alike and reports."""
     address = os.environ.get(REPORT_DESK_ENV)
     message = {"text": text, "status": status, "rank_zero_reports": rank_zero_reports}
     if _desk is None and getattr(rank_zero_only, "rank", 0) and address and hand_over(address, message):
@@ -85,9 +71,8 @@ def say(text: str, status: int, rank_zero_reports: bool = False) -> None:
 
 
 def hand_over(address: str, message: dict[str, Any]) -> bool:
-    """Give a report to rank 0's desk at ``address``; True once rank 0 has taken it (printed it, or reports its own
-    failure), False where rank 0 is gone (no desk, or it closed before it answered): this rank prints its own. A
-    report that rank 0's own covers waits here until rank 0, reporting, stops this process."""
+    """True once rank 0's desk has taken the report, False where rank 0 is gone (this rank prints its own). A report
+    that rank 0's own covers waits here until rank 0 stops this process."""
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.connect(socket_address(address))
         connection.sendall(json.dumps(message).encode() + b"\n")
@@ -96,18 +81,14 @@ def hand_over(address: str, message: dict[str, Any]) -> bool:
     return False
 
 
-# -- rank 0: the one process that speaks for the run --------------------------------------------------------------
-
 _lock = threading.Lock()
 _speaking = False  # rank 0 reports a failure of its own: a report handed over now is not printed
 _desk: ReportDesk | None = None
 
 
 def speak_for_the_run(trainer: Any = None) -> None:
-    """From now on this process reports for the run: a report a rank hands over is not printed (rank 0 stops the
-    ranks it started after this). With ``trainer``, those ranks leave Lightning's watch first, whose observer would
-    SIGKILL this process as soon as one of them exits. Blocks for good where rank 0 already prints a rank's report:
-    this process is about to exit with that rank's status."""
+    """From now on this process reports for the run; a report a rank hands over is not printed. With ``trainer``,
+    the ranks leave Lightning's watch first, whose observer would SIGKILL this process once one of them exits."""
     global _speaking
     if trainer is not None:
         release_started_processes(trainer)
@@ -116,21 +97,13 @@ def speak_for_the_run(trainer: Any = None) -> None:
 
 
 def socket_address(address: str) -> str:
-    """The socket an address of ``REPORT_DESK_ENV`` names: ``@name`` one of Linux's abstract namespace (no file,
-    gone with its process), else a socket file's path."""
+    """``@name``: a socket of Linux's abstract namespace (no file, gone with its process); else a file's path."""
     return "\0" + address[1:] if address.startswith("@") else address
 
 
 class ReportDesk:
-    """Rank 0's end of the hand-over: a thread that answers the ranks' reports on a Unix socket (on Linux of the
-    abstract namespace; elsewhere a file of a temporary folder), which a rank finds no listener behind where rank 0
-    is dead.
-
-    Args:
-        trainer: The Trainer whose launcher starts the other ranks.
-        before_exit: What must still happen when this process exits with a rank's status (os._exit runs no
-            ``atexit`` handler): the run directory let go of.
-    """
+    """Rank 0's end of the hand-over: a thread answering the ranks' reports on a Unix socket, behind which a rank
+    finds no listener where rank 0 is dead. ``before_exit`` runs before ``os._exit``, which runs no ``atexit``."""
 
     def __init__(self, trainer: Any, before_exit: Callable[[], None] = lambda: None) -> None:
         self.trainer, self.before_exit = trainer, before_exit
@@ -148,7 +121,7 @@ class ReportDesk:
             try:
                 connection, _ = self.socket.accept()
             except OSError:
-                return  # closed
+                return
             threading.Thread(target=self._answer, args=(connection,), name="report-desk-rank", daemon=True).start()
 
     def _answer(self, connection: socket.socket) -> None:
@@ -159,12 +132,12 @@ class ReportDesk:
             connection.close()
             return
         with _lock:
-            if _speaking:  # rank 0 reports its own failure and stops the ranks
+            if _speaking:
                 self._close(connection, b"rank 0 reports\n")
             elif message.get("rank_zero_reports"):
                 self.waiting.append(connection)  # rank 0 will fail in its collective too, and report
-            else:  # the run's first failure is that rank's: rank 0 prints it and ends the run with its status
-                # out of Lightning's watch before that rank exits: its observer would SIGKILL this process
+            else:  # the run's first failure: rank 0 prints it and ends the run with its status
+                # out of Lightning's watch first, whose observer would SIGKILL this process
                 started = release_started_processes(self.trainer)
                 print(message["text"], file=sys.stderr, flush=True)
                 self._close(connection, b"printed\n")
@@ -196,9 +169,7 @@ class ReportDesk:
 
 @contextlib.contextmanager
 def report_desk(trainer: Any, before_exit: Callable[[], None] = lambda: None) -> Iterator[ReportDesk]:
-    """Within the block, this process (rank 0, which Lightning's launcher starts the other ranks from) speaks for
-    the run: the ranks it starts hand their reports to its ``ReportDesk`` (its address in ``REPORT_DESK_ENV``,
-    which they inherit)."""
+    """Within the block, this process speaks for the ranks it starts, which inherit its desk's address."""
     global _desk, _speaking
     desk = _desk = ReportDesk(trainer, before_exit)
     _speaking = False

@@ -20,21 +20,14 @@ def test_every_public_name_resolves_to_what_its_module_defines():
     assert multigpu.ConfigurationError.__module__ == "multigpu.errors"
 
 
-def test_the_failure_helpers_keep_their_old_import_path_through_1_x():
-    """``multigpu.errors`` held them before ``multigpu.failures`` did (CHANGELOG.md, "Unreleased")."""
+def test_the_failure_helpers_are_the_failures_modules_and_errors_holds_the_errors_alone():
+    """2.0 dropped their 1.x path through ``multigpu.errors`` (CHANGELOG.md), which imported ``failures`` back."""
     import multigpu.errors
     import multigpu.failures
-    from multigpu.errors import network_failure  # the old spelling of a project's import
 
-    assert network_failure is multigpu.network_failure is multigpu.failures.network_failure
-    for name in ("FILE_SYSTEM_ERRNOS", "file_system_failure", "is_network_error"):
-        assert getattr(multigpu.errors, name) is getattr(multigpu, name) is getattr(multigpu.failures, name)
-    try:
-        multigpu.errors.report  # noqa: B018 (internal names moved without an alias)
-    except AttributeError as error:
-        assert "report" in str(error)
-    else:
-        raise AssertionError("multigpu.errors.report resolved")
+    for name in ("FILE_SYSTEM_ERRNOS", "file_system_failure", "network_failure", "is_network_error"):
+        assert getattr(multigpu, name) is getattr(multigpu.failures, name)
+        assert not hasattr(multigpu.errors, name), name
 
 
 def test_an_unknown_name_is_an_attribute_error():

@@ -3,16 +3,11 @@ checks before anything is taken, the callbacks in the order of the one list, hel
 
 from __future__ import annotations
 
-import multigpu.callbacks
-from multigpu.callbacks import OPTIONAL_CALLBACKS
 from multigpu.cli import TemplateCLI, run_cli
 from tests.conftest import TINY
 
 
 def test_the_trainer_holds_the_callbacks_in_the_order_of_the_one_list_and_nothing_moves_during_a_fit(tmp_path):
-    listing = multigpu.callbacks.__doc__
-    for name in OPTIONAL_CALLBACKS:
-        assert f"- ``{name}``: " in listing, name  # every switch is described
     args = [*TINY, "--trainer.enable_model_summary=true", "--progress_bar=plain", "--trainer.max_time=00:00:01:00"]
     cli = TemplateCLI(args=[*args, "--trainer.callbacks+=tests.helpers.Pace"], run=False)
     held = [type(callback).__name__ for callback in cli.trainer.callbacks]
@@ -38,8 +33,6 @@ def test_the_trainer_holds_the_callbacks_in_the_order_of_the_one_list_and_nothin
         "SaveConfigCallback",  # LightningCLI's, which saves config.yaml
         "RunCheckpoint",  # Lightning moves a ModelCheckpoint last
     ]
-    for name in held[1:-2]:
-        assert f"``{name}``" in listing, name  # every callback is described
     run_dir = tmp_path / "run"
     fitted = TemplateCLI(args=["fit", *args, "--trainer.max_steps=2", f"--trainer.default_root_dir={run_dir}"])
     assert [type(callback).__name__ for callback in fitted.trainer.callbacks] == held[1:]  # as built, after the fit

@@ -1,55 +1,31 @@
-"""Every callback the engine adds to a run. The order the Trainer holds them in, which is the order Lightning calls
-them at each hook, is one literal list: ``run_callbacks`` in ``multigpu/run.py``, your own ``--trainer.callbacks``
-first; Lightning appends LightningCLI's ``SaveConfigCallback`` and moves ``ModelCheckpoint`` to the end, and nothing
-is added or moved once the Trainer is built. Leave an optional one out with ``--callbacks_off=[name, ...]`` (or
-``callbacks_off:`` in a config); the always-on ones make a run correct and do nothing where they do not apply.
-docs/engine.md ("What runs around your training step") tells the hooks each runs at. What each does:
-
-- ``throughput``: ``SpeedMonitor`` (throughput.py): ``perf/*`` (samples/s, MFU, memory, data wait), before the
-  progress bar, which shows the interval it measured.
-- ``progress_bar``: ``PlainProgressBar`` or Rich (progress.py): a line every 50 steps and after each validation.
-- ``model_summary``: ``ModelSummary`` (summary.py): the parameter table at fit start, FLOPs only where known.
-- ``CompileModel`` (compile.py), on with ``--compile=true``: compiles the model's ``forward`` at setup.
-- ``ClipAcrossMeshes`` (multigpu/strategies/model_parallel.py), with a ``ModelParallelStrategy`` given as a class other
-  than the template's (Lightning's own): gradient clipping across device meshes, as fsdp2 and tensor_parallel clip.
-- ``EngineLoaders`` (loaders.py), always, acting unless ``--trainer.use_distributed_sampler=false``: the engine's
-  sampling in the training loaders a data module or model returns (the same global order at any world size, samples
-  seeded one by one, an exact resume mid-epoch), a loader's ``batch_size`` the global batch of one optimizer step
-  (``--batch_size_per_process=true``: Lightning's per-process meaning).
-- ``ExactContinuation`` (continuation.py), always: saves a stop as the position it is, so that
-  ``--ckpt_path=last`` with larger limits continues exactly.
-- ``RandomState`` (random_state.py), always: every rank's random-number generators in every checkpoint, each
-  rank's own restored when a fit resumes (dropout draws what an uninterrupted run draws).
-- ``RunTimer`` (continuation.py), with ``--trainer.max_time``: that limit, stopping at a step boundary.
-- ``preemption``: ``PreemptionCheckpoint`` (preemption.py): on a stop signal, save ``last.ckpt``, stop, requeue
-  (off: Lightning's own handlers, which save inside the signal handler).
-- ``straggler``: ``StragglerReport`` (straggler.py), acting where a process group exists: every
-  ``log_every_n_steps`` the ranks exchange their own time per batch; rank 0 names a rank slower than the median
-  by ``--straggler.factor`` and logs ``perf/straggler_ratio``.
-- ``run_plan``: ``RunPlan`` (run_plan.py): prints and saves ``run_plan.json`` when training starts.
-- ``nan_guard``: ``NonFiniteLossGuard`` (nan_guard.py): stops at a NaN or infinite loss, before a checkpoint.
-- ``PrecisionBeforeRestore`` (precision.py), always, acting under a "-true" precision: converts the module before
-  a checkpoint is loaded into it.
-- ``Float64Metrics`` (precision.py), always, acting under ``64-true``: torchmetrics states in float64.
-- ``StackDumps`` (stack_dumps.py), always, acting with several processes: every rank's stacks to
-  ``<run dir>/stacks/rank-N.txt`` on ``SIGUSR2``, and a collective that times out or loses its connection
-  reported as the rank that did not arrive, with its line (before the next one kills the other ranks).
-- ``StopOtherRanksOnError``, ``UnshareSpawnedTensors``, ``DestroyProcessGroupAtExit`` (ranks.py), always, acting
-  where a process group exists: an error on one rank stops the others; private metric states in ``ddp_spawn``
-  workers; the process group destroyed at exit, or gloo may abort a finished rank.
-- ``checkpoint``: ``RunCheckpoint`` (checkpoint.py): ``best-<step>.ckpt`` and ``last.ckpt``.
-"""
+"""The callbacks the engine adds to a run, in the order the Trainer holds them (the order Lightning calls them at each
+hook): ``run_callbacks``. docs/engine.md ("What runs around your training step") tells the hooks each runs at."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import Callback, ModelSummary, ProgressBar, Timer
+from lightning.pytorch.strategies import ModelParallelStrategy
+
 from multigpu.callbacks.checkpoint import RunCheckpoint
+from multigpu.callbacks.compile import CompileModel
+from multigpu.callbacks.continuation import ExactContinuation, RunTimer
+from multigpu.callbacks.loaders import EngineLoaders
 from multigpu.callbacks.nan_guard import NonFiniteLoss, NonFiniteLossGuard
+from multigpu.callbacks.precision import Float64Metrics, PrecisionBeforeRestore
 from multigpu.callbacks.preemption import PreemptionCheckpoint
 from multigpu.callbacks.progress import PlainProgressBar, progress_bar
+from multigpu.callbacks.random_state import RandomState
+from multigpu.callbacks.ranks import DestroyProcessGroupAtExit, StopOtherRanksOnError, UnshareSpawnedTensors
 from multigpu.callbacks.run_plan import RunPlan
 from multigpu.callbacks.stack_dumps import StackDumps
 from multigpu.callbacks.straggler import StragglerReport
+from multigpu.callbacks.summary import ModelSummary as FlopsAwareModelSummary
 from multigpu.callbacks.throughput import SpeedMonitor
+from multigpu.strategies import FSDP2Strategy, TensorParallelStrategy
+from multigpu.strategies.model_parallel import ClipAcrossMeshes
 
 #: the names ``--callbacks_off`` accepts
 OPTIONAL_CALLBACKS = (
@@ -63,8 +39,7 @@ OPTIONAL_CALLBACKS = (
     "checkpoint",
 )
 
-#: the engine's callbacks that take options (``--checkpoint.*``, ``--preemption.*``, ...); the parser builds them
-#: (``multigpu/parser.py``)
+#: the callbacks with options (``--checkpoint.*``, ...), which the parser builds (``multigpu/parser.py``)
 CALLBACK_OPTIONS = {
     "preemption": PreemptionCheckpoint,
     "throughput": SpeedMonitor,
@@ -73,6 +48,75 @@ CALLBACK_OPTIONS = {
     "nan_guard": NonFiniteLossGuard,
     "checkpoint": RunCheckpoint,
 }
+
+
+def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback], dict[str, Any], set[str]]:
+    """The run's callbacks in order, the Trainer switches that go with them, and the names left out.
+
+    ``options``: the parsed options; ``built``: the objects built from them (``trainer.callbacks``, the callbacks
+    with options). Lightning then appends LightningCLI's ``SaveConfigCallback`` and moves ``ModelCheckpoint`` last.
+    """
+    trainer = built.get("trainer") or {}
+    off = set(options.get("callbacks_off") or [])
+    yours = trainer.get("callbacks") or []
+    yours = list(yours) if isinstance(yours, list) else [yours]
+    switches: dict[str, Any] = {}
+
+    bar = None if "progress_bar" in off else progress_bar(options.get("progress_bar", "auto"))
+    if trainer.get("enable_progress_bar") is False or any(isinstance(c, ProgressBar) for c in yours):
+        bar = None  # none, or yours
+    elif bar is None:
+        switches["enable_progress_bar"] = False
+    summary = None
+    summarises = trainer.get("enable_model_summary") is not False and not trainer.get("barebones")
+    if "model_summary" in off:
+        switches["enable_model_summary"] = False
+    elif summarises and not any(isinstance(c, ModelSummary) for c in yours):
+        summary = FlopsAwareModelSummary()
+        switches["enable_model_summary"] = False  # Lightning's own is replaced (else it logs that it skips it)
+    timer = None
+    if trainer.get("max_time") is not None and not any(isinstance(c, Timer) for c in yours):
+        timer = RunTimer(duration=trainer.get("max_time"))
+        switches["max_time"] = None
+    if trainer.get("enable_checkpointing") is False:
+        off.add("checkpoint")  # the Trainer refuses a ModelCheckpoint when checkpointing is off
+    elif "checkpoint" in off:
+        switches["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
+    strategy = trainer.get("strategy")  # built, where given as a class_path
+    # Lightning's own ModelParallelStrategy clips with torch's clipping, which does not reduce across meshes
+    clip_across_meshes = isinstance(strategy, ModelParallelStrategy) and not isinstance(
+        strategy, (FSDP2Strategy, TensorParallelStrategy)
+    )
+
+    def engine(name: str) -> Callback | None:
+        return None if name in off else built.get(name)
+
+    callbacks = [
+        *yours,  # --trainer.callbacks run first at every hook
+        engine("throughput"),  # perf/* figures; before the bar, which shows the interval it measured
+        bar,  # a plain line every 50 steps and after each validation, or Rich
+        summary,  # the parameter table at fit start, FLOPs only where known
+        CompileModel() if options.get("compile") else None,  # --compile=true: forward compiled at setup
+        ClipAcrossMeshes() if clip_across_meshes else None,  # gradient clipping across device meshes
+        EngineLoaders(per_process=bool(options.get("batch_size_per_process"))),  # the engine's sampling
+        ExactContinuation(),  # a stop saved as the position it is: --ckpt_path=last continues exactly
+        RandomState(),  # every rank's generators saved and restored: dropout draws as if uninterrupted
+        timer,  # --trainer.max_time, stopping at a step boundary
+        engine("preemption"),  # a stop signal: save last.ckpt, stop, requeue
+        engine("straggler"),  # names a rank slower than the median
+        engine("run_plan"),  # prints and saves run_plan.json when training starts
+        engine("nan_guard"),  # stops at a non-finite loss, before a checkpoint is written
+        engine("checkpoint"),  # best-<step>.ckpt and last.ckpt
+        PrecisionBeforeRestore(),  # a "-true" precision: the module converted before a checkpoint loads into it
+        Float64Metrics(),  # 64-true: torchmetrics states in float64
+        StackDumps(),  # before StopOtherRanksOnError: the other ranks' stacks are taken before they are killed
+        StopOtherRanksOnError(),  # an error on one rank stops the others
+        UnshareSpawnedTensors(),  # private metric states in ddp_spawn workers
+        DestroyProcessGroupAtExit(),  # else gloo may abort a finished rank
+    ]
+    return [callback for callback in callbacks if callback is not None], switches, off
+
+
 __all__ = [
     "CALLBACK_OPTIONS",
     "OPTIONAL_CALLBACKS",
@@ -86,4 +130,5 @@ __all__ = [
     "StackDumps",
     "StragglerReport",
     "progress_bar",
+    "run_callbacks",
 ]

@@ -21,7 +21,6 @@ from multigpu.checkpoints.files import AtomicCheckpointIO, link_checkpoint
 
 
 def missing_monitor_message(monitor: str, logged: list[str], from_validation: list[str]) -> str:
-    """The one-paragraph warning for a ``--checkpoint.monitor`` that the model never logs."""
     shown = ", ".join(logged) if logged else "none"
     example = (from_validation or logged or ["<your metric>"])[0]
     return (
@@ -34,15 +33,13 @@ def missing_monitor_message(monitor: str, logged: list[str], from_validation: li
 
 
 def interval_due(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> bool:
-    """Whether ``checkpoint``'s ``every_n_train_steps`` or ``train_time_interval`` falls on the training batch that
-    just ended, decided as ``ModelCheckpoint.on_train_batch_end`` decides: rank 0's clock decides for every rank,
-    and the clock restarts when the interval is due."""
+    """Whether the schedule falls on the batch that just ended, as ``ModelCheckpoint.on_train_batch_end`` decides."""
     every, interval = compat.checkpoint_schedule(checkpoint)
     due = every >= 1 and trainer.global_step % every == 0
     if interval is not None:
         now, previous = time.monotonic(), compat.interval_clock(checkpoint)
         not_yet = previous is None or now - previous < interval.total_seconds()
-        if not trainer.strategy.broadcast(not_yet):  # ranks' clocks differ: rank 0 decides for all
+        if not trainer.strategy.broadcast(not_yet):  # the ranks' clocks differ: rank 0's decides
             compat.restart_interval_clock(checkpoint, now)
             due = True
     return due
@@ -50,14 +47,6 @@ def interval_due(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> bool:
 
 class RunCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint``, plus what any user's model needs.
-
-    - ``every_n_train_steps`` and ``train_time_interval`` write ``last.ckpt`` at every interval, whether or not the
-      monitored metric exists yet (stock ``ModelCheckpoint`` saves nothing until the first validation logged it);
-      the ``best-*`` files wait for the metric. A save due at a step that a validation follows is made after it.
-    - ``last.ckpt`` is rewritten when training ends (stock ``ModelCheckpoint`` keeps one from an earlier step if it
-      wrote one), and nothing is decided at the epoch end Lightning adds to a mid-epoch stop.
-    - ``best-<step>.ckpt`` and ``last.ckpt`` of one save are one file under two names (a hard link), written once.
-    - A ``monitor`` that the model does not log gives one warning naming the logged metrics, instead of an error.
 
     Args:
         async_save: Write each checkpoint in a background thread while training goes on: a save costs the loop a copy
@@ -70,17 +59,16 @@ class RunCheckpoint(ModelCheckpoint):
         super().__init__(*args, **kwargs)
         self.async_save = async_save  # read by multigpu/trainer_arguments.py, which picks the checkpoint IO
         self._link_source: str | None = None  # the top-k file of this save, which last.ckpt may name
-        self._save_after_validation = False  # a save waits for the next validation's end
+        self._save_after_validation = False
         self._missing_monitor_reported = False
         self._logged_before_validation: set[str] = set()
-        self._validated = False  # a validation ran (not the sanity check): its metrics are known
-        self._last_just_saved = False  # the top-k step wrote last.ckpt for a missing monitor (see below)
+        self._validated = False  # not the sanity check: the validation metrics are known
+        self._last_just_saved = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.fast_dev_run:
             return  # a smoke test writes no checkpoint (stock ModelCheckpoint writes last.ckpt here)
         if self.save_last and trainer.global_step > 0:
-            # ModelCheckpoint's own way of writing last (naming, links, cleanup)
             compat.save_last_checkpoint(self, trainer, compat.monitor_candidates(self, trainer))
         else:
             super().on_train_end(trainer, pl_module)
@@ -102,7 +90,6 @@ class RunCheckpoint(ModelCheckpoint):
         self._save_pair(trainer)
 
     def _save_pair(self, trainer: L.Trainer) -> None:
-        """The top-k decision and last.ckpt, as ModelCheckpoint saves at each of its save points."""
         candidates = compat.monitor_candidates(self, trainer)
         self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
@@ -113,25 +100,21 @@ class RunCheckpoint(ModelCheckpoint):
         super().on_train_epoch_end(trainer, pl_module)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # what validation adds to these is what the warning suggests monitoring
         self._logged_before_validation = set(trainer.callback_metrics)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._validated = self._validated or not trainer.sanity_checking
         if self._save_after_validation and not compat.checkpoint_not_due(self, trainer):
-            # the save of the step this validation follows, or the top-k that waited for the metric: here whether
-            # ModelCheckpoint decides at validation ends or at epoch ends (after this validation, with no top-k)
+            # here whether ModelCheckpoint decides at validation ends or at epoch ends
             self._save_after_validation = False
             self._save_pair(trainer)
         super().on_validation_end(trainer, pl_module)  # finds this step saved
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
-        # ModelCheckpoint's one place that decides on the monitored metric (a protected hook, multigpu.compat's
-        # OVERRIDDEN_HOOKS): skip the best-k when the metric is absent, say so once
+        # ModelCheckpoint's one place that decides on the monitored metric (protected: compat's OVERRIDDEN_HOOKS)
         self._link_source = None
         last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
-        # a last.ckpt of a name that stays (no step in it) can be a second name of this save's top-k file: the state
-        # that file holds names last.ckpt as the last checkpoint, as last.ckpt's own would
+        # the state the top-k file holds names last.ckpt as the last checkpoint, so it can be last.ckpt's second name
         linkable = self.save_last and self.last_model_path in ("", last) and self._can_link(trainer)
         if linkable:
             self.last_model_path = last
@@ -152,26 +135,22 @@ class RunCheckpoint(ModelCheckpoint):
                 from_validation = [name for name in logged if name not in self._logged_before_validation]
                 rank_zero_warn(missing_monitor_message(self.monitor, logged, from_validation))
             if self.save_last:
-                # Lightning writes last.ckpt only at a step the top-k just saved: without the metric it saved
-                # nothing, so a crash would lose the whole run. Write it here; the call that follows repeats it.
+                # Lightning writes last.ckpt only at a step the top-k saved: without the metric a crash loses the run
                 compat.save_last_checkpoint(self, trainer, monitor_candidates)
                 self._last_just_saved = True
             return
         super()._save_topk_checkpoint(trainer, monitor_candidates)
 
     def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
-        # ModelCheckpoint calls it right after _save_topk_checkpoint at every save point (protected, like that one)
         if self._last_just_saved:
             self._last_just_saved = False
             return
-        try:  # the top-k file of this save, if it wrote one, becomes last.ckpt (_save_checkpoint)
+        try:
             super()._save_last_checkpoint(trainer, monitor_candidates)
         finally:
             self._link_source = None  # a later save of this step (the end of training) holds another state
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        # ModelCheckpoint's one place that writes a file (protected, like the two above): last.ckpt of the save that
-        # just wrote best-<step>.ckpt is that file again, under its name
         source = self._link_source
         if source is None or Path(source).name == Path(filepath).name:
             super()._save_checkpoint(trainer, filepath)
@@ -190,7 +169,6 @@ class RunCheckpoint(ModelCheckpoint):
                 logger.after_save_checkpoint(proxy(self))
 
     def _can_link(self, trainer: L.Trainer) -> bool:
-        """Whether last.ckpt can be a second name of the top-k file: written by this engine's atomic saves (which
-        replace a file, never change it, so the other name keeps its bytes), a name without a version counter."""
-        atomic = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)  # sharded folders: replaced likewise
+        # atomic saves replace a file, never change it, so the other name keeps its bytes
+        atomic = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
         return atomic and "://" not in str(self.dirpath) and not compat.versions_checkpoint_names(self)

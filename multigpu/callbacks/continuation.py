@@ -1,11 +1,6 @@
-"""Continue a finished run with larger limits, exactly: ``--ckpt_path=last`` plus a larger ``--trainer.max_steps``,
-``max_epochs`` or ``max_time`` trains on as if the run had never stopped.
-
-Lightning ends every fit by counting the current epoch as finished, also when ``max_steps`` or ``max_time`` ended
-it in the middle (``FitLoop.on_advance_end``): a continued run would skip the rest of that epoch.
-``ExactContinuation`` saves the end of training as the position it is, as a stop signal's checkpoint does;
-``RunTimer`` is ``max_time``'s timer, stopping at an optimizer-step boundary like ``max_steps`` does.
-"""
+"""Continue a finished run with larger limits, exactly: ``--ckpt_path=last`` with a larger ``max_steps``,
+``max_epochs`` or ``max_time`` trains on as if the run had never stopped. Lightning counts the epoch a fit ended in
+as finished, also mid-epoch (``FitLoop.on_advance_end``), so a continued run would skip the rest of it."""
 
 from __future__ import annotations
 
@@ -67,7 +62,6 @@ def uncount_epoch_end(trainer: L.Trainer) -> None:
 
 
 def _all_equal(counts: Any) -> bool:
-    """Whether a progress tracker's ready, started, processed and completed counts agree (nothing in flight)."""
     return counts.ready == counts.started == counts.processed == counts.completed
 
 
@@ -91,8 +85,6 @@ def restarts_a_finished_epoch(trainer: L.Trainer) -> bool:
 
 
 def samples_training_loaders(trainer: L.Trainer) -> bool:
-    """Whether the engine's sampling holds the training loaders (``EngineLoaders``, which says itself which loader
-    cannot resume)."""
     return any(isinstance(callback, EngineLoaders) and callback.active for callback in trainer.callbacks)
 
 

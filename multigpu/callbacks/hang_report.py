@@ -1,7 +1,5 @@
-"""The report of where every rank is, from their stack dumps (pure: text in, frames and paragraphs out), shared by
-the callback that takes the dumps (``multigpu/callbacks/stack_dumps.py``) and ``python -m multigpu.stacks``:
-faulthandler's dumps parsed into frames, the frame that is the user's, the collective and the phase a stack is in,
-and the reports, the paragraph of a collective that failed and the stacks of a run grouped for a person."""
+"""The report of where every rank is, from their stack dumps (pure: text in, paragraphs out), for
+``multigpu/callbacks/stack_dumps.py`` and ``python -m multigpu.stacks``."""
 
 from __future__ import annotations
 
@@ -15,13 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: the engine's own code (installed or, here, editable), which a report looks past to the user's frame:
-#: machinery, never the user's
+#: machinery a report looks past to the user's frame
 ENGINE_DIR = Path(__file__).resolve().parents[1]
 STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
-
-
-# -- dumps as frames (pure) ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -43,17 +37,15 @@ class ThreadStack:
     frames: list[Frame] = field(default_factory=list)
 
 
-#: how the template's own lines in a stack file begin (faulthandler's never do)
+#: how the engine's own lines in a stack file begin (faulthandler's never do)
 MARK = "# "
 THREAD_HEADER = re.compile(r"^(Current thread|Thread|Stack)\s*(0x[0-9a-fA-F]+)?.*\(most recent call first\):\s*$")
 FRAME_LINE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>.+?)\s*$')
 
 
 def parse_dumps(text: str) -> list[list[ThreadStack]]:
-    """The dumps in ``text`` (faulthandler's output, appended once per signal), oldest first, each a list of its
-    threads. faulthandler writes no header per dump: a thread seen twice starts the next dump, and so does a
-    ``#`` line (``MARK``, written by each new process of a run directory resumed, and before a reporting rank's
-    own stack)."""
+    """The dumps in ``text``, oldest first, each a list of its threads. faulthandler writes no header per dump: a
+    thread seen twice starts the next dump, and so does a ``MARK`` line."""
     dumps: list[list[ThreadStack]] = []
     thread: ThreadStack | None = None
     marked = False
@@ -77,8 +69,7 @@ def parse_dumps(text: str) -> list[list[ThreadStack]]:
 
 
 def main_thread(threads: list[ThreadStack]) -> ThreadStack | None:
-    """The main thread of a dump: the one not started by ``threading`` (its outermost frame is not
-    ``_bootstrap``), whichever thread the signal happened to interrupt."""
+    """The thread not started by ``threading``, whichever thread the signal interrupted."""
     started = [t for t in threads if t.frames and t.frames[-1].function != "_bootstrap"]
     # a thread started by `_thread` (as execnet's) has no `_bootstrap` either: the main thread began at a module
     entry = [t for t in started if t.frames[-1].function in ("<module>", "_run_module_as_main")]
@@ -86,7 +77,6 @@ def main_thread(threads: list[ThreadStack]) -> ThreadStack | None:
 
 
 def format_stack(frames: list[Frame]) -> str:
-    """``frames`` (innermost first) as faulthandler writes a thread, so that the dump files read alike."""
     lines = [
         f"{MARK}this rank's own stack, where its collective failed",
         f"Current thread 0x{threading.get_ident():016x} (most recent call first):",
@@ -96,14 +86,12 @@ def format_stack(frames: list[Frame]) -> str:
 
 
 def latest_main_stack(text: str) -> list[Frame] | None:
-    """The main thread's frames in the latest dump of ``text``, or None."""
     dumps = parse_dumps(text)
     thread = main_thread(dumps[-1]) if dumps else None
     return thread.frames if thread is not None else None
 
 
 def frames_of_traceback(tb: Any) -> list[Frame]:
-    """An exception's traceback as frames, innermost first (the reporting rank's own stack at its failure)."""
     return [Frame(f.filename, f.lineno or 0, f.name) for f in reversed(traceback.extract_tb(tb))]
 
 
@@ -111,21 +99,18 @@ TRACEBACK_LINE = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+), in (?
 
 
 def frames_of_traceback_text(text: str) -> list[Frame]:
-    """A Python traceback as printed (a ddp_spawn worker sends its own as text) as frames, innermost first."""
+    """A traceback as printed (a ddp_spawn worker sends its own as text), innermost first."""
     matches = [m for m in map(TRACEBACK_LINE.match, text.splitlines()) if m]
     return [Frame(m["file"], int(m["line"]), m["function"]) for m in reversed(matches)]
 
 
 def is_library(file: str) -> bool:
-    """Code of the libraries, the standard library, the interpreter or the engine (``multigpu/``): not where a user
-    looks first."""
     if file.startswith("<") or "site-packages" in file or "dist-packages" in file or file.startswith(STDLIB):
         return True
     return Path(file).is_relative_to(ENGINE_DIR)
 
 
 def user_frame(frames: list[Frame]) -> Frame | None:
-    """The innermost frame of the user's own code, or None."""
     return next((f for f in frames if not is_library(f.file)), None)
 
 
@@ -152,8 +137,6 @@ COLLECTIVES = (
 
 
 def collective_of(frames: list[Frame]) -> str | None:
-    """The collective a stack waits in (innermost first), or None where it waits in none: a torch.distributed
-    call, Lightning's ``reduce``/``barrier``/``broadcast``, or the gradient all-reduce DDP runs inside backward."""
     for frame in frames:
         file = frame.file.replace("\\", "/")
         if "torch/distributed/" in file and frame.function in COLLECTIVES:
@@ -185,7 +168,6 @@ PHASES = (
 
 
 def phase_of(frames: list[Frame]) -> str | None:
-    """What the stack is doing, in the words of a training step, or None."""
     for frame in frames:
         for function, phase in PHASES:
             if frame.function == function:
@@ -195,13 +177,9 @@ def phase_of(frames: list[Frame]) -> str | None:
     return None
 
 
-# -- the report (pure) ---------------------------------------------------------------------------------------------
-
-
 @dataclass
 class RankView:
-    """What is known of one rank when the report is written: its state file, its main-thread stack (innermost
-    first; None when it sent none), and why there is none."""
+    """One rank when the report is written: its state file, its main-thread stack (None: sent none), and why."""
 
     rank: int
     state: dict[str, Any] = field(default_factory=dict)
@@ -225,7 +203,7 @@ def rank_list(ranks: Iterable[int]) -> str:
 
 
 def where(view: RankView) -> str:
-    """``step 3, in training_step at file:line in function``: the step and phase, from the stack or the state."""
+    """``step 3, in training_step at file:line in function``."""
     parts = []
     if view.state.get("step") is not None:
         parts.append(f"step {view.state['step']}")
@@ -239,8 +217,8 @@ def where(view: RankView) -> str:
 
 
 def hang_report(failed_rank: int, error: str, views: list[RankView], folder: str | os.PathLike) -> str:
-    """The one paragraph for a collective that timed out or lost its connection on ``failed_rank``: the ranks that
-    did not arrive and where they are, the collective the others wait in, and the folder of every rank's stacks."""
+    """The paragraph for a collective that failed on ``failed_rank``: the ranks that did not arrive and where they
+    are, the collective the others wait in."""
     stuck = [v for v in views if v.frames is not None and collective_of(v.frames) is None]
     gone = [v for v in views if v.frames is None]
     waiting: dict[str, list[RankView]] = {}

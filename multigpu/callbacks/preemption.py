@@ -1,10 +1,7 @@
-"""Stop cleanly on a signal: save ``last.ckpt`` at a step boundary on every rank, exit non-zero, requeue on SLURM.
-
-docs/checkpoints.md ("Stopping and preemption") has the signals and exit statuses. The handler only sets a flag
-(Lightning's own save inside the handler, possibly mid-step and under DDP while the other ranks sit in a collective);
-at each optimizer-step boundary the ranks agree on it (``AnyRankVote``) and save together, after the validation that
-step triggers, if any, so that the resumed run neither skips nor repeats it.
-"""
+"""Stop cleanly on a signal: save ``last.ckpt`` at a step boundary on every rank, exit non-zero, requeue on SLURM
+(docs/checkpoints.md). The handler only sets a flag, unlike Lightning's, which saves inside it, possibly mid-step
+while the other ranks sit in a collective; the ranks agree on it at a step boundary and save after that step's
+validation, so that the resumed run neither skips nor repeats it."""
 
 from __future__ import annotations
 
@@ -36,22 +33,15 @@ log = logging.getLogger(__name__)
 
 #: stops asked for by a person or a scheduler, besides the preemption notice; their exit code is 128 + signal
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-#: exit codes of a run that saved and stopped on a signal
 STOP_EXIT_CODES = (Preempted.exit_code, *(128 + s for s in STOP_SIGNALS))
-#: a terminal sends Ctrl-C to every process of the job and ddp_spawn's launching process forwards it too: a second
-#: SIGINT this soon after the first is the same key press
+#: a terminal sends Ctrl-C to every process, and ddp_spawn's launcher forwards it too: the same key press
 SAME_KEY_PRESS_S = 0.5
-#: how every stop message ends
 RESUME_HINT = "--ckpt_path=last (same --trainer.default_root_dir)."
 
 
 class AnyRankVote:
-    """The largest value any rank has raised, agreed by every rank at the same step without stalling training.
-
-    A blocking all-reduce per step (``strategy.reduce_boolean_decision``) costs milliseconds and, with NCCL, a
-    host-device sync; instead each step starts an asynchronous all-reduce on a gloo group and reads the previous
-    step's, long finished by then.
-    """
+    """The largest value any rank has raised, agreed at the same step without stalling training: each step starts
+    an asynchronous all-reduce on a gloo group and reads the previous step's (a blocking one syncs with the device)."""
 
     def __init__(self) -> None:
         self.group: Any = None
@@ -105,7 +95,6 @@ def forward_stop_signals_to_workers(strategy: str | None) -> Iterator[None]:
 
 
 def training_ends_now(trainer: L.Trainer) -> bool:
-    """Whether the optimizer step that just finished is the run's last (``max_steps`` or the last epoch's end)."""
     if 0 < trainer.max_steps <= trainer.global_step:
         return True
     max_epochs = trainer.max_epochs
@@ -129,14 +118,12 @@ class PreemptionCheckpoint(Callback):
         self.requeue = requeue
         self.filename = filename
         self.received = 0  # the signal number this process received (0: none)
-        self._first_sigint = 0.0  # when the first Ctrl-C came
-        self._stop_signal = 0  # the signal all ranks agreed to stop on
+        self._first_sigint = 0.0
+        self._stop_signal = 0
         self._previous_handlers: dict[int, Any] = {}
         self._new_step = EveryNSteps()
         self._saved_path: Path | None = None
         self._vote = AnyRankVote()
-
-    # -- signals ---------------------------------------------------------------------------------------------------
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self._first_sigint and time.monotonic() - self._first_sigint > SAME_KEY_PRESS_S:
@@ -151,8 +138,6 @@ class PreemptionCheckpoint(Callback):
         self.received = max(self.received, signum)  # act later, at a step boundary, never inside the handler
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # Lightning's SLURM save-and-requeue in its handler is off too: `checkpoint_plugins`
-        # (multigpu/trainer_arguments.py) passes SLURMEnvironment(auto_requeue=False) under SLURM
         if stage != "fit":
             return
         self._vote.setup(trainer.world_size)
@@ -160,10 +145,10 @@ class PreemptionCheckpoint(Callback):
             skip_per_step_sigterm_broadcast(trainer)
 
     def _take_signals(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Take over the stop signals from Lightning, which registers its own just before training starts; at the
-        sanity check, and again (idempotent) at the train start for runs without one."""
+        # Lightning registers its handlers just before training starts: taken over at the sanity check, and again
+        # (idempotent) at the train start for runs without one
         if threading.current_thread() is not threading.main_thread():
-            return  # ddp_spawn workers and notebooks' threads cannot handle signals
+            return  # only the main thread can handle signals
         for signum in (self.signal_number, *STOP_SIGNALS):
             self._previous_handlers.setdefault(signum, signal.signal(signum, self._handle))
 
@@ -176,8 +161,6 @@ class PreemptionCheckpoint(Callback):
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous_handlers = {}
-
-    # -- the stop ----------------------------------------------------------------------------------------------
 
     def checkpoint_path(self, trainer: L.Trainer) -> Path:
         checkpoint = trainer.checkpoint_callback
@@ -196,39 +179,34 @@ class PreemptionCheckpoint(Callback):
         self._stop_signal = agreed
         if validation_follows(trainer):
             return  # save once that validation and ModelCheckpoint are done, or it would never run on resume
-        # saved here, where Lightning's own checkpoints of a step are saved; stopped at the next hook, once Lightning
-        # has logged this step's row (raising now would lose it: the resume starts at the next step)
+        # stopped at the next hook, once Lightning has logged this step's row (the resume starts at the next step)
         self._save(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._stop_signal or self._saved_path is not None or trainer.sanity_checking:
             return
-        # ModelCheckpoint runs this hook after every other callback; run it first, so that the saved state holds
-        # its decision on this validation (best checkpoint and score). Its own call later sees the step saved and
-        # does nothing.
+        # ModelCheckpoint runs this hook last: run first, so that the saved state holds its decision on this validation
         for checkpoint in trainer.checkpoint_callbacks:
             checkpoint.on_validation_end(trainer, pl_module)
         self._save(trainer)
 
     def _stop_once_saved(self, trainer: L.Trainer, *args: Any) -> None:
-        if self._saved_path is not None:  # saved at the step or after its validation: stop before the next one
+        if self._saved_path is not None:
             self._stop(trainer)
 
     on_train_batch_start = on_train_epoch_end = _stop_once_saved  # type: ignore[assignment]
 
     def _save(self, trainer: L.Trainer) -> None:
         self._saved_path = self.checkpoint_path(trainer)
-        # every rank calls it; rank 0 writes. weights_only=False (a full, resumable checkpoint) said explicitly:
-        # left unset, Lightning logs that it defaulted to it at every save
+        # weights_only=False said explicitly: left unset, Lightning logs that it defaulted to it at every save
         trainer.save_checkpoint(self._saved_path, weights_only=False)
         wait_for_checkpoints(trainer)  # written in the background: on disk before any rank goes on
         trainer.strategy.barrier("preemption")  # every rank is done before a requeue can end the job step
 
     @staticmethod
     def _requeue(trainer: L.Trainer, job_id: str, saved: str) -> str:
-        """``scontrol requeue`` from rank 0; the message to stop with. The requeue ends the job step at once (SIGTERM
-        to every task), so the logs and the saved line are written before it: after it, this process may be gone.
-        The slurm/ scripts pass --preemption.requeue=false and requeue after all ranks have exited instead."""
+        """``scontrol requeue`` from rank 0; the message to stop with. The requeue ends the job step at once, so the
+        logs and the saved line are written before it."""
         for logger in trainer.loggers:
             logger.save()
         print(
@@ -255,8 +233,7 @@ class PreemptionCheckpoint(Callback):
             message = self._requeue(trainer, job_id, saved)
         exit_code = Preempted.exit_code if preempted else 128 + self._stop_signal
         if multiprocessing.parent_process() is not None:
-            # a ddp_spawn worker: an exception would reach the launching process as a traceback, an exit status
-            # reaches it as it is (`main` exits with it)
+            # a ddp_spawn worker: an exception would reach the launcher as a traceback, an exit status as it is
             if trainer.is_global_zero:
                 print(f"preempted: {message}", file=sys.stderr, flush=True)
             raise SystemExit(exit_code)

@@ -1,18 +1,7 @@
-"""Every rank's random-number generators in every checkpoint, so that a resumed run draws the dropout masks (and
-any other random numbers of the training step) the uninterrupted run draws.
-
-Lightning saves the model, optimizer, loops and data position, not the generators: without them a resumed run
-continues from the state ``seed_everything`` left at start-up. ``RandomState`` saves torch's CPU generator, the
-CUDA generator of each device the rank uses, numpy's and Python's ``random`` of every rank (gathered into the one
-checkpoint entry, so single-file and sharded checkpoints carry all of them), and puts each rank's own back at
-``on_train_start``: after Lightning has created the training loader's iterator (which draws a worker seed) and
-before the first batch is fetched, the point where the uninterrupted run stood when it saved. The loaders the
-engine samples draw nothing from these generators (``multigpu/callbacks/loaders.py`` gives each a generator of its own
-and seeds each sample from the run's seed, the epoch and its index), so there is no data-path state to carry.
-
-Written by hand: Lightning has no callback for it (Fabric's ``_collect_rng_states`` is private and saves one
-process's states only).
-"""
+"""Every rank's random-number generators in every checkpoint, so that a resumed run draws the dropout masks the
+uninterrupted run draws; Lightning saves none (Fabric's private ``_collect_rng_states`` saves one process's). Each
+rank's own are put back at ``on_train_start``: after the loader's iterator drew its worker seed, before the first
+batch, where the uninterrupted run stood when it saved."""
 
 from __future__ import annotations
 
@@ -49,7 +38,6 @@ def cuda_devices(trainer: L.Trainer) -> list[int]:
 
 
 def collect(devices: list[int]) -> dict[str, Any]:
-    """This process's generator states."""
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "cuda": {index: torch.cuda.get_rng_state(index) for index in devices},
@@ -68,7 +56,6 @@ def collect(devices: list[int]) -> dict[str, Any]:
 
 
 def restore(state: dict[str, Any]) -> None:
-    """Set this process's generators to ``state`` (from ``collect``)."""
     torch.set_rng_state(state["torch"])
     for index, cuda_state in state.get("cuda", {}).items():
         if torch.cuda.is_available() and int(index) < torch.cuda.device_count():
@@ -116,9 +103,7 @@ def gather(state: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
 
 def redraw_worker_seeds(trainer: L.Trainer) -> None:
     """Draw what starting the epoch's loader iterators draws from the global generator, where a resumed fit starts
-    a new epoch: Lightning made those iterators before ``on_train_start`` (so before the restore) and makes no new
-    one at that epoch's start, where the uninterrupted run made them. Loaders with a generator of their own (the
-    template's) draw nothing from the global one."""
+    a new epoch: Lightning made them before the restore, where the uninterrupted run made them at that start."""
     if trainer.current_epoch == 0 or batch_progress(trainer).current.ready != 0:
         return  # in the middle of an epoch: the uninterrupted run made no iterator after its save either
     for loader in CombinedLoader(trainer.train_dataloader).flattened:

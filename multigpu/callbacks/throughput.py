@@ -1,11 +1,6 @@
-"""Throughput, TFLOP/s, MFU, peak memory and the data-wait share of every training run.
-
-Logged every ``log_every_n_steps`` optimizer steps (``perf/*``) and shown in the progress output; the step never
-waits for the device. Not Lightning's ``ThroughputMonitor``: it syncs after every batch, measures neither memory
-nor data wait, and its table holds sparse peaks (twice the dense ones MFU is quoted against). A module gets MFU
-by exposing its training FLOPs as ``flops_per_batch`` (one micro-batch of one process) or ``flops_per_sample``,
-an attribute or a method, read once when training starts.
-"""
+"""Throughput, TFLOP/s, MFU, peak memory and the data-wait share of every training run (docs/engine.md). Not
+Lightning's ``ThroughputMonitor``: it syncs after every batch and its table holds sparse peaks, twice the dense ones
+MFU is quoted against."""
 
 from __future__ import annotations
 
@@ -40,7 +35,6 @@ DENSE_PEAK_TFLOPS: list[tuple[tuple[str, ...], dict[str, float]]] = [
 
 
 def compute_kind(precision: str) -> str:
-    """The arithmetic a ``--trainer.precision`` runs matrix products in: bf16, fp16, tf32, fp32 or fp64."""
     if precision.startswith("bf16"):
         return "bf16"
     if precision.startswith("16"):
@@ -65,7 +59,6 @@ def dense_peak_flops(device: torch.device, precision: str) -> float | None:
 
 
 def first_tensor(batch: Any) -> torch.Tensor | None:
-    """The first tensor of a batch (a tensor, or nested tuples, lists and dicts of them), or None."""
     if isinstance(batch, torch.Tensor):
         return batch
     if isinstance(batch, Mapping):
@@ -90,7 +83,6 @@ def peak_memory(device: torch.device) -> dict[str, float]:
 
 
 def shown_figures(trainer: L.Trainer) -> dict[str, float]:
-    """The throughput figures the progress output shows: those of every ``SpeedMonitor`` of the trainer."""
     figures: dict[str, float] = {}
     for callback in trainer.callbacks:
         if isinstance(callback, SpeedMonitor):
@@ -183,7 +175,7 @@ class SpeedMonitor(Callback):
         self._busy += self._gap_start - self._batch_start
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._gap_start = None  # validation is not time spent waiting for training data
+        self._gap_start = None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.training:

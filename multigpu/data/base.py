@@ -1,5 +1,4 @@
-"""The data-module base class: a global batch size, a world-size-independent order and resumable loaders (the
-training loader a plain one, which the engine samples and resumes as it does a user's own)."""
+"""The data-module base class: a global batch size, a world-size-independent order and resumable loaders."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ from multigpu.topology import data_parallel_world
 class GlobalBatchDataModule(L.LightningDataModule):
     """Base class for data modules whose ``batch_size`` means one optimizer step over all processes.
 
-    Subclasses build ``self.train_set``, ``self.val_set``, ``self.test_set`` (and optionally ``self.predict_set``)
-    in ``setup``; this class turns them into loaders whose order does not depend on the strategy, the device count
-    or the accumulation (``multigpu/data/sampling.py``).
+    Subclasses build ``self.train_set``, ``self.val_set``, ``self.test_set`` (optionally ``self.predict_set``) in
+    ``setup``; this class turns them into loaders whose order does not depend on the strategy or the device count.
 
     Args:
         batch_size: Global batch size of one optimizer step, across all processes and accumulated micro-batches.
@@ -41,11 +39,8 @@ class GlobalBatchDataModule(L.LightningDataModule):
         self.test_set: Dataset | None = None
         self.predict_set: Dataset | None = None
 
-    # -- how this process fits into the run --------------------------------------------------------------------
-
     def _world(self) -> tuple[int, int, int]:
-        """(data-parallel size, data-parallel rank, accumulated micro-batches per step); (1, 0, 1) outside a Trainer.
-        The ranks of one tensor-parallel group load the same samples."""
+        """(data-parallel size, data-parallel rank, accumulated micro-batches per step)."""
         trainer = self.trainer
         if trainer is None:
             return 1, 0, 1
@@ -62,12 +57,8 @@ class GlobalBatchDataModule(L.LightningDataModule):
             "persistent_workers": self.num_workers > 0,
         }
 
-    # -- loaders -------------------------------------------------------------------------------------------------
-
     def train_dataloader(self) -> DataLoader:
-        """A plain shuffled loader of the global ``batch_size``: the engine gives it its order, shares it among the
-        processes and resumes it mid-epoch (``EngineLoaders``, ``multigpu/callbacks/loaders.py``), as it does a
-        loader of the user's own."""
+        """A plain shuffled loader of the global ``batch_size``, sampled and resumed by the engine as a user's own."""
         dataset = self._require(self.train_set, "train_set")
         trainer = self.trainer
         if trainer is not None and trainer.overfit_batches:
@@ -88,8 +79,7 @@ class GlobalBatchDataModule(L.LightningDataModule):
         if self.trainer is not None and self.trainer.overfit_batches:
             # overfit_batches swaps any sampler for a SequentialSampler over the dataset: give it a plain loader
             return DataLoader(dataset, batch_size=batch_size, **self._loader_kwargs())
-        # the same global batches at every world size, as many on every rank (per-step collectives in a user's
-        # validation_step would otherwise hang), every sample once; see EvaluationBatches
+        # as many batches on every rank, or per-step collectives in a user's validation_step would hang
         batches = EvaluationBatches(dataset, self.batch_size, num_replicas=world_size, rank=rank)
         # a generator of its own: a validation draws nothing from the global one the training step draws from
         generator = torch.Generator().manual_seed(loader_seed(global_seed(), 0, rank))
@@ -113,15 +103,12 @@ class GlobalBatchDataModule(L.LightningDataModule):
 
 
 def own_training_loader(source: Any) -> bool:
-    """Whether ``source`` returns ``GlobalBatchDataModule``'s own training loader, whose ``batch_size`` is the global
-    batch whatever ``--batch_size_per_process`` and ``--trainer.use_distributed_sampler`` say (a subclass's own
-    ``train_dataloader`` is a loader of the user's)."""
+    """Whether ``source`` returns this base's training loader, whose ``batch_size`` is always the global batch."""
     return type(source).train_dataloader is GlobalBatchDataModule.train_dataloader
 
 
 def loader_seed(seed: int, epoch: int, rank: int) -> int:
-    """The seed of a loader's own generator for ``epoch`` on ``rank`` (distinct for every pair), within the 63 bits
-    ``torch.Generator.manual_seed`` takes: a drawn seed (``seed_everything: true``) has 32."""
+    """A seed distinct for every ``(epoch, rank)``, within the 63 bits ``torch.Generator.manual_seed`` takes."""
     return ((seed * 1_000_003 + epoch) * 65_537 + rank) & (2**63 - 1)
 
 

@@ -1,14 +1,6 @@
-"""Data order that does not depend on the strategy or the number of processes.
-
-``--data.batch_size`` is the *global* batch of one optimizer step. Every process takes a fixed slice of each
-global batch, so one process sees, step for step, what N processes see together, and the averaged gradient
-is the same. Lightning's own ``DistributedSampler`` would instead shuffle each rank's share separately, so
-changing ``--trainer.devices`` would silently change which samples meet in a step. Evaluation sets are read the
-same way, in order: global evaluation batch ``k`` is the same samples at any world size (``EvaluationBatches``).
-
-The samplers subclass ``DistributedSampler`` on purpose: Lightning leaves a ``DistributedSampler`` it finds in
-a dataloader alone, while it replaces any other sampler with its own under DDP.
-"""
+"""Data order that does not depend on the number of processes: each process takes a fixed slice of every global
+batch, so one process sees, step for step, what N see together (docs/data.md). The samplers subclass
+``DistributedSampler`` because Lightning leaves one it finds alone and replaces any other sampler under DDP."""
 
 from __future__ import annotations
 
@@ -22,11 +14,7 @@ from torch.utils.data import Dataset, DistributedSampler, default_collate
 
 
 def per_process_batch_size(global_batch_size: int, world_size: int, accumulate_grad_batches: int = 1) -> int:
-    """Return the micro-batch one process loads so that all processes together step on ``global_batch_size``.
-
-    >>> per_process_batch_size(128, world_size=4, accumulate_grad_batches=2)
-    16
-    """
+    """The micro-batch one process loads so that all processes together step on ``global_batch_size``."""
     shards = world_size * accumulate_grad_batches
     if global_batch_size < 1 or global_batch_size % shards:
         example = shards * max(1, global_batch_size // shards)
@@ -45,14 +33,9 @@ def global_seed() -> int:
 
 
 class GlobalBatchSampler(DistributedSampler):
-    """Yields this process's share of every global batch, in an order shared by all world sizes.
+    """This process's slice of every micro-batch of every global batch, in an order shared by all world sizes; a
+    short last global batch is dropped, so that every step averages as many samples."""
 
-    Epoch ``e``'s permutation (from ``seed + e``) is cut into global batches (a short last one dropped, so every
-    step averages as many samples), micro-batches and ``num_replicas`` equal slices; rank ``r`` yields slice ``r``
-    of each micro-batch. ``resume_from`` skips the micro-batches a checkpoint had trained on (a bit-for-bit resume).
-    """
-
-    #: what the batch size means, for the run plan
     meaning = "global batch of one optimizer step (--data.batch_size)"
 
     def __init__(
@@ -87,12 +70,11 @@ class GlobalBatchSampler(DistributedSampler):
 
     @property
     def batches_per_epoch(self) -> int:
-        """Micro-batches this process loads per epoch (the same on every rank)."""
         return self.num_global_batches * self.accumulate_grad_batches
 
     def resume_from(self, epoch: int, batches_done: int, epoch_length: int | None = None) -> None:
         """Start the next pass at micro-batch ``batches_done`` of ``epoch``, or at the next epoch if that one was
-        complete (``epoch_length``: the batches the trainer runs per epoch, fewer with ``limit_train_batches``)."""
+        complete (``epoch_length``: fewer with ``limit_train_batches``)."""
         if batches_done >= (epoch_length or self.batches_per_epoch):
             epoch, batches_done = epoch + 1, 0
         self.set_epoch(epoch)
@@ -120,26 +102,22 @@ class GlobalBatchSampler(DistributedSampler):
         return iter(mine[skip:].tolist())
 
     def __len__(self) -> int:
-        # The full epoch even after a resume: Lightning counts the skipped batches as already done.
+        # the full epoch even after a resume: Lightning counts the skipped batches as done
         return self.num_samples
 
 
 def global_evaluation_batches(total: int, global_batch_size: int, world_size: int = 1) -> list[range]:
-    """The global evaluation batches of ``total`` samples, in order, whatever the number of processes; a last
-    batch with fewer samples than processes joins the one before it, so that no process gets an empty batch.
-
-    >>> global_evaluation_batches(10, 4, world_size=3)
-    [range(0, 4), range(4, 10)]
-    """
+    """The global evaluation batches of ``total`` samples, in order; a last batch with fewer samples than processes
+    joins the one before it, so that no process gets an empty batch."""
     starts = list(range(0, total, global_batch_size))
     if len(starts) > 1 and total - starts[-1] < world_size:
-        starts.pop()  # a short last batch joins the previous one
+        starts.pop()
     return [range(start, end) for start, end in itertools.pairwise([*starts, total])]
 
 
 def rank_share(batch: range, world_size: int, rank: int, total: int) -> list[int]:
-    """Rank ``rank``'s consecutive slice of a global batch; slice sizes differ by at most one sample. Only a set
-    smaller than the world (``total < world_size``) leaves a rank without a sample: it repeats one instead."""
+    """Rank ``rank``'s consecutive slice of a global batch, sizes within one; a set smaller than the world repeats a
+    sample rather than leave a rank without one."""
     base, extra = divmod(len(batch), world_size)
     start = batch.start + rank * base + min(rank, extra)
     share = list(range(start, start + base + (1 if rank < extra else 0)))
@@ -147,13 +125,8 @@ def rank_share(batch: range, world_size: int, rank: int, total: int) -> list[int
 
 
 class EvaluationBatches(DistributedSampler):
-    """This rank's share of each global evaluation batch: the same samples per global batch at any world size.
-
-    Rank ``r`` yields slice ``r`` (consecutive, sizes within one) of every global batch, so each sample is counted
-    once and the ranks' ``k``-th predictions in rank order are global batch ``k``. Every rank runs as many batches
-    (a per-step collective would otherwise hang). Yields index lists, for ``BatchedDataset`` with
-    ``DataLoader(batch_size=None)``.
-    """
+    """This rank's slice of each global evaluation batch, as index lists for ``BatchedDataset``: each sample counted
+    once, the ranks' ``k``-th predictions in rank order global batch ``k``, as many batches on every rank."""
 
     def __init__(self, dataset: Sized, global_batch_size: int, num_replicas: int = 1, rank: int = 0) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)

@@ -1,11 +1,6 @@
-"""Random draws a dataset makes while it loads a sample (an augmentation's crop, a stream's shuffle buffer), made a
-function of the run's seed, the epoch and the sample: the same at any world size and any number of loader workers,
-and again in a resumed run.
-
-Inside a loader worker the generators are the worker's own and are seeded in place. In the training process itself
-(``num_workers=0``) the training step draws from the same generators (dropout), so a sample is loaded between a
-save and a restore of their states: the model's draws do not depend on how many samples were loaded.
-"""
+"""A dataset's random draws while it loads a sample (a crop, a shuffle buffer), made a function of the run's seed,
+the epoch and the sample: the same at any world size and worker count, and on resume. In the training process the
+training step draws from the same generators, so their states are saved and restored around each sample."""
 
 from __future__ import annotations
 
@@ -24,13 +19,10 @@ except ImportError:  # numpy is optional for torch
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """The seed of sample ``index`` in ``epoch`` (distinct for every pair, within the 63 bits torch takes)."""
     return ((seed * 1_000_003 + epoch) * 2_654_435_761 + index) & (2**63 - 1)
 
 
 def seed_generators(seed: int, python: bool = True, numpy: bool = True) -> None:
-    """Seed the generators a dataset draws from: torch's CPU one, and Python's ``random`` and numpy's unless told
-    the dataset does not draw from them."""
     torch.default_generator.manual_seed(seed)  # the CPU generator alone: no CUDA state is touched
     if python:
         random.seed(seed)
@@ -39,7 +31,6 @@ def seed_generators(seed: int, python: bool = True, numpy: bool = True) -> None:
 
 
 def capture(python: bool = True, numpy: bool = True) -> tuple[Any, ...]:
-    """The states ``seed_generators`` changes (None for one left out)."""
     return (
         torch.get_rng_state(),
         random.getstate() if python else None,
@@ -56,9 +47,8 @@ def put_back(states: tuple[Any, ...]) -> None:
 
 
 class GeneratorsInUse:
-    """Which of Python's and numpy's generators a dataset draws from, found on its first ``PROBED`` samples in each
-    process: seeding them costs more than loading a small sample (numpy's state alone is 2.5 kB), so a dataset that
-    draws from torch's generator alone (torchvision's transforms) has only that one seeded per sample."""
+    """Which of Python's and numpy's generators a dataset draws from, found on its first ``PROBED`` samples: seeding
+    them costs more than loading a small sample (numpy's state alone is 2.5 kB)."""
 
     PROBED = 16
 
@@ -70,7 +60,6 @@ class GeneratorsInUse:
         return self.probed < self.PROBED
 
     def load(self, seed: int, read: Any) -> Any:
-        """``read()`` with the generators it draws from seeded from ``seed``."""
         if not self.probing():
             seed_generators(seed, self.python, self.numpy)
             return read()
@@ -86,14 +75,12 @@ class GeneratorsInUse:
 
 
 def in_worker() -> bool:
-    """Whether this code runs in a loader worker process (whose generators are its own)."""
     return get_worker_info() is not None
 
 
 @contextmanager
 def isolated(python: bool = True, numpy: bool = True) -> Iterator[None]:
-    """Within the block, draws do not change the training process's generators (nothing to do in a worker);
-    ``python``, ``numpy``: whether the block may draw from those."""
+    """Within the block, draws do not change the training process's generators."""
     if in_worker():
         yield
         return
@@ -105,8 +92,7 @@ def isolated(python: bool = True, numpy: bool = True) -> Iterator[None]:
 
 
 def seeded_stream(stream: Any, seed: int) -> Iterator[Any]:
-    """Iterate ``stream`` with its generators seeded from ``seed`` at its start; in the training process the
-    stream's generator states are kept apart from the training step's between samples."""
+    """Iterate ``stream`` with its generators seeded from ``seed``, kept apart from the training step's."""
     if in_worker():
         seed_generators(seed)
         yield from stream

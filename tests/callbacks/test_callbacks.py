@@ -1,13 +1,16 @@
-"""The engine's callbacks (``multigpu/callbacks/__init__.py``): ``--callbacks_off`` leaves optional ones out of a run
-(their order: ``tests/test_run.py``). Each callback's own test is beside this one."""
+"""The engine's callbacks (``multigpu/callbacks/__init__.py``): the one list in the order they run, and
+``--callbacks_off`` leaving optional ones out of a run (the order a Trainer holds: ``tests/test_run.py``). Each
+callback's own test is beside this one."""
 
 from __future__ import annotations
 
 import csv
+import inspect
 
 import pytest
+from jsonargparse import Namespace
 
-from multigpu.callbacks import PreemptionCheckpoint, RunPlan, SpeedMonitor
+from multigpu.callbacks import CALLBACK_OPTIONS, PreemptionCheckpoint, RunPlan, SpeedMonitor, run_callbacks
 from multigpu.callbacks.continuation import ExactContinuation
 from tests.cli import TemplateCLI, main
 from tests.conftest import TINY
@@ -41,3 +44,21 @@ def test_an_unknown_name_is_refused(capsys):
         TemplateCLI(args=[*TINY, "--callbacks_off=[thruput]"], run=False)
     assert stop.value.code == 2
     assert "callbacks_off" in capsys.readouterr().err
+
+
+def test_the_one_list_orders_the_callbacks_with_a_comment_per_line_and_their_switches():
+    listed = inspect.getsource(run_callbacks).split("callbacks = [\n")[1].split("\n    ]")[0].splitlines()
+    assert len(listed) > 15 and all("  # " in line for line in listed), listed  # each entry says what it is for
+    options = Namespace(callbacks_off=["straggler"], progress_bar="plain", compile=True, batch_size_per_process=False)
+    built = Namespace(trainer=Namespace(callbacks=[], max_time="00:00:01:00"))
+    for name, callback_class in CALLBACK_OPTIONS.items():
+        built[name] = callback_class()
+    callbacks, switches, off = run_callbacks(options, built)
+    assert [type(callback).__name__ for callback in callbacks] == [
+        "SpeedMonitor", "PlainProgressBar", "ModelSummary", "CompileModel", "EngineLoaders", "ExactContinuation",
+        "RandomState", "RunTimer", "PreemptionCheckpoint", "RunPlan", "NonFiniteLossGuard", "RunCheckpoint",
+        "PrecisionBeforeRestore", "Float64Metrics", "StackDumps", "StopOtherRanksOnError", "UnshareSpawnedTensors",
+        "DestroyProcessGroupAtExit",
+    ]  # fmt: skip
+    assert switches == {"enable_model_summary": False, "max_time": None}  # Lightning's own replaced
+    assert off == {"straggler"}
