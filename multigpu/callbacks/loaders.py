@@ -34,6 +34,7 @@ from multigpu.compat import (
     train_loader_source,
     uses_distributed_sampler,
 )
+from multigpu.data.even_end import EvenEnd
 from multigpu.data.libraries import StatePerBatch, shards_itself
 from multigpu.data.loaders import (
     EngineSampler,
@@ -80,6 +81,7 @@ class EngineLoaders(Callback):
         # base seed there: from the global generator, a resumed run would draw it after the generators are restored
         self._seeded: list[DataLoader] = []
         self._positioned: list[StatePerBatch] = []  # streams that shard themselves, with a state saved per batch
+        self._uneven = False  # whether a stream shards itself by rank: its ranks may run out at different batches
         self.fitting: L.Trainer | None = None  # the Trainer of the fit under way, whose position a save holds
         self._wrapped: Any = None  # the data module or model whose hooks this callback answers
         self._evaluated: list[str] = []
@@ -107,7 +109,7 @@ class EngineLoaders(Callback):
         build = partial(self._build, trainer) if self._samples else _asked
         if self._samples:
             self._built = build(lambda: request_train_loaders(trainer))
-            if not self._engine and not stateful_loaders(self._built):
+            if not self._engine and not stateful_loaders(self._built) and not isinstance(self._built, EvenEnd):
                 self._built = None  # every loader left as it is: Lightning asks the hook itself, as without the engine
                 return
 
@@ -189,14 +191,17 @@ class EngineLoaders(Callback):
             mark_origin(error, f"{owner}, the {kind(self._source)}'s own code")
             raise
         world = self._world(trainer)
-        self._engine, self._kept, self._seeded, self._positioned = [], [], [], []
+        self._engine, self._kept, self._seeded, self._positioned, self._uneven = [], [], [], [], False
         if isinstance(loaders, DataLoader):
-            return self._rebuild(loaders, world, f"loader of {owner}")
+            rebuilt = self._rebuild(loaders, world, f"loader of {owner}")
+            return EvenEnd(rebuilt) if self._uneven else rebuilt
         combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders, "max_size_cycle")
         combined.flattened = [
             self._rebuild(loader, world, f"loader {index} of {owner}")
             for index, loader in enumerate(combined.flattened)
         ]
+        if self._uneven and not isinstance(loaders, CombinedLoader):  # a CombinedLoader of the user's keeps its mode
+            return EvenEnd(combined.iterables)
         return combined
 
     def _rebuild(self, loader: Any, world: World, name: str) -> Any:
@@ -238,7 +243,9 @@ class EngineLoaders(Callback):
             self._kept.append((label, "it has batch_size=None"))
             return loader
         if world.replicas > 1 and len(set(gathered(first_sample(stream, world.seed)))) > 1:
-            # the processes read different samples: the stream shards itself, per-process batches
+            # the processes read different samples: the stream shards itself, per-process batches, and a rank
+            # may run out before the others (EvenEnd)
+            self._uneven = True
             # a loader with a state of its own (torchdata's StatefulDataLoader) saves its stream's itself
             stream_state = restores_itself(stream) and not restores_itself(loader)
             if stream_state and loader.num_workers == 0:

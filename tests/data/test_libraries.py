@@ -38,7 +38,11 @@ BATCH = 4
 STOP_AT, STEPS = 3, 6
 #: WebDataset's tar files: one for each worker of each of the 2 processes
 SHARDS = 4
+#: samples that do not divide evenly among 2 processes' shards: WebDataset's in 5 tar files, Hugging Face's in 4 shards
+UNEVEN, UNEVEN_HF = 60, 65
 DDP = ("--trainer.strategy=ddp", "--trainer.devices=2")
+#: one epoch and its whole validation; a collective that waits a minute fails the run with every rank's stacks
+EPOCH = ("--trainer.max_epochs=1", "--trainer.limit_val_batches=1.0", "--collective_timeout=60")
 MODEL = ("--model=tests.zoo.streaming.IdRegressor", "--model.init_args.dropout=0.1")
 
 
@@ -129,15 +133,20 @@ def test_litdata_is_kept_as_it_is_and_trains_on_one_device(tmp_path, chunks):
 
 def assert_epoch_trains_each_sample_once(project: Project, *args: str, expected: int = SAMPLES) -> Run:
     """One epoch under ddp on 2 processes trains ``expected`` distinct sample ids, none twice, as many batches on
-    each rank."""
+    each rank, and its validation (of every sample, ``val_dataloader``) reads each of the ``SAMPLES`` ids once."""
     ids = project.tmp_path / "ids"
-    run = project.fit(*DDP, *args, "--trainer.max_epochs=1", f"--model.init_args.ids_file={ids}", max_steps=-1)
+    run = project.fit(*DDP, *EPOCH, *args, f"--model.init_args.ids_file={ids}", max_steps=-1)
     per_rank = trained_ids(ids)
-    counts = Counter(i for rank in per_rank for i in rank)
     assert len(per_rank) == 2 and len(per_rank[0]) == len(per_rank[1]), run.describe()
-    assert set(counts.values()) == {1}, f"trained more than once: {[i for i, n in counts.items() if n > 1]}"
-    assert len(counts) == expected and set(counts) <= set(range(SAMPLES)), run.describe()
+    assert_each_once(per_rank, expected, run)
+    assert_each_once(trained_ids(project.tmp_path / "ids-val"), SAMPLES, run)
     return run
+
+
+def assert_each_once(per_rank: list[list[int]], expected: int, run: Run) -> None:
+    counts = Counter(i for rank in per_rank for i in rank)
+    assert set(counts.values()) == {1}, f"read more than once: {[i for i, n in counts.items() if n > 1]}"
+    assert len(counts) == expected, run.describe()
 
 
 @pytest.mark.slow
@@ -232,6 +241,42 @@ def webdataset_project(tmp_path: Path, shards: Path) -> Project:
 @pytest.mark.slow
 def test_webdataset_split_by_node_and_worker_trains_every_sample_of_an_epoch_once_under_ddp(tmp_path, shards):
     assert_epoch_trains_each_sample_once(webdataset_project(tmp_path, shards))
+
+
+@pytest.fixture(scope="module")
+def uneven_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``UNEVEN`` samples in 5 tar files: split by node, rank 0 reads 3 of them and rank 1 reads 2."""
+    needs("webdataset", "pip install webdataset")
+    folder = tmp_path_factory.mktemp("uneven")
+    write_shards(str(folder), UNEVEN, 5)
+    return folder
+
+
+def assert_uneven_epoch_ends_together(project: Project, samples: int) -> None:
+    """One epoch under ddp on 2 processes whose ranks hold uneven shares of ``samples``: it ends (a collective that
+    waits a minute fails it), every rank trains as many batches, no sample twice, one note names the samples left
+    untrained, and validation reads every sample once."""
+    ids = project.tmp_path / "ids"
+    run = project.fit(*DDP, *EPOCH, f"--model.init_args.ids_file={ids}", max_steps=-1, timeout=300)
+    per_rank = trained_ids(ids)
+    assert len(per_rank) == 2 and len(per_rank[0]) == len(per_rank[1]), run.describe()
+    trained = Counter(i for rank in per_rank for i in rank)
+    assert set(trained.values()) == {1}, run.describe()
+    [note] = [note for note in run.notes() if "uneven among the processes" in note]
+    assert f"{samples - len(trained)} samples, are not trained" in note and samples > len(trained), run.describe()
+    assert_each_once(trained_ids(project.tmp_path / "ids-val"), samples, run)
+
+
+@pytest.mark.slow
+def test_webdataset_shards_uneven_among_the_ranks_end_the_epoch_together_and_say_what_is_left(tmp_path, uneven_shards):
+    assert_uneven_epoch_ends_together(webdataset_project(tmp_path, uneven_shards), UNEVEN)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_stream_uneven_among_the_ranks_ends_the_epoch_together_and_says_what_is_left(tmp_path):
+    # 4 shards of 17, 16, 16 and 16 samples: split by node, one rank reads 33 (9 batches) and the other 32 (8)
+    project = hf_project(tmp_path, "HFStreamData", f"--data.init_args.size={UNEVEN_HF}")
+    assert_uneven_epoch_ends_together(project, UNEVEN_HF)
 
 
 @pytest.mark.slow
