@@ -34,7 +34,6 @@ from multigpu.compat import (
     train_loader_source,
     uses_distributed_sampler,
 )
-from multigpu.data.even_end import EvenEnd
 from multigpu.data.libraries import StatePerBatch, shards_itself
 from multigpu.data.loaders import (
     EngineSampler,
@@ -51,6 +50,7 @@ from multigpu.data.loaders import (
 )
 from multigpu.data.sampling import BatchedDataset, EvaluationBatches, global_seed
 from multigpu.data.seeding import sample_seed, seed_generators
+from multigpu.data.train_batches import TrainBatches, unsized
 from multigpu.errors import ConfigurationError, notice
 from multigpu.topology import data_parallel_world
 
@@ -82,6 +82,7 @@ class EngineLoaders(Callback):
         self._seeded: list[DataLoader] = []
         self._positioned: list[StatePerBatch] = []  # streams that shard themselves, with a state saved per batch
         self._uneven = False  # whether a stream shards itself by rank: its ranks may run out at different batches
+        self._batches: TrainBatches | None = None  # the training batches, where drawn through TrainBatches
         self.fitting: L.Trainer | None = None  # the Trainer of the fit under way, whose position a save holds
         self._wrapped: Any = None  # the data module or model whose hooks this callback answers
         self._evaluated: list[str] = []
@@ -109,7 +110,7 @@ class EngineLoaders(Callback):
         build = partial(self._build, trainer) if self._samples else _asked
         if self._samples:
             self._built = build(lambda: request_train_loaders(trainer))
-            if not self._engine and not stateful_loaders(self._built) and not isinstance(self._built, EvenEnd):
+            if not self._engine and not stateful_loaders(self._built) and not isinstance(self._built, TrainBatches):
                 self._built = None  # every loader left as it is: Lightning asks the hook itself, as without the engine
                 return
 
@@ -117,6 +118,7 @@ class EngineLoaders(Callback):
             built, self._built = self._built, None
             if built is None:  # asked again (reload_dataloaders_every_n_epochs): made again
                 built = build(original)
+            self._batches = built if isinstance(built, TrainBatches) else None
             self._restore_states(trainer, built)
             self._place(trainer)
             return built
@@ -194,14 +196,14 @@ class EngineLoaders(Callback):
         self._engine, self._kept, self._seeded, self._positioned, self._uneven = [], [], [], [], False
         if isinstance(loaders, DataLoader):
             rebuilt = self._rebuild(loaders, world, f"loader of {owner}")
-            return EvenEnd(rebuilt) if self._uneven else rebuilt
+            return TrainBatches(rebuilt, self._uneven) if self._uneven or drawn_ahead([rebuilt]) else rebuilt
         combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders, "max_size_cycle")
         combined.flattened = [
             self._rebuild(loader, world, f"loader {index} of {owner}")
             for index, loader in enumerate(combined.flattened)
         ]
-        if self._uneven and not isinstance(loaders, CombinedLoader):  # a CombinedLoader of the user's keeps its mode
-            return EvenEnd(combined.iterables)
+        if (self._uneven or drawn_ahead(combined.flattened)) and not isinstance(loaders, CombinedLoader):
+            return TrainBatches(combined.iterables, self._uneven)  # a CombinedLoader of the user's keeps its mode
         return combined
 
     def _rebuild(self, loader: Any, world: World, name: str) -> Any:
@@ -250,6 +252,8 @@ class EngineLoaders(Callback):
             stream_state = restores_itself(stream) and not restores_itself(loader)
             if stream_state and loader.num_workers == 0:
                 return self._positioned_stream(loader, label)
+            if restores_itself(loader):  # its own state resumes it
+                return loader
             why = "it shards itself by rank and the engine cannot skip in it"
             if stream_state:  # each worker holds a copy of the stream, whose position this one lacks
                 why += " (its position lives in the loader workers: torchdata's StatefulDataLoader saves it)"
@@ -341,6 +345,8 @@ class EngineLoaders(Callback):
         if saved_world == trainer.world_size:
             for loader, state in zip(loaders, ranks[trainer.global_rank], strict=True):
                 load_loader_state(loader, state, batches)
+            if isinstance(built, TrainBatches):
+                built.start_at(batches)
             self._states_restored = True
             return
         # another number of processes: the engine's sampling skips what was trained in the loaders it samples;
@@ -373,7 +379,7 @@ class EngineLoaders(Callback):
             return training_position(trainer)
         # each rank's own (a rank's position in a loader that shards itself is its own): gathered into the one entry
         position = training_position(trainer)
-        states = gathered([loader_state(loader, position["batches_done"]) for loader in loaders])
+        states = gathered([loader_state(loader, position["batches_done"], self._batches) for loader in loaders])
         return {**position, "loaders": {"world_size": trainer.world_size, "ranks": states}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -430,9 +436,19 @@ def positioned(loader: Any) -> bool:
     return isinstance(getattr(loader, "dataset", None), StatePerBatch)
 
 
-def loader_state(loader: Any, batches_done: int) -> Any:
-    """A loader's state after ``batches_done`` batches of the epoch trained (its stream's, for ``StatePerBatch``)."""
-    return loader.dataset.state_after(batches_done) if positioned(loader) else loader.state_dict()
+def loader_state(loader: Any, batches_done: int, batches: TrainBatches | None) -> Any:
+    """A loader's state after ``batches_done`` batches of the epoch trained (its stream's, for ``StatePerBatch``;
+    the one ``batches`` kept, for a loader Lightning draws ahead from)."""
+    if positioned(loader):
+        return loader.dataset.state_after(batches_done)
+    if batches is not None and any(loader is drawn for drawn in batches.positioned()):
+        return batches.state_after(loader, batches_done)
+    return loader.state_dict()
+
+
+def drawn_ahead(loaders: list[Any]) -> bool:
+    """Whether Lightning draws a batch ahead from one of ``loaders`` that has a state of its own (no length)."""
+    return any(restores_itself(loader) and unsized(loader) for loader in loaders)
 
 
 def load_loader_state(loader: Any, state: Any, batches_done: int) -> None:

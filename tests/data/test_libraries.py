@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
+from multigpu.checkpoints.sharded import load_sharded_checkpoint
 from multigpu.data.libraries import StatePerBatch
 from multigpu.testing import SIGTERM_EXIT, Project, Run, differences
 from tests import prewarmed
@@ -41,8 +42,11 @@ SHARDS = 4
 #: samples that do not divide evenly among 2 processes' shards: WebDataset's in 5 tar files, Hugging Face's in 4 shards
 UNEVEN, UNEVEN_HF = 60, 65
 DDP = ("--trainer.strategy=ddp", "--trainer.devices=2")
+FSDP2 = ("--trainer.strategy=fsdp2", "--trainer.devices=2")
 #: one epoch and its whole validation; a collective that waits a minute fails the run with every rank's stacks
 EPOCH = ("--trainer.max_epochs=1", "--trainer.limit_val_batches=1.0", "--collective_timeout=60")
+#: a Hugging Face stream read by torchdata's StatefulDataLoader with 2 workers (2 of its 4 shards each, per rank)
+STATEFUL_WORKERS = ("--data.init_args.stateful=true", "--data.init_args.num_workers=2")
 MODEL = ("--model=tests.zoo.streaming.IdRegressor", "--model.init_args.dropout=0.1")
 
 
@@ -109,7 +113,7 @@ def assert_resumes_exactly(project: Project, *args: str) -> None:
             "--trainer.callbacks.signal_name=SIGTERM")  # fmt: skip
     stopped = project.fit(*args, *stop, f"--model.init_args.ids_file={resumed_ids}", check=False, max_steps=STEPS)
     assert stopped.returncode == SIGTERM_EXIT, stopped.describe()
-    assert 0 < stopped.checkpoint()["global_step"] < STEPS, stopped.describe()
+    assert 0 < saved(stopped)["global_step"] < STEPS, stopped.describe()
     resumed = project.fit(
         *args, f"--model.init_args.ids_file={resumed_ids}", "--ckpt_path=last", run_dir=stopped.run_dir, max_steps=STEPS
     )
@@ -120,8 +124,14 @@ def assert_resumes_exactly(project: Project, *args: str) -> None:
 def assert_same_end(straight: Run, resumed: Run) -> None:
     """Both runs end with the same step, weights, optimizer and schedule state, bit for bit."""
     keys = ("global_step", "state_dict", "optimizer_states", "lr_schedulers")
-    found = differences({k: straight.checkpoint()[k] for k in keys}, {k: resumed.checkpoint()[k] for k in keys})
+    found = differences({k: saved(straight)[k] for k in keys}, {k: saved(resumed)[k] for k in keys})
     assert not found, f"{found[:5]}\n{resumed.describe()}"
+
+
+def saved(run: Run) -> dict[str, Any]:
+    """The run's ``last.ckpt``: one file, or the folder of shards fsdp2 writes."""
+    path = run.run_dir / "checkpoints" / "last.ckpt"
+    return load_sharded_checkpoint(path) if path.is_dir() else run.checkpoint()
 
 
 def test_litdata_is_kept_as_it_is_and_trains_on_one_device(tmp_path, chunks):
@@ -167,24 +177,26 @@ def test_litdata_resumes_mid_epoch_exactly_under_ddp(tmp_path, chunks):
 
 
 @pytest.mark.slow
-def test_litdata_killed_mid_epoch_resumes_from_its_last_checkpoint_exactly(tmp_path, chunks):
+@pytest.mark.parametrize("processes", [(), DDP], ids=["one-device", "ddp"])
+def test_litdata_killed_mid_epoch_resumes_from_its_last_checkpoint_exactly(tmp_path, chunks, processes):
     """SIGKILL on every process after step ``STOP_AT`` (before its checkpoint), a checkpoint every step:
-    ``--ckpt_path=last`` trains on from the step saved, the batches after it and the end bit-equal to an
+    ``--ckpt_path=last`` trains on from the step saved, each rank's batches after it and the end bit-equal to an
     uninterrupted run's."""
     # a session of its own: the kill ends the run's process group, not pytest's
     killable = litdata_project(tmp_path, chunks, runner=partial(prewarmed.run, start_new_session=True))
-    every_step, straight_ids, killed_ids = "--checkpoint.every_n_train_steps=1", tmp_path / "straight", tmp_path / "ids"
-    straight = killable.fit(every_step, f"--model.init_args.ids_file={straight_ids}", max_steps=STEPS)
+    every_step = ("--checkpoint.every_n_train_steps=1", *processes)
+    straight_ids, killed_ids = tmp_path / "straight", tmp_path / "ids"
+    straight = killable.fit(*every_step, f"--model.init_args.ids_file={straight_ids}", max_steps=STEPS)
     kill = ("--trainer.callbacks+=tests.helpers.KillAt", f"--trainer.callbacks.step={STOP_AT}")
-    killed = killable.fit(every_step, *kill, f"--model.init_args.ids_file={killed_ids}", check=False, max_steps=STEPS)
+    killed = killable.fit(*every_step, *kill, f"--model.init_args.ids_file={killed_ids}", check=False, max_steps=STEPS)
     assert killed.returncode == -signal.SIGKILL, killed.describe()
-    saved = killed.checkpoint()["global_step"]
-    assert 0 < saved < STOP_AT, killed.describe()  # step 1's write ended before step 2's began
-    [before] = trained_ids(killed_ids)
-    resumed = killable.fit(every_step, f"--model.init_args.ids_file={killed_ids}", "--ckpt_path=last",
+    steps = killed.checkpoint()["global_step"]
+    assert 0 < steps < STOP_AT, killed.describe()  # step 1's write ended before step 2's began
+    before = trained_ids(killed_ids)
+    resumed = killable.fit(*every_step, f"--model.init_args.ids_file={killed_ids}", "--ckpt_path=last",
                            run_dir=killed.run_dir, max_steps=STEPS)  # fmt: skip
-    [trained], [whole] = trained_ids(killed_ids), trained_ids(straight_ids)
-    assert trained[: saved * BATCH] + trained[len(before) :] == whole, resumed.describe()
+    for rank, (trained, whole) in enumerate(zip(trained_ids(killed_ids), trained_ids(straight_ids), strict=True)):
+        assert trained[: steps * BATCH] + trained[len(before[rank]) :] == whole, resumed.describe()
     assert_same_end(straight, resumed)
 
 
@@ -231,6 +243,29 @@ def test_a_hugging_face_stream_split_by_node_resumes_mid_epoch_exactly_under_ddp
     # Lightning draws a batch ahead from a loader without a length: the state saved is the one after the batches
     # trained, which a resume gives each rank back
     assert_resumes_exactly(hf_project(tmp_path, "HFStreamData"), *DDP)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_stream_in_a_stateful_dataloader_with_workers_trains_each_sample_once_under_ddp(tmp_path):
+    needs("torchdata", "pip install --no-deps torchdata")
+    assert_epoch_trains_each_sample_once(hf_project(tmp_path, "HFStreamData", *STATEFUL_WORKERS))
+
+
+@pytest.mark.slow
+def test_a_hugging_face_stream_in_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly_under_ddp(tmp_path):
+    # the stream shards itself: torchdata's loader saves each worker's position in the stream
+    needs("torchdata", "pip install --no-deps torchdata")
+    assert_resumes_exactly(hf_project(tmp_path, "HFStreamData", *STATEFUL_WORKERS), *DDP)
+
+
+@pytest.mark.slow
+def test_litdata_resumes_mid_epoch_exactly_under_fsdp2(tmp_path, chunks):
+    assert_resumes_exactly(litdata_project(tmp_path, chunks), *FSDP2)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_stream_split_by_node_resumes_mid_epoch_exactly_under_fsdp2(tmp_path):
+    assert_resumes_exactly(hf_project(tmp_path, "HFStreamData"), *FSDP2)
 
 
 def webdataset_project(tmp_path: Path, shards: Path) -> Project:

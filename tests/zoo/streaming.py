@@ -156,9 +156,12 @@ class HFMapData(L.LightningDataModule):
 
 class HFStreamData(L.LightningDataModule):
     """``size`` samples in a Hugging Face ``IterableDataset`` of ``num_shards`` shards, split by rank with
-    ``datasets.distributed.split_dataset_by_node``, in a plain ``DataLoader``."""
+    ``datasets.distributed.split_dataset_by_node``, in a plain ``DataLoader`` (with ``stateful``: torchdata's
+    ``StatefulDataLoader``, which keeps its workers' positions)."""
 
-    def __init__(self, size: int = 64, batch_size: int = 4, num_shards: int = 4, num_workers: int = 0) -> None:
+    def __init__(
+        self, size: int = 64, batch_size: int = 4, num_shards: int = 4, num_workers: int = 0, stateful: bool = False
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
 
@@ -175,9 +178,12 @@ class HFStreamData(L.LightningDataModule):
         stream = Dataset.from_dict(columns(self.hparams.size)).to_iterable_dataset(num_shards=self.hparams.num_shards)
         rank, world = rank_and_world()
         split = split_dataset_by_node(stream.with_format("torch"), rank=rank, world_size=world)
-        return torch.utils.data.DataLoader(
-            split, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers
-        )
+        options = {"batch_size": self.hparams.batch_size, "num_workers": self.hparams.num_workers}
+        if not self.hparams.stateful:
+            return torch.utils.data.DataLoader(split, **options)
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader(split, **options)
 
 
 def write_shards(folder: str, size: int = 64, shards: int = 4) -> None:
