@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.checkpoints.sharded import load_sharded_checkpoint
 from multigpu.data.libraries import StatePerBatch
+from multigpu.data.train_batches import TrainBatches
 from multigpu.testing import SIGTERM_EXIT, Project, Run, differences
 from tests import prewarmed
 from tests.conftest import CLI_MODULE, REPO, cli_env
@@ -58,14 +59,18 @@ def needs_litdata() -> None:
     needs("litdata", "pip install --no-deps litdata, then pip install lightning-utilities filelock boto3 requests")
 
 
-@pytest.fixture(scope="module")
-def chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def written_chunks(tmp_path_factory: pytest.TempPathFactory, samples: int) -> Path:
     needs_litdata()
     folder = tmp_path_factory.mktemp("chunks") / "optimized"
     # in a process of its own: the writer changes the environment of the process it runs in
-    write = f"from tests.zoo.streaming import write_chunks; write_chunks({str(folder)!r}, {SAMPLES})"
+    write = f"from tests.zoo.streaming import write_chunks; write_chunks({str(folder)!r}, {samples})"
     subprocess.run([sys.executable, "-c", write], cwd=REPO, env=cli_env(), check=True, capture_output=True)
     return folder
+
+
+@pytest.fixture(scope="module")
+def chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return written_chunks(tmp_path_factory, SAMPLES)
 
 
 @pytest.fixture(scope="module")
@@ -141,15 +146,17 @@ def test_litdata_is_kept_as_it_is_and_trains_on_one_device(tmp_path, chunks):
     assert plan["global_batch"] == BATCH
 
 
-def assert_epoch_trains_each_sample_once(project: Project, *args: str, expected: int = SAMPLES) -> Run:
+def assert_epoch_trains_each_sample_once(
+    project: Project, *args: str, expected: int = SAMPLES, validated: int = SAMPLES
+) -> Run:
     """One epoch under ddp on 2 processes trains ``expected`` distinct sample ids, none twice, as many batches on
-    each rank, and its validation (of every sample, ``val_dataloader``) reads each of the ``SAMPLES`` ids once."""
+    each rank, and its validation (of every sample, ``val_dataloader``) reads each of the ``validated`` ids once."""
     ids = project.tmp_path / "ids"
     run = project.fit(*DDP, *EPOCH, *args, f"--model.init_args.ids_file={ids}", max_steps=-1)
     per_rank = trained_ids(ids)
     assert len(per_rank) == 2 and len(per_rank[0]) == len(per_rank[1]), run.describe()
     assert_each_once(per_rank, expected, run)
-    assert_each_once(trained_ids(project.tmp_path / "ids-val"), SAMPLES, run)
+    assert_each_once(trained_ids(project.tmp_path / "ids-val"), validated, run)
     return run
 
 
@@ -164,6 +171,17 @@ def test_litdata_under_ddp_trains_every_sample_of_an_epoch_once(tmp_path, chunks
     remainder = SAMPLES % (2 * BATCH)  # drop_last: the samples short of a whole batch on every rank
     run = assert_epoch_trains_each_sample_once(litdata_project(tmp_path, chunks), expected=SAMPLES - remainder)
     assert run.plan()["global_batch"] == 2 * BATCH
+
+
+@pytest.mark.slow
+def test_litdata_whose_size_does_not_divide_among_the_ranks_evens_them_out_by_its_drop_last(tmp_path_factory):
+    # LitData's drop_last (its default under several processes) gives every rank as many whole batches: of 69
+    # samples, the 5 short of a global batch of 2 x 4 are left out; its validation loader (drop_last=False) reads
+    # all 69 once, 35 on one rank and 34 on the other
+    size = SAMPLES + 5
+    project = litdata_project(tmp_path_factory.mktemp("odd"), written_chunks(tmp_path_factory, size))
+    run = assert_epoch_trains_each_sample_once(project, expected=size - size % (2 * BATCH), validated=size)
+    assert not [note for note in run.notes() if "uneven" in note], run.describe()
 
 
 @pytest.mark.slow
@@ -360,3 +378,32 @@ def test_a_stream_state_per_batch_is_the_one_after_the_batches_trained_not_those
     resumed.restore(stream.state_after(1), 1)
     assert [batch.tolist() for batch in DataLoader(resumed, batch_size=4)] == [[4, 5, 6, 7], [8, 9]]
     assert resumed.state_after(3) == {"yielded": 10}  # the last, shorter batch
+
+
+class CountingLoader:
+    """Batches of ``Counting``'s numbers, with its state and no length (as a ``StatefulDataLoader`` over a stream)."""
+
+    def __init__(self, size: int, batch_size: int) -> None:
+        self.stream, self.batch_size = Counting(size), batch_size
+
+    def __iter__(self):
+        return iter(DataLoader(self.stream, batch_size=self.batch_size))
+
+    def state_dict(self) -> dict[str, int]:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.stream.load_state_dict(state)
+
+
+def test_train_batches_keep_a_loader_state_after_each_batch_not_after_those_drawn_ahead():
+    loader = CountingLoader(10, batch_size=4)
+    batches = iter(TrainBatches(loader, even=False))
+    next(batches), next(batches)  # Lightning draws the second batch before it trains the first
+    assert batches.state_after(loader, 1) == {"yielded": 4} and loader.state_dict() == {"yielded": 8}
+    resumed = TrainBatches(CountingLoader(10, batch_size=4), even=False)
+    [restored] = resumed.positioned()
+    restored.load_state_dict(batches.state_after(loader, 1))
+    resumed.start_at(1)
+    assert [batch.tolist() for batch, _, _ in resumed] == [[4, 5, 6, 7], [8, 9]]
+    assert resumed.state_after(restored, 3) == {"yielded": 10}  # counted from the batch it resumed at
