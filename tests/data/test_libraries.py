@@ -3,7 +3,10 @@
 under ddp; a run stopped mid-epoch (SIGTERM, or SIGKILL) and resumed ends bit-equal to an uninterrupted one, with
 LitData, torchdata's ``StatefulDataLoader`` (two workers) and Hugging Face ``datasets`` (a map-style ``Dataset``, and
 an ``IterableDataset`` split by node whose state per batch every rank saves); WebDataset, which keeps no position,
-says in one line at a resume that it starts its epoch again.
+says in one line at a resume that it starts its epoch again. Under ddp, validation reads every sample once; shards
+uneven among the ranks (WebDataset's, Hugging Face's) end the epoch on every rank together with one note, LitData's
+by its own ``drop_last``; LitData and a Hugging Face stream resume exactly under fsdp2, LitData after a SIGKILL
+under ddp, and a Hugging Face stream in torchdata's ``StatefulDataLoader`` with workers under ddp.
 
 Each library's data is written by its own writer in the test's folder (``litdata.optimize``, ``Dataset.from_dict``,
 ``webdataset.TarWriter``): no download.
