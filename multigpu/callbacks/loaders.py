@@ -50,7 +50,7 @@ from multigpu.data.loaders import (
 )
 from multigpu.data.sampling import BatchedDataset, EvaluationBatches, global_seed
 from multigpu.data.seeding import sample_seed, seed_generators
-from multigpu.data.train_batches import TrainBatches, unsized
+from multigpu.data.train_batches import TrainBatches, drawn_ahead
 from multigpu.errors import ConfigurationError, notice
 from multigpu.topology import data_parallel_world
 
@@ -196,13 +196,13 @@ class EngineLoaders(Callback):
         self._engine, self._kept, self._seeded, self._positioned, self._uneven = [], [], [], [], False
         if isinstance(loaders, DataLoader):
             rebuilt = self._rebuild(loaders, world, f"loader of {owner}")
-            return TrainBatches(rebuilt, self._uneven) if self._uneven or drawn_ahead([rebuilt]) else rebuilt
+            return TrainBatches(rebuilt, self._uneven) if self._uneven or drawn_ahead(rebuilt) else rebuilt
         combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders, "max_size_cycle")
         combined.flattened = [
             self._rebuild(loader, world, f"loader {index} of {owner}")
             for index, loader in enumerate(combined.flattened)
         ]
-        if (self._uneven or drawn_ahead(combined.flattened)) and not isinstance(loaders, CombinedLoader):
+        if (self._uneven or any(map(drawn_ahead, combined.flattened))) and not isinstance(loaders, CombinedLoader):
             return TrainBatches(combined.iterables, self._uneven)  # a CombinedLoader of the user's keeps its mode
         return combined
 
@@ -246,7 +246,7 @@ class EngineLoaders(Callback):
             return loader
         if world.replicas > 1 and len(set(gathered(first_sample(stream, world.seed)))) > 1:
             # the processes read different samples: the stream shards itself, per-process batches, and a rank
-            # may run out before the others (EvenEnd)
+            # may run out before the others (TrainBatches)
             self._uneven = True
             # a loader with a state of its own (torchdata's StatefulDataLoader) saves its stream's itself
             stream_state = restores_itself(stream) and not restores_itself(loader)
@@ -444,11 +444,6 @@ def loader_state(loader: Any, batches_done: int, batches: TrainBatches | None) -
     if batches is not None and any(loader is drawn for drawn in batches.positioned()):
         return batches.state_after(loader, batches_done)
     return loader.state_dict()
-
-
-def drawn_ahead(loaders: list[Any]) -> bool:
-    """Whether Lightning draws a batch ahead from one of ``loaders`` that has a state of its own (no length)."""
-    return any(restores_itself(loader) and unsized(loader) for loader in loaders)
 
 
 def load_loader_state(loader: Any, state: Any, batches_done: int) -> None:

@@ -65,7 +65,7 @@ class TrainBatches(CombinedLoader):
 
     def positioned(self) -> list[Any]:
         """The loaders whose state is kept per batch: a state of their own, no length."""
-        return [loader for loader in self.flattened if hasattr(loader, "state_dict") and unsized(loader)]
+        return [loader for loader in self.flattened if drawn_ahead(loader)]
 
     def state_after(self, loader: Any, batches: int) -> Any:
         """``loader``'s state after ``batches`` batches of the epoch; its state now if none was kept for them."""
@@ -102,7 +102,10 @@ class TrainBatches(CombinedLoader):
             )
 
 
-def unsized(loader: Any) -> bool:
+def drawn_ahead(loader: Any) -> bool:
+    """Whether ``loader`` has a state of its own and no length, so that Lightning draws a batch ahead from it."""
+    if not (callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))):
+        return False
     try:
         len(loader)
     except TypeError:
