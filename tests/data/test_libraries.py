@@ -28,7 +28,6 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.checkpoints.sharded import load_sharded_checkpoint
 from multigpu.data.libraries import StatePerBatch
-from multigpu.data.train_batches import TrainBatches
 from multigpu.testing import SIGTERM_EXIT, Project, Run, differences
 from tests import prewarmed
 from tests.conftest import CLI_MODULE, REPO, cli_env
@@ -381,32 +380,3 @@ def test_a_stream_state_per_batch_is_the_one_after_the_batches_trained_not_those
     resumed.restore(stream.state_after(1), 1)
     assert [batch.tolist() for batch in DataLoader(resumed, batch_size=4)] == [[4, 5, 6, 7], [8, 9]]
     assert resumed.state_after(3) == {"yielded": 10}  # the last, shorter batch
-
-
-class CountingLoader:
-    """Batches of ``Counting``'s numbers, with its state and no length (as a ``StatefulDataLoader`` over a stream)."""
-
-    def __init__(self, size: int, batch_size: int) -> None:
-        self.stream, self.batch_size = Counting(size), batch_size
-
-    def __iter__(self):
-        return iter(DataLoader(self.stream, batch_size=self.batch_size))
-
-    def state_dict(self) -> dict[str, int]:
-        return self.stream.state_dict()
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.stream.load_state_dict(state)
-
-
-def test_train_batches_keep_a_loader_state_after_each_batch_not_after_those_drawn_ahead():
-    loader = CountingLoader(10, batch_size=4)
-    batches = iter(TrainBatches(loader, even=False))
-    next(batches), next(batches)  # Lightning draws the second batch before it trains the first
-    assert batches.state_after(loader, 1) == {"yielded": 4} and loader.state_dict() == {"yielded": 8}
-    resumed = TrainBatches(CountingLoader(10, batch_size=4), even=False)
-    [restored] = resumed.positioned()
-    restored.load_state_dict(batches.state_after(loader, 1))
-    resumed.start_at(1)
-    assert [batch.tolist() for batch, _, _ in resumed] == [[4, 5, 6, 7], [8, 9]]
-    assert resumed.state_after(restored, 3) == {"yielded": 10}  # counted from the batch it resumed at
