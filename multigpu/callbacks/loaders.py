@@ -60,6 +60,7 @@ from multigpu.data.position import (
 )
 from multigpu.data.sampling import BatchedDataset, EvaluationBatches, global_seed
 from multigpu.data.seeding import sample_seed
+from multigpu.data.train_batches import TrainBatches, drawn_ahead
 from multigpu.errors import ConfigurationError, notice
 from multigpu.topology import data_parallel_world
 
@@ -88,6 +89,8 @@ class EngineLoaders(Callback):
         # base seed there: from the global generator, a resumed run would draw it after the generators are restored
         self._seeded: list[DataLoader] = []
         self._positioned: list[StatePerBatch] = []  # streams that shard themselves, with a state saved per batch
+        self._uneven = False  # whether a stream shards itself by rank: its ranks may run out at different batches
+        self._batches: TrainBatches | None = None  # the training batches, where drawn through TrainBatches
         self.fitting: L.Trainer | None = None  # the Trainer of the fit under way, whose position a save holds
         self._wrapped: Any = None  # the data module or model whose hooks this callback answers
         self._evaluated: list[str] = []
@@ -114,7 +117,7 @@ class EngineLoaders(Callback):
         original = getattr(source, HOOK)
         if self._samples:
             self._built = self._build(trainer, lambda: request_train_loaders(trainer))
-            if not self._engine and not stateful_loaders(self._built):
+            if not self._engine and not stateful_loaders(self._built) and not isinstance(self._built, TrainBatches):
                 self._built = None  # every loader left as it is: Lightning asks the hook itself, as without the engine
                 return
 
@@ -124,6 +127,7 @@ class EngineLoaders(Callback):
                 built = self._build(trainer, original)
             elif built is None:
                 built = original()
+            self._batches = built if isinstance(built, TrainBatches) else None
             self._resume(trainer, built)
             return built
 
@@ -199,14 +203,17 @@ class EngineLoaders(Callback):
             mark_origin(error, f"{owner}, the {kind(self._source)}'s own code")
             raise
         world = self._world(trainer)
-        self._engine, self._kept, self._seeded, self._positioned = [], [], [], []
+        self._engine, self._kept, self._seeded, self._positioned, self._uneven = [], [], [], [], False
         if isinstance(loaders, DataLoader):
-            return self._rebuild(loaders, world, f"loader of {owner}")
+            rebuilt = self._rebuild(loaders, world, f"loader of {owner}")
+            return TrainBatches(rebuilt, self._uneven) if self._uneven or drawn_ahead(rebuilt) else rebuilt
         combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders, "max_size_cycle")
         combined.flattened = [
             self._rebuild(loader, world, f"loader {index} of {owner}")
             for index, loader in enumerate(combined.flattened)
         ]
+        if (self._uneven or any(map(drawn_ahead, combined.flattened))) and not isinstance(loaders, CombinedLoader):
+            return TrainBatches(combined.iterables, self._uneven)  # a CombinedLoader of the user's keeps its mode
         return combined
 
     def _rebuild(self, loader: Any, world: World, name: str) -> Any:
@@ -247,11 +254,15 @@ class EngineLoaders(Callback):
             self._kept.append((label, "it has batch_size=None"))
             return loader
         if world.replicas > 1 and len(set(gathered(first_sample(stream, world.seed)))) > 1:
-            # the processes read different samples: the stream shards itself, per-process batches
+            # the processes read different samples: the stream shards itself, per-process batches, and a rank
+            # may run out before the others (TrainBatches)
+            self._uneven = True
             # a loader with a state of its own (torchdata's StatefulDataLoader) saves its stream's itself
             stream_state = restores_itself(stream) and not restores_itself(loader)
             if stream_state and loader.num_workers == 0:
                 return self._positioned_stream(loader, label)
+            if restores_itself(loader):  # its own state resumes it
+                return loader
             why = "it shards itself by rank and the engine cannot skip in it"
             if stream_state:  # each worker holds a copy of the stream, whose position this one lacks
                 why += " (its position lives in the loader workers: torchdata's StatefulDataLoader saves it)"
@@ -337,6 +348,8 @@ class EngineLoaders(Callback):
         if saved_world == trainer.world_size:
             for loader, state in zip(loaders, ranks[trainer.global_rank], strict=True):
                 load_loader_state(loader, state, position.batches_done)
+            if isinstance(built, TrainBatches):
+                built.start_at(position.batches_done)
             return True
         # another number of processes: the engine's sampling skips what was trained in the loaders it samples;
         # a loader that shards itself gets a saved rank's state and re-stripes from it
@@ -360,7 +373,7 @@ class EngineLoaders(Callback):
             loader.generator = torch.Generator().manual_seed(sample_seed(global_seed(), epoch, -1))
 
     def state_dict(self) -> dict[str, Any]:
-        return saved_position(self.fitting).entry() if self.fitting is not None else {}
+        return saved_position(self.fitting, self._batches).entry() if self.fitting is not None else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._position = read_position(state_dict)

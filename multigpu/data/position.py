@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import CombinedLoader
 
 from multigpu.compat import batch_progress
 from multigpu.data.libraries import StatePerBatch
+from multigpu.data.train_batches import TrainBatches
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,14 @@ def training_position(trainer: L.Trainer) -> Position:
     )
 
 
-def saved_position(trainer: L.Trainer) -> Position:
+def saved_position(trainer: L.Trainer, batches: TrainBatches | None = None) -> Position:
     """The training position with every rank's states of the training loaders that have one (a collective where
-    there are any: a save runs on every rank)."""
+    there are any: a save runs on every rank); ``batches``: the ``TrainBatches`` they are drawn through, if any."""
     position = training_position(trainer)
     loaders = stateful_loaders(trainer.train_dataloader)
     if not loaders:
         return position
-    states = gathered([loader_state(loader, position.batches_done) for loader in loaders])
+    states = gathered([loader_state(loader, position.batches_done, batches) for loader in loaders])
     return Position(**{**vars(position), "states": {"world_size": trainer.world_size, "ranks": states}})
 
 
@@ -100,9 +101,14 @@ def positioned(loader: Any) -> bool:
     return isinstance(getattr(loader, "dataset", None), StatePerBatch)
 
 
-def loader_state(loader: Any, batches_done: int) -> Any:
-    """A loader's state after ``batches_done`` batches of the epoch trained (its stream's, for ``StatePerBatch``)."""
-    return loader.dataset.state_after(batches_done) if positioned(loader) else loader.state_dict()
+def loader_state(loader: Any, batches_done: int, batches: TrainBatches | None = None) -> Any:
+    """A loader's state after ``batches_done`` batches of the epoch trained (its stream's, for ``StatePerBatch``;
+    the one ``batches`` kept, for a loader Lightning draws ahead from)."""
+    if positioned(loader):
+        return loader.dataset.state_after(batches_done)
+    if batches is not None and any(loader is drawn for drawn in batches.positioned()):
+        return batches.state_after(loader, batches_done)
+    return loader.state_dict()
 
 
 def load_loader_state(loader: Any, state: Any, batches_done: int) -> None:

@@ -3,7 +3,10 @@
 under ddp; a run stopped mid-epoch (SIGTERM, or SIGKILL) and resumed ends bit-equal to an uninterrupted one, with
 LitData, torchdata's ``StatefulDataLoader`` (two workers) and Hugging Face ``datasets`` (a map-style ``Dataset``, and
 an ``IterableDataset`` split by node whose state per batch every rank saves); WebDataset, which keeps no position,
-says in one line at a resume that it starts its epoch again.
+says in one line at a resume that it starts its epoch again. Under ddp, validation reads every sample once; shards
+uneven among the ranks (WebDataset's, Hugging Face's) end the epoch on every rank together with one note, LitData's
+by its own ``drop_last``; LitData and a Hugging Face stream resume exactly under fsdp2, LitData after a SIGKILL
+under ddp, and a Hugging Face stream in torchdata's ``StatefulDataLoader`` with workers under ddp.
 
 Each library's data is written by its own writer in the test's folder (``litdata.optimize``, ``Dataset.from_dict``,
 ``webdataset.TarWriter``): no download.
@@ -23,6 +26,7 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
+from multigpu.checkpoints.sharded import load_sharded_checkpoint
 from multigpu.data.libraries import StatePerBatch
 from multigpu.testing import SIGTERM_EXIT, Project, Run, differences
 from tests import prewarmed
@@ -38,7 +42,14 @@ BATCH = 4
 STOP_AT, STEPS = 3, 6
 #: WebDataset's tar files: one for each worker of each of the 2 processes
 SHARDS = 4
+#: samples that do not divide evenly among 2 processes' shards: WebDataset's in 5 tar files, Hugging Face's in 4 shards
+UNEVEN, UNEVEN_HF = 60, 65
 DDP = ("--trainer.strategy=ddp", "--trainer.devices=2")
+FSDP2 = ("--trainer.strategy=fsdp2", "--trainer.devices=2")
+#: one epoch and its whole validation; a collective that waits a minute fails the run with every rank's stacks
+EPOCH = ("--trainer.max_epochs=1", "--trainer.limit_val_batches=1.0", "--collective_timeout=60")
+#: a Hugging Face stream read by torchdata's StatefulDataLoader with 2 workers (2 of its 4 shards each, per rank)
+STATEFUL_WORKERS = ("--data.init_args.stateful=true", "--data.init_args.num_workers=2")
 MODEL = ("--model=tests.zoo.streaming.IdRegressor", "--model.init_args.dropout=0.1")
 
 
@@ -50,14 +61,18 @@ def needs_litdata() -> None:
     needs("litdata", "pip install --no-deps litdata, then pip install lightning-utilities filelock boto3 requests")
 
 
-@pytest.fixture(scope="module")
-def chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def written_chunks(tmp_path_factory: pytest.TempPathFactory, samples: int) -> Path:
     needs_litdata()
     folder = tmp_path_factory.mktemp("chunks") / "optimized"
     # in a process of its own: the writer changes the environment of the process it runs in
-    write = f"from tests.zoo.streaming import write_chunks; write_chunks({str(folder)!r}, {SAMPLES})"
+    write = f"from tests.zoo.streaming import write_chunks; write_chunks({str(folder)!r}, {samples})"
     subprocess.run([sys.executable, "-c", write], cwd=REPO, env=cli_env(), check=True, capture_output=True)
     return folder
+
+
+@pytest.fixture(scope="module")
+def chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return written_chunks(tmp_path_factory, SAMPLES)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +120,7 @@ def assert_resumes_exactly(project: Project, *args: str) -> None:
             "--trainer.callbacks.signal_name=SIGTERM")  # fmt: skip
     stopped = project.fit(*args, *stop, f"--model.init_args.ids_file={resumed_ids}", check=False, max_steps=STEPS)
     assert stopped.returncode == SIGTERM_EXIT, stopped.describe()
-    assert 0 < stopped.checkpoint()["global_step"] < STEPS, stopped.describe()
+    assert 0 < saved(stopped)["global_step"] < STEPS, stopped.describe()
     resumed = project.fit(
         *args, f"--model.init_args.ids_file={resumed_ids}", "--ckpt_path=last", run_dir=stopped.run_dir, max_steps=STEPS
     )
@@ -116,8 +131,14 @@ def assert_resumes_exactly(project: Project, *args: str) -> None:
 def assert_same_end(straight: Run, resumed: Run) -> None:
     """Both runs end with the same step, weights, optimizer and schedule state, bit for bit."""
     keys = ("global_step", "state_dict", "optimizer_states", "lr_schedulers")
-    found = differences({k: straight.checkpoint()[k] for k in keys}, {k: resumed.checkpoint()[k] for k in keys})
+    found = differences({k: saved(straight)[k] for k in keys}, {k: saved(resumed)[k] for k in keys})
     assert not found, f"{found[:5]}\n{resumed.describe()}"
+
+
+def saved(run: Run) -> dict[str, Any]:
+    """The run's ``last.ckpt``: one file, or the folder of shards fsdp2 writes."""
+    path = run.run_dir / "checkpoints" / "last.ckpt"
+    return load_sharded_checkpoint(path) if path.is_dir() else run.checkpoint()
 
 
 def test_litdata_is_kept_as_it_is_and_trains_on_one_device(tmp_path, chunks):
@@ -127,17 +148,24 @@ def test_litdata_is_kept_as_it_is_and_trains_on_one_device(tmp_path, chunks):
     assert plan["global_batch"] == BATCH
 
 
-def assert_epoch_trains_each_sample_once(project: Project, *args: str, expected: int = SAMPLES) -> Run:
+def assert_epoch_trains_each_sample_once(
+    project: Project, *args: str, expected: int = SAMPLES, validated: int = SAMPLES
+) -> Run:
     """One epoch under ddp on 2 processes trains ``expected`` distinct sample ids, none twice, as many batches on
-    each rank."""
+    each rank, and its validation (of every sample, ``val_dataloader``) reads each of the ``validated`` ids once."""
     ids = project.tmp_path / "ids"
-    run = project.fit(*DDP, *args, "--trainer.max_epochs=1", f"--model.init_args.ids_file={ids}", max_steps=-1)
+    run = project.fit(*DDP, *EPOCH, *args, f"--model.init_args.ids_file={ids}", max_steps=-1)
     per_rank = trained_ids(ids)
-    counts = Counter(i for rank in per_rank for i in rank)
     assert len(per_rank) == 2 and len(per_rank[0]) == len(per_rank[1]), run.describe()
-    assert set(counts.values()) == {1}, f"trained more than once: {[i for i, n in counts.items() if n > 1]}"
-    assert len(counts) == expected and set(counts) <= set(range(SAMPLES)), run.describe()
+    assert_each_once(per_rank, expected, run)
+    assert_each_once(trained_ids(project.tmp_path / "ids-val"), validated, run)
     return run
+
+
+def assert_each_once(per_rank: list[list[int]], expected: int, run: Run) -> None:
+    counts = Counter(i for rank in per_rank for i in rank)
+    assert set(counts.values()) == {1}, f"read more than once: {[i for i, n in counts.items() if n > 1]}"
+    assert len(counts) == expected, run.describe()
 
 
 @pytest.mark.slow
@@ -145,6 +173,17 @@ def test_litdata_under_ddp_trains_every_sample_of_an_epoch_once(tmp_path, chunks
     remainder = SAMPLES % (2 * BATCH)  # drop_last: the samples short of a whole batch on every rank
     run = assert_epoch_trains_each_sample_once(litdata_project(tmp_path, chunks), expected=SAMPLES - remainder)
     assert run.plan()["global_batch"] == 2 * BATCH
+
+
+@pytest.mark.slow
+def test_litdata_whose_size_does_not_divide_among_the_ranks_evens_them_out_by_its_drop_last(tmp_path_factory):
+    # LitData's drop_last (its default under several processes) gives every rank as many whole batches: of 69
+    # samples, the 5 short of a global batch of 2 x 4 are left out; its validation loader (drop_last=False) reads
+    # all 69 once, 35 on one rank and 34 on the other
+    size = SAMPLES + 5
+    project = litdata_project(tmp_path_factory.mktemp("odd"), written_chunks(tmp_path_factory, size))
+    run = assert_epoch_trains_each_sample_once(project, expected=size - size % (2 * BATCH), validated=size)
+    assert not [note for note in run.notes() if "uneven" in note], run.describe()
 
 
 @pytest.mark.slow
@@ -158,24 +197,26 @@ def test_litdata_resumes_mid_epoch_exactly_under_ddp(tmp_path, chunks):
 
 
 @pytest.mark.slow
-def test_litdata_killed_mid_epoch_resumes_from_its_last_checkpoint_exactly(tmp_path, chunks):
+@pytest.mark.parametrize("processes", [(), DDP], ids=["one-device", "ddp"])
+def test_litdata_killed_mid_epoch_resumes_from_its_last_checkpoint_exactly(tmp_path, chunks, processes):
     """SIGKILL on every process after step ``STOP_AT`` (before its checkpoint), a checkpoint every step:
-    ``--ckpt_path=last`` trains on from the step saved, the batches after it and the end bit-equal to an
+    ``--ckpt_path=last`` trains on from the step saved, each rank's batches after it and the end bit-equal to an
     uninterrupted run's."""
     # a session of its own: the kill ends the run's process group, not pytest's
     killable = litdata_project(tmp_path, chunks, runner=partial(prewarmed.run, start_new_session=True))
-    every_step, straight_ids, killed_ids = "--checkpoint.every_n_train_steps=1", tmp_path / "straight", tmp_path / "ids"
-    straight = killable.fit(every_step, f"--model.init_args.ids_file={straight_ids}", max_steps=STEPS)
+    every_step = ("--checkpoint.every_n_train_steps=1", *processes)
+    straight_ids, killed_ids = tmp_path / "straight", tmp_path / "ids"
+    straight = killable.fit(*every_step, f"--model.init_args.ids_file={straight_ids}", max_steps=STEPS)
     kill = ("--trainer.callbacks+=tests.helpers.KillAt", f"--trainer.callbacks.step={STOP_AT}")
-    killed = killable.fit(every_step, *kill, f"--model.init_args.ids_file={killed_ids}", check=False, max_steps=STEPS)
+    killed = killable.fit(*every_step, *kill, f"--model.init_args.ids_file={killed_ids}", check=False, max_steps=STEPS)
     assert killed.returncode == -signal.SIGKILL, killed.describe()
-    saved = killed.checkpoint()["global_step"]
-    assert 0 < saved < STOP_AT, killed.describe()  # step 1's write ended before step 2's began
-    [before] = trained_ids(killed_ids)
-    resumed = killable.fit(every_step, f"--model.init_args.ids_file={killed_ids}", "--ckpt_path=last",
+    steps = killed.checkpoint()["global_step"]
+    assert 0 < steps < STOP_AT, killed.describe()  # step 1's write ended before step 2's began
+    before = trained_ids(killed_ids)
+    resumed = killable.fit(*every_step, f"--model.init_args.ids_file={killed_ids}", "--ckpt_path=last",
                            run_dir=killed.run_dir, max_steps=STEPS)  # fmt: skip
-    [trained], [whole] = trained_ids(killed_ids), trained_ids(straight_ids)
-    assert trained[: saved * BATCH] + trained[len(before) :] == whole, resumed.describe()
+    for rank, (trained, whole) in enumerate(zip(trained_ids(killed_ids), trained_ids(straight_ids), strict=True)):
+        assert trained[: steps * BATCH] + trained[len(before[rank]) :] == whole, resumed.describe()
     assert_same_end(straight, resumed)
 
 
@@ -224,6 +265,29 @@ def test_a_hugging_face_stream_split_by_node_resumes_mid_epoch_exactly_under_ddp
     assert_resumes_exactly(hf_project(tmp_path, "HFStreamData"), *DDP)
 
 
+@pytest.mark.slow
+def test_a_hugging_face_stream_in_a_stateful_dataloader_with_workers_trains_each_sample_once_under_ddp(tmp_path):
+    needs("torchdata", "pip install --no-deps torchdata")
+    assert_epoch_trains_each_sample_once(hf_project(tmp_path, "HFStreamData", *STATEFUL_WORKERS))
+
+
+@pytest.mark.slow
+def test_a_hugging_face_stream_in_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly_under_ddp(tmp_path):
+    # the stream shards itself: torchdata's loader saves each worker's position in the stream
+    needs("torchdata", "pip install --no-deps torchdata")
+    assert_resumes_exactly(hf_project(tmp_path, "HFStreamData", *STATEFUL_WORKERS), *DDP)
+
+
+@pytest.mark.slow
+def test_litdata_resumes_mid_epoch_exactly_under_fsdp2(tmp_path, chunks):
+    assert_resumes_exactly(litdata_project(tmp_path, chunks), *FSDP2)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_stream_split_by_node_resumes_mid_epoch_exactly_under_fsdp2(tmp_path):
+    assert_resumes_exactly(hf_project(tmp_path, "HFStreamData"), *FSDP2)
+
+
 def webdataset_project(tmp_path: Path, shards: Path) -> Project:
     data = ("--data=tests.zoo.streaming.WebDatasetData", f"--data.init_args.shards={shards}")
     return project(tmp_path, *data, f"--data.init_args.batch_size={BATCH}", "--data.init_args.num_workers=2")
@@ -232,6 +296,42 @@ def webdataset_project(tmp_path: Path, shards: Path) -> Project:
 @pytest.mark.slow
 def test_webdataset_split_by_node_and_worker_trains_every_sample_of_an_epoch_once_under_ddp(tmp_path, shards):
     assert_epoch_trains_each_sample_once(webdataset_project(tmp_path, shards))
+
+
+@pytest.fixture(scope="module")
+def uneven_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``UNEVEN`` samples in 5 tar files: split by node, rank 0 reads 3 of them and rank 1 reads 2."""
+    needs("webdataset", "pip install webdataset")
+    folder = tmp_path_factory.mktemp("uneven")
+    write_shards(str(folder), UNEVEN, 5)
+    return folder
+
+
+def assert_uneven_epoch_ends_together(project: Project, samples: int) -> None:
+    """One epoch under ddp on 2 processes whose ranks hold uneven shares of ``samples``: it ends (a collective that
+    waits a minute fails it), every rank trains as many batches, no sample twice, one note names the samples left
+    untrained, and validation reads every sample once."""
+    ids = project.tmp_path / "ids"
+    run = project.fit(*DDP, *EPOCH, f"--model.init_args.ids_file={ids}", max_steps=-1, timeout=300)
+    per_rank = trained_ids(ids)
+    assert len(per_rank) == 2 and len(per_rank[0]) == len(per_rank[1]), run.describe()
+    trained = Counter(i for rank in per_rank for i in rank)
+    assert set(trained.values()) == {1}, run.describe()
+    [note] = [note for note in run.notes() if "uneven among the processes" in note]
+    assert f"{samples - len(trained)} samples, are not trained" in note and samples > len(trained), run.describe()
+    assert_each_once(trained_ids(project.tmp_path / "ids-val"), samples, run)
+
+
+@pytest.mark.slow
+def test_webdataset_shards_uneven_among_the_ranks_end_the_epoch_together_and_say_what_is_left(tmp_path, uneven_shards):
+    assert_uneven_epoch_ends_together(webdataset_project(tmp_path, uneven_shards), UNEVEN)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_stream_uneven_among_the_ranks_ends_the_epoch_together_and_says_what_is_left(tmp_path):
+    # 4 shards of 17, 16, 16 and 16 samples: split by node, one rank reads 33 (9 batches) and the other 32 (8)
+    project = hf_project(tmp_path, "HFStreamData", f"--data.init_args.size={UNEVEN_HF}")
+    assert_uneven_epoch_ends_together(project, UNEVEN_HF)
 
 
 @pytest.mark.slow

@@ -37,7 +37,8 @@ class Samples(Dataset):
 
 class IdRegressor(L.LightningModule):
     """An MLP with dropout regressing the sum of the features; with ``ids_file``, each rank appends the ids of every
-    batch it trains to ``<ids_file>.<rank>``, one line per batch. With ``decay``, its learning rate falls linearly
+    batch it trains to ``<ids_file>.<rank>``, one line per batch, and of every batch it validates to
+    ``<ids_file>-val.<rank>`` (not in Lightning's sanity check). With ``decay``, its learning rate falls linearly
     over ``trainer.estimated_stepping_batches``, read in ``configure_optimizers`` as schedules do: before the
     checkpoint's loops are restored, which makes Lightning set up the training data early."""
 
@@ -49,13 +50,20 @@ class IdRegressor(L.LightningModule):
         self.net = nn.Sequential(nn.Linear(FEATURES, hidden), nn.Tanh(), nn.Dropout(dropout), nn.Linear(hidden, 1))
 
     def training_step(self, batch, batch_idx):
-        x = batch["x"].to(self.dtype)
-        loss = F.mse_loss(self.net(x), x.sum(dim=1, keepdim=True).sin())
+        loss = self.model_step(batch, "")
         self.log("train_loss", loss)
-        if self.hparams.ids_file:
-            with open(f"{self.hparams.ids_file}.{self.global_rank}", "a") as file:
-                file.write(" ".join(str(int(i)) for i in batch["id"]) + "\n")
         return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self.model_step(batch, "-val"), sync_dist=True)
+
+    def model_step(self, batch, ids_suffix: str) -> torch.Tensor:
+        """The batch's loss; its ids appended to the ids file of the stage (``ids_suffix``)."""
+        if self.hparams.ids_file and not self.trainer.sanity_checking:
+            with open(f"{self.hparams.ids_file}{ids_suffix}.{self.global_rank}", "a") as file:
+                file.write(" ".join(str(int(i)) for i in batch["id"]) + "\n")
+        x = batch["x"].to(self.dtype)
+        return F.mse_loss(self.net(x), x.sum(dim=1, keepdim=True).sin())
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
@@ -77,6 +85,13 @@ class LitStreamData(L.LightningDataModule):
         from litdata import StreamingDataLoader, StreamingDataset
 
         dataset = StreamingDataset(self.hparams.input_dir, shuffle=True, drop_last=True)
+        return StreamingDataLoader(dataset, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
+
+    def val_dataloader(self):
+        from litdata import StreamingDataLoader, StreamingDataset
+
+        # drop_last=False: LitData's default under several processes drops samples to even out the ranks
+        dataset = StreamingDataset(self.hparams.input_dir, drop_last=False)
         return StreamingDataLoader(dataset, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
 
 
@@ -128,30 +143,47 @@ class HFMapData(L.LightningDataModule):
         self.save_hyperparameters()
 
     def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.dataset(), batch_size=self.hparams.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(self.dataset(), batch_size=self.hparams.batch_size)
+
+    def dataset(self):
         from datasets import Dataset
 
-        dataset = Dataset.from_dict(columns(self.hparams.size)).with_format("torch")
-        return torch.utils.data.DataLoader(dataset, batch_size=self.hparams.batch_size, shuffle=True)
+        return Dataset.from_dict(columns(self.hparams.size)).with_format("torch")
 
 
 class HFStreamData(L.LightningDataModule):
     """``size`` samples in a Hugging Face ``IterableDataset`` of ``num_shards`` shards, split by rank with
-    ``datasets.distributed.split_dataset_by_node``, in a plain ``DataLoader``."""
+    ``datasets.distributed.split_dataset_by_node``, in a plain ``DataLoader`` (with ``stateful``: torchdata's
+    ``StatefulDataLoader``, which keeps its workers' positions)."""
 
-    def __init__(self, size: int = 64, batch_size: int = 4, num_shards: int = 4, num_workers: int = 0) -> None:
+    def __init__(
+        self, size: int = 64, batch_size: int = 4, num_shards: int = 4, num_workers: int = 0, stateful: bool = False
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
 
     def train_dataloader(self):
+        return self.loader()
+
+    def val_dataloader(self):
+        return self.loader()
+
+    def loader(self):
         from datasets import Dataset
         from datasets.distributed import split_dataset_by_node
 
         stream = Dataset.from_dict(columns(self.hparams.size)).to_iterable_dataset(num_shards=self.hparams.num_shards)
         rank, world = rank_and_world()
         split = split_dataset_by_node(stream.with_format("torch"), rank=rank, world_size=world)
-        return torch.utils.data.DataLoader(
-            split, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers
-        )
+        options = {"batch_size": self.hparams.batch_size, "num_workers": self.hparams.num_workers}
+        if not self.hparams.stateful:
+            return torch.utils.data.DataLoader(split, **options)
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader(split, **options)
 
 
 def write_shards(folder: str, size: int = 64, shards: int = 4) -> None:
@@ -180,6 +212,12 @@ class WebDatasetData(L.LightningDataModule):
         self.save_hyperparameters()
 
     def train_dataloader(self):
+        return self.loader()
+
+    def val_dataloader(self):
+        return self.loader()
+
+    def loader(self):
         import webdataset as wds
 
         urls = sorted(str(path) for path in Path(self.hparams.shards).glob("*.tar"))
