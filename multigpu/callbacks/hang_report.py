@@ -44,8 +44,8 @@ FRAME_LINE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<fun
 
 
 def parse_dumps(text: str) -> list[list[ThreadStack]]:
-    """The dumps in ``text``, oldest first, each a list of its threads. faulthandler writes no header per dump: a
-    thread seen twice starts the next dump, and so does a ``MARK`` line."""
+    """The dumps in ``text``, oldest first, each a list of its threads."""
+    # faulthandler writes no header per dump: a thread seen twice starts the next one, as does a MARK line
     dumps: list[list[ThreadStack]] = []
     thread: ThreadStack | None = None
     marked = False
@@ -217,8 +217,7 @@ def where(view: RankView) -> str:
 
 
 def hang_report(failed_rank: int, error: str, views: list[RankView], folder: str | os.PathLike) -> str:
-    """The paragraph for a collective that failed on ``failed_rank``: the ranks that did not arrive and where they
-    are, the collective the others wait in."""
+    """The paragraph for a collective that failed on ``failed_rank``: who did not arrive, and where each rank is."""
     stuck = [v for v in views if v.frames is not None and collective_of(v.frames) is None]
     gone = [v for v in views if v.frames is None]
     waiting: dict[str, list[RankView]] = {}
@@ -256,8 +255,7 @@ def hang_report(failed_rank: int, error: str, views: list[RankView], folder: str
 
 
 def first_failure_report(failed_rank: int, collective: str | None, failure: dict[str, Any]) -> str:
-    """The paragraph of a rank whose collective failed because another rank raised first: one sentence for this
-    rank, then the first failure, which is what the person must read (the survivors' errors only follow from it)."""
+    """The paragraph of a rank whose collective failed because another rank raised first: it points at that one."""
     waited = f" in {collective}" if collective else ""
     place = f" at {failure['where']}" if failure.get("where") else ""
     return (
@@ -272,8 +270,7 @@ def shown_frames(frames: list[Frame]) -> list[Frame]:
 
 
 def group_stacks(stacks: dict[int, list[Frame]]) -> list[tuple[list[int], list[Frame]]]:
-    """Ranks whose stacks show the same frames (the user's, and the collective they wait in), together: the
-    groups in order of their lowest rank, each with its ranks and the first rank's frames."""
+    """Ranks with the same user frames, collective and phase, grouped in order of their lowest rank."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for rank in sorted(stacks):
         frames = stacks[rank]
@@ -283,8 +280,7 @@ def group_stacks(stacks: dict[int, list[Frame]]) -> list[tuple[list[int], list[F
 
 
 def format_groups(stacks: dict[int, list[Frame]], states: dict[int, dict[str, Any]], missing: dict[int, str]) -> str:
-    """The stacks of a run for a person: one block per group of ranks with the same stack, then the ranks
-    without one."""
+    """The stacks of a run for a person: one block per group of ranks with the same stack."""
     blocks = []
     for ranks, frames in group_stacks(stacks):
         steps = sorted({states.get(r, {}).get("step") for r in ranks} - {None})

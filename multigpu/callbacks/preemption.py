@@ -1,7 +1,6 @@
 """Stop cleanly on a signal: save ``last.ckpt`` at a step boundary on every rank, exit non-zero, requeue on SLURM
-(docs/checkpoints.md). The handler only sets a flag, unlike Lightning's, which saves inside it, possibly mid-step
-while the other ranks sit in a collective; the ranks agree on it at a step boundary and save after that step's
-validation, so that the resumed run neither skips nor repeats it."""
+(docs/checkpoints.md). Unlike Lightning's, the handler only sets a flag (saving inside it could land mid-step while
+other ranks sit in a collective); the ranks agree at a step boundary, so a resumed run neither skips nor repeats it."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ from multigpu.errors import Preempted
 
 log = logging.getLogger(__name__)
 
-#: stops asked for by a person or a scheduler, besides the preemption notice; their exit code is 128 + signal
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 STOP_EXIT_CODES = (Preempted.exit_code, *(128 + s for s in STOP_SIGNALS))
 #: a terminal sends Ctrl-C to every process, and ddp_spawn's launcher forwards it too: the same key press
@@ -48,7 +46,7 @@ class AnyRankVote:
         self.in_flight: tuple[torch.Tensor, Any] | None = None
 
     def setup(self, world_size: int) -> None:
-        """Create the CPU group; call on every rank at the same point (a collective)."""
+        """Create the CPU group: a collective, called on every rank."""
         if world_size > 1 and dist.is_available() and dist.is_initialized() and self.group is None:
             self.group = dist.new_group(backend="gloo")
 
@@ -127,7 +125,6 @@ class PreemptionCheckpoint(Callback):
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self._first_sigint and time.monotonic() - self._first_sigint > SAME_KEY_PRESS_S:
-            # a second Ctrl-C: the person does not want to wait for the step to end
             raise Preempted(
                 "a second Ctrl-C stopped training at once, without saving; resume from the last saved checkpoint"
                 f" with {RESUME_HINT}",
@@ -148,7 +145,7 @@ class PreemptionCheckpoint(Callback):
         # Lightning registers its handlers just before training starts: taken over at the sanity check, and again
         # (idempotent) at the train start for runs without one
         if threading.current_thread() is not threading.main_thread():
-            return  # only the main thread can handle signals
+            return
         for signum in (self.signal_number, *STOP_SIGNALS):
             self._previous_handlers.setdefault(signum, signal.signal(signum, self._handle))
 
@@ -205,8 +202,8 @@ class PreemptionCheckpoint(Callback):
 
     @staticmethod
     def _requeue(trainer: L.Trainer, job_id: str, saved: str) -> str:
-        """``scontrol requeue`` from rank 0; the message to stop with. The requeue ends the job step at once, so the
-        logs and the saved line are written before it."""
+        """``scontrol requeue`` from rank 0; the message to stop with."""
+        # the requeue ends the job step at once: the logs and the saved line go out first
         for logger in trainer.loggers:
             logger.save()
         print(
