@@ -103,7 +103,6 @@ class RunCheckpoint(ModelCheckpoint):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._validated = self._validated or not trainer.sanity_checking
         if self._save_after_validation and not compat.checkpoint_not_due(self, trainer):
-            # here whether ModelCheckpoint decides at validation ends or at epoch ends
             self._save_after_validation = False
             self._save_pair(trainer)
         super().on_validation_end(trainer, pl_module)

@@ -142,7 +142,7 @@ def collective_of(frames: list[Frame]) -> str | None:
         if "torch/distributed/" in file and frame.function in COLLECTIVES:
             return f"torch.distributed.{frame.function}"
         if file.endswith("torch/distributed/distributed_c10d.py") and not frame.function.startswith("_"):
-            return f"torch.distributed.{frame.function}"  # the process group's own calls (all_gather_single, ...)
+            return f"torch.distributed.{frame.function}"  # the process group's own (all_gather_single, ...)
         if "torch/distributed/fsdp/" in file and frame.function.startswith("foreach_"):
             return f"FSDP2's {frame.function.removeprefix('foreach_').replace('_', '-')} of the parameters"
         if "torch/distributed/tensor/" in file and "redistribute" in frame.function:
@@ -179,7 +179,7 @@ def phase_of(frames: list[Frame]) -> str | None:
 
 @dataclass
 class RankView:
-    """One rank when the report is written: its state file, its main-thread stack (None: sent none), and why."""
+    """One rank when the report is written; ``frames`` None where it sent no stack, ``missing`` saying why."""
 
     rank: int
     state: dict[str, Any] = field(default_factory=dict)
@@ -255,7 +255,6 @@ def hang_report(failed_rank: int, error: str, views: list[RankView], folder: str
 
 
 def first_failure_report(failed_rank: int, collective: str | None, failure: dict[str, Any]) -> str:
-    """The paragraph of a rank whose collective failed because another rank raised first: it points at that one."""
     waited = f" in {collective}" if collective else ""
     place = f" at {failure['where']}" if failure.get("where") else ""
     return (
@@ -265,7 +264,7 @@ def first_failure_report(failed_rank: int, collective: str | None, failure: dict
 
 
 def shown_frames(frames: list[Frame]) -> list[Frame]:
-    """The frames a person reads of a stack: the innermost one, where it is, then the user's own."""
+    """The innermost frame, where the rank is, then the user's own."""
     return [f for i, f in enumerate(frames) if i == 0 or not is_library(f.file)]
 
 
@@ -280,7 +279,6 @@ def group_stacks(stacks: dict[int, list[Frame]]) -> list[tuple[list[int], list[F
 
 
 def format_groups(stacks: dict[int, list[Frame]], states: dict[int, dict[str, Any]], missing: dict[int, str]) -> str:
-    """The stacks of a run for a person: one block per group of ranks with the same stack."""
     blocks = []
     for ranks, frames in group_stacks(stacks):
         steps = sorted({states.get(r, {}).get("step") for r in ranks} - {None})

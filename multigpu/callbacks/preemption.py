@@ -115,7 +115,7 @@ class PreemptionCheckpoint(Callback):
         self.signal_number = signal.Signals[signal_name.upper()]
         self.requeue = requeue
         self.filename = filename
-        self.received = 0  # the signal number this process received (0: none)
+        self.received = 0
         self._first_sigint = 0.0
         self._stop_signal = 0
         self._previous_handlers: dict[int, Any] = {}
@@ -142,8 +142,7 @@ class PreemptionCheckpoint(Callback):
             skip_per_step_sigterm_broadcast(trainer)
 
     def _take_signals(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning registers its handlers just before training starts: taken over at the sanity check, and again
-        # (idempotent) at the train start for runs without one
+        # Lightning registers its handlers just before training: taken over at the sanity check, or at train start
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in (self.signal_number, *STOP_SIGNALS):
@@ -197,7 +196,7 @@ class PreemptionCheckpoint(Callback):
         self._saved_path = self.checkpoint_path(trainer)
         # weights_only=False said explicitly: left unset, Lightning logs that it defaulted to it at every save
         trainer.save_checkpoint(self._saved_path, weights_only=False)
-        wait_for_checkpoints(trainer)  # written in the background: on disk before any rank goes on
+        wait_for_checkpoints(trainer)
         trainer.strategy.barrier("preemption")  # every rank is done before a requeue can end the job step
 
     @staticmethod
@@ -218,10 +217,10 @@ class PreemptionCheckpoint(Callback):
         return f"scontrol requeue {job_id} failed, the job is not requeued; resume with {RESUME_HINT}"
 
     def _stop(self, trainer: L.Trainer) -> None:
-        wait_for_checkpoints(trainer)  # ModelCheckpoint's save of the same step too, before the requeue or exit
+        wait_for_checkpoints(trainer)  # ModelCheckpoint's save of the same step too
         preempted = self._stop_signal == self.signal_number
         job_id = os.environ.get("SLURM_JOB_ID")
-        if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:  # what scontrol requeue needs
+        if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:
             job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
         name = signal.Signals(self._stop_signal).name
         saved = f"{name}: saved {self._saved_path} at step {trainer.global_step}"

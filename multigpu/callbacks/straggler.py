@@ -96,7 +96,7 @@ class StragglerReport(Callback):
         self._batches = 0
         self._first_step = step + 1
         self._gap_start: float | None = None
-        self._mark: float | None = None  # when this rank's own work last started (None: in backward)
+        self._mark: float | None = None  # when this rank's own work last started; None in backward
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and trainer.world_size > 1 and dist.is_initialized() and self._group is None:
@@ -116,11 +116,11 @@ class StragglerReport(Callback):
 
     def on_before_backward(self, *args: Any) -> None:
         if self._mark is not None:
-            self._own += time.perf_counter() - self._mark  # the training step
-        self._mark = None  # backward left out
+            self._own += time.perf_counter() - self._mark
+        self._mark = None
 
     def on_before_optimizer_step(self, *args: Any) -> None:
-        self._mark = time.perf_counter()  # backward is over: the optimizer step is this rank's own work again
+        self._mark = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         now = time.perf_counter()
@@ -132,7 +132,7 @@ class StragglerReport(Callback):
             self._exchange(trainer)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._gap_start = None  # validation is not waiting for training data
+        self._gap_start = None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.training:

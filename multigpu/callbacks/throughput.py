@@ -131,7 +131,6 @@ class SpeedMonitor(Callback):
         self._wait = 0.0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # dp runs one process over several GPUs; ddp runs one process per device
         self._devices_per_process = trainer.num_devices if trainer.world_size == 1 else 1
         self._flops = module_flops(pl_module)
         if self.peak_tflops is not None:
@@ -181,18 +180,16 @@ class SpeedMonitor(Callback):
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.strategy.root_device.type == "cuda":
-            # once per logging interval, not per step: Lightning's logger turns the loss into a float on this same
-            # step, which waits for the device anyway; waiting here first makes the interval's time exact
+            # once per interval, on a step whose logging syncs anyway: the interval's time is then exact
             torch.cuda.synchronize(trainer.strategy.root_device)
         now = time.perf_counter()
         elapsed = self._busy + (now - self._batch_start) + self._wait
         if elapsed <= 0 or self._batches == 0:
             return
-        # ranks of one tensor-parallel group load the same batch: count it once per data-parallel replica
+        # a tensor-parallel group's ranks load the same batch: counted once per data-parallel replica
         data_parallel = data_parallel_world(trainer.strategy)
         processes = data_parallel[0] if data_parallel else trainer.world_size
         devices = trainer.world_size * self._devices_per_process
-        # every process loads the same micro-batch size, so the global rate is this process's times the processes
         metrics = {
             "perf/samples_per_s": self._samples * processes / elapsed,
             "perf/samples_per_s_per_device": self._samples * processes / elapsed / devices,
@@ -220,8 +217,7 @@ class SpeedMonitor(Callback):
         shown = {"perf/tokens_per_s" if self._tokens else "perf/samples_per_s", "perf/mfu", "perf/tflops_per_device"}
         shown |= {"perf/data_wait", "perf/memory_allocated_gb", "perf/memory_rss_gb"}
         self.shown = {name: value for name, value in metrics.items() if name in shown} if self.prog_bar else {}
-        # straight to the loggers, as LearningRateMonitor does: `self.log` costs ~0.25 ms per value, a measurable
-        # share of a small step, for figures that need no reduction
+        # straight to the loggers: `self.log` costs ~0.25 ms per value, for figures that need no reduction
         step = logging_step(trainer)  # the step of the loss rows logged with them (W&B drops steps going back)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)

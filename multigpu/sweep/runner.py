@@ -56,7 +56,6 @@ def trial_devices(trainer: dict[str, Any]) -> tuple[str, int, int]:
 
 
 def check_devices(trainer: dict[str, Any], workers: int) -> tuple[str, int]:
-    """Refuse K workers whose trials would share devices; return (accelerator, devices per trial)."""
     accelerator, per_trial, available = trial_devices(trainer)
     if workers * per_trial > available:
         fits = max(available // per_trial, 1)
@@ -92,7 +91,6 @@ def nothing_to_run(sweep: Sweep) -> bool:
 
 
 def run(spec: SweepSpec, sweep_dir: Path, workers: int = 1, extra: list[str] | None = None, launcher: str = "") -> int:
-    """The ``run`` command; returns the exit status."""
     extra = list(extra or [])
     if workers < 1:
         raise SweepError(f"--workers {workers}: at least one worker. Fix: --workers 1.")

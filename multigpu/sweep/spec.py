@@ -37,8 +37,6 @@ class SweepError(ValueError):
 
 @dataclass(frozen=True)
 class Param:
-    """One searched option: a range (``low``, ``high``, ``log``, ``step``) or a list of ``choices``."""
-
     key: str
     low: float | None = None
     high: float | None = None
@@ -281,7 +279,6 @@ def _did_you_mean(word: str, known: Any) -> str:
 
 
 def flag(key: str, value: Any) -> str:
-    """The ``fit`` flag that sets ``key`` to ``value``."""
     if value is None:
         text = "null"
     elif isinstance(value, bool):

@@ -30,7 +30,6 @@ from multigpu.sweep.study import (
     running_elsewhere,
 )
 
-#: exit statuses of a fit run that saved last.ckpt and stopped on a signal (multigpu/callbacks/preemption.py)
 STOPPED = {75: "preempted (SIGUSR1)", 143: "stopped by SIGTERM", 130: "stopped by SIGINT"}
 NON_FINITE_LOSS = 65  # multigpu/callbacks/nan_guard.py
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -181,7 +180,6 @@ class Worker:
                 raise
 
     def record(self, number: int, status: int, tail: list[str]) -> int | None:
-        """Tell the study how the trial's run ended."""
         sweep = self.sweep
         if status in STOPPED or (status < 0 and self.stop_signal is not None):
             how = STOPPED.get(status, f"killed by signal {-status}")

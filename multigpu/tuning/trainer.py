@@ -59,16 +59,14 @@ class Trainer(L.Trainer):
         Args:
             model: The model to tune (from ``--model``).
             datamodule: The data module whose ``batch_size`` is searched (from ``--data``).
-            batch_size_mode: ``power`` doubles the micro-batch until it runs out of memory; ``binsearch`` then
-                bisects between the last size that fit and the first that did not (and keeps a 5% margin).
+            batch_size_mode: ``power`` doubles the micro-batch until out of memory; ``binsearch`` then bisects.
             init_batch_size: The micro-batch the search starts from.
             max_batch_size: Stop doubling here (a CPU rarely runs out of memory; the dataset size also stops it).
             steps_per_trial: Training steps run at each tried size.
             lr_find_steps: Steps of Lightning's LR range test (0: skip the learning rate).
             min_lr: Lowest learning rate the range test tries.
             max_lr: Highest learning rate the range test tries.
-            lr_scaling: How the rate found at the micro-batch carries over to the global batch: ``sqrt``
-                (Adam-type optimizers), ``linear`` (SGD) or ``none``.
+            lr_scaling: The rate carried to the global batch: ``sqrt`` (Adam-type), ``linear`` (SGD), ``none``.
             tuned_config: Where to write the config; default ``<run dir>/tuned.yaml``.
         """
         holder = datamodule if isinstance(datamodule, HasBatchSize) else model
