@@ -1,5 +1,4 @@
-"""``python -m multigpu.consolidate DIR OUT.ckpt``: one ``.ckpt`` file from a folder of shards
-(``checkpoints/consolidate.py``)."""
+"""``python -m multigpu.consolidate DIR OUT.ckpt``: one ``.ckpt`` file from a folder of shards."""
 
 from multigpu.checkpoints.consolidate import consolidate, main
 

@@ -1,5 +1,4 @@
-"""``python -m multigpu.docs``: the engine's documentation, installed with it (``documentation/``, this repository's
-``docs/``), one file a line: the public interface (``engine.md``), the strategies, sweeps, troubleshooting."""
+"""``python -m multigpu.docs``: the paths of the engine's documentation pages, installed with it."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ FOLDER = Path(__file__).resolve().parent / "documentation"
 
 
 def files() -> list[Path]:
-    """The documentation's pages, by name."""
     return sorted(FOLDER.glob("*.md"))
 
 

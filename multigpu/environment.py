@@ -1,5 +1,5 @@
-"""What this process can find out about where it runs, before anything is built: how it was launched (srun, an
-sbatch script, torchrun, an interactive job) and which devices it has and was asked for."""
+"""How this process was launched (srun, an sbatch script, torchrun, an interactive job) and which devices it has
+and was asked for, known before anything is built."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ from typing import Any
 import torch
 
 GPU_ACCELERATORS = ("gpu", "cuda")
-#: strategies that run one process per device (the world size is devices x num_nodes)
 MULTIPROCESS_PREFIXES = ("ddp", "fsdp", "deepspeed", "tensor_parallel", "pipeline")
-
 
 #: Lightning ignores SLURM in a job with one of these names (``salloc`` names its job ``interactive``)
 INTERACTIVE_JOB_NAMES = ("bash", "interactive")
@@ -26,22 +24,19 @@ def started_by_srun() -> bool:
 
 
 def interactive_job() -> bool:
-    """True in a job named ``bash`` or ``interactive``, where Lightning does not take ranks from SLURM."""
     return os.environ.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES
 
 
 def launched_by_torchrun() -> bool:
-    """True in a process that ``torchrun`` started; Lightning then takes the ranks from torchrun, even in SLURM."""
+    """True in a process that ``torchrun`` started: Lightning then takes the ranks from torchrun, even in SLURM."""
     return torch.distributed.is_available() and torch.distributed.is_torchelastic_launched()
 
 
 def in_slurm_step() -> bool:
-    """True inside a task that ``srun`` started, in a job where Lightning takes the ranks from SLURM."""
     return "SLURM_NTASKS" in os.environ and started_by_srun() and not interactive_job()
 
 
 def in_slurm_batch_script() -> bool:
-    """True in a SLURM job's batch script, where processes were not started by ``srun``."""
     return "SLURM_JOB_ID" in os.environ and not started_by_srun() and not interactive_job()
 
 
@@ -56,7 +51,6 @@ def resolve_accelerator(accelerator: Any) -> str:
 
 
 def available_devices(accelerator: str) -> int:
-    """How many devices of this kind the machine has."""
     if accelerator == "cuda":
         return torch.cuda.device_count()
     if accelerator == "cpu":
@@ -65,7 +59,7 @@ def available_devices(accelerator: str) -> int:
 
 
 def requested_devices(devices: Any, accelerator: str) -> int | None:
-    """Number of devices ``--trainer.devices`` asks for (``None`` when it cannot be told here)."""
+    """Number of devices ``--trainer.devices`` asks for, or None where it cannot be told here."""
     if isinstance(devices, str):
         devices = devices.strip()
         if devices == "auto":
@@ -81,7 +75,6 @@ def requested_devices(devices: Any, accelerator: str) -> int | None:
 
 
 def world_size(strategy: str | None, devices: int, num_nodes: int) -> int:
-    """Processes the run will have: one per device for the multi-process strategies (and ``auto``), else one."""
     if strategy is None or strategy == "auto" or strategy.startswith(MULTIPROCESS_PREFIXES):
         return devices * num_nodes
     return 1  # single_device, dp

@@ -1,5 +1,4 @@
-"""The errors a user can fix, each told in one paragraph, and the stops on purpose; how the command line prints each
-is ``multigpu/reporting.py``."""
+"""The errors a user can fix, each told in one paragraph, and the stops on purpose (printed by ``reporting.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import sys
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-#: the debug switch jsonargparse already reads; it turns every one-paragraph error back into a traceback
+#: jsonargparse's own debug switch; it turns every one-paragraph error back into a traceback
 DEBUG_ENV = "JSONARGPARSE_DEBUG"
 MAX_DETAIL_CHARS = 400  # a state-dict mismatch or a pickle error can run to a hundred lines
 
@@ -20,8 +19,8 @@ def notice(message: str) -> None:
 
 
 class ConfigurationError(ValueError):
-    """A bad option, file or environment: the message names the option and the fix. ``every_rank``: a check of what
-    all ranks share, which every rank fails alike, so rank 0 reports it for the run whichever rank fails first."""
+    """A bad option, file or environment: the message names the option and the fix. ``every_rank``: every rank
+    fails it alike, so rank 0 reports it whichever rank fails first."""
 
     def __init__(self, message: str, *, every_rank: bool = False) -> None:
         super().__init__(message)
@@ -47,8 +46,7 @@ class TrainingStopped(Exception):
 
 
 class Preempted(TrainingStopped):
-    """Training stopped after saving a resumable checkpoint: 75, requeued, for a preemption notice; ``128 + signal``
-    for a stop a person or a scheduler asked for (130 for Ctrl-C, 143 for SIGTERM)."""
+    """Training stopped after saving a resumable checkpoint: 75 for a preemption notice, else ``128 + signal``."""
 
     exit_code = 75  # EX_TEMPFAIL, "retry later", which the slurm/ scripts requeue
     label = "preempted"
@@ -64,13 +62,12 @@ def one_paragraph(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
 
 
 def describe(exception: BaseException) -> str:
-    """``TypeName: message`` on one line, short enough for a paragraph."""
     return one_paragraph(f"{type(exception).__name__}: {exception}")
 
 
 def causes(exception: BaseException) -> list[BaseException]:
-    """The exception and the ones it was raised from, not its implicit context: code that catches a missing cache
-    file and then fails otherwise must not be reported as a missing file."""
+    """The exception and the ones it was raised from; not its implicit context, or code that catches a missing
+    cache file and then fails otherwise would be reported as a missing file."""
     chain: list[BaseException] = []
     while exception is not None and exception not in chain:
         chain.append(exception)

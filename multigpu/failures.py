@@ -17,9 +17,8 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 
 from multigpu.errors import DEBUG_ENV, ConfigurationError, EnvironmentFailure, causes, describe
 
-#: the network's exceptions: urllib's, the socket's, and the HTTP client's (a server that hung up mid-download)
 NETWORK_ERRORS = (urllib.error.URLError, ConnectionError, TimeoutError, socket.herror, http.client.HTTPException)
-#: packages whose every exception is a failed request (checked by module: none of them is a dependency)
+#: packages whose every exception is a failed request (told by module: none is a dependency)
 NETWORK_PACKAGES = ("requests", "urllib3", "httpx", "aiohttp")
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 NO_PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -28,14 +27,14 @@ NO_NETWORK_ERRNOS = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ECONNREFUSED, 
 
 
 def is_network_error(exception: BaseException) -> bool:
-    """True for an exception of the network (urllib, sockets, HTTP clients), by its type."""
+    """True for an exception of the network, by its type."""
     if isinstance(exception, (*NETWORK_ERRORS, socket.gaierror, ssl.SSLError)):
         return True
     return type(exception).__module__.split(".")[0] in NETWORK_PACKAGES
 
 
 def network_failure(exception: BaseException, url: str | None = None, fix: str | None = None) -> EnvironmentFailure:
-    """The one-paragraph error for no network or a failed download, naming the URL where one is known."""
+    """The one-paragraph error for no network or a failed download, naming the URL where known."""
     if url is None:  # HTTPError keeps its URL, and requests' and httpx's errors their request's
         chain = causes(exception)
         found = [getattr(e, "url", None) or getattr(getattr(e, "request", None), "url", None) for e in chain]
@@ -85,8 +84,7 @@ def file_system_failure(
 
 
 def user_error_of(exception: BaseException) -> ConfigurationError | None:
-    """The configuration, network or file-system error this exception is (or was raised from), by type alone; or
-    None (an error of the code that raised it)."""
+    """The configuration, network or file-system error this exception is or was raised from, by type; else None."""
     for error in causes(exception):
         if isinstance(error, ConfigurationError):
             return error
@@ -97,7 +95,6 @@ def user_error_of(exception: BaseException) -> ConfigurationError | None:
     return None
 
 
-#: what gloo, NCCL and torch.distributed say when a collective waits too long or a peer is gone
 COLLECTIVE_FAILURE_TEXTS = (
     "Timed out",
     "timed out",
@@ -110,8 +107,7 @@ COLLECTIVE_BACKENDS = ("gloo", "NCCL", "c10d", "ProcessGroup")
 
 
 def collective_failure(exception: BaseException) -> bool:
-    """True for a collective of torch.distributed that timed out or lost its connection to another rank: a
-    ``DistBackendError`` or gloo's ``RuntimeError``, told by its text (they have no type of their own)."""
+    """True for a collective that timed out or lost a peer, told by its text: such errors have no type of their own."""
     if getattr(exception, "collective_report", None) or spawned_collective_failure(exception):
         return True
     for error in causes(exception):
@@ -124,16 +120,15 @@ def collective_failure(exception: BaseException) -> bool:
 
 
 def attach_collective_report(exception: BaseException, report: str, rank_zero_reports: bool = False) -> None:
-    """Give a failed collective's exception the report that ``report`` prints instead of its traceback;
-    ``rank_zero_reports``: rank 0 waits in a collective too (or reports already), and its report will cover it."""
+    """Give a failed collective's exception the report printed instead of its traceback; ``rank_zero_reports``:
+    rank 0's own report will cover it."""
     with contextlib.suppress(AttributeError):
         exception.collective_report = report  # type: ignore[attr-defined]
         exception.rank_zero_reports = rank_zero_reports  # type: ignore[attr-defined]
 
 
 def spawned_collective_failure(exception: BaseException) -> bool:
-    """True for a ``ddp_spawn`` worker's failed collective, which reaches the launching process as the text of the
-    worker's traceback: its last line is the collective's error."""
+    """True for a ``ddp_spawn`` worker's failed collective, which arrives as its traceback's text."""
     if not isinstance(exception, ProcessRaisedException):
         return False
     lines = str(exception).strip().splitlines()
@@ -142,8 +137,7 @@ def spawned_collective_failure(exception: BaseException) -> bool:
 
 
 def collective_failure_message(exception: BaseException) -> str:
-    """The paragraph for a failed collective: the report of every rank's place where one was made, else what
-    is known without it."""
+    """The paragraph for a failed collective: the report of every rank's place where one was made."""
     report = getattr(exception, "collective_report", None)
     if report:
         return report

@@ -29,7 +29,7 @@ _LITLOGGER_TIP = _DropMessage("💡 Tip: For seamless cloud logging")
 
 def silence_known_noise() -> None:
     """Install the filters (idempotent)."""
-    # an advertisement for Lightning's cloud logger, at every Trainer
+    # an advertisement for Lightning's cloud logger
     for name in RANK_ZERO_LOGGERS:
         if _LITLOGGER_TIP not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_LITLOGGER_TIP)
@@ -54,16 +54,14 @@ def silence_known_noise() -> None:
         message=r"Checkpoint directory .* exists and is not empty\.",
         module=r"lightning\.pytorch\.callbacks\.model_checkpoint",
     )
-    # a 1x1 convolution's gradient differs from DDP's bucket in strides only on its dimensions of size 1, where they
-    # do not change the memory layout; the warning for any other shape still shows
+    # a 1x1 convolution's strides differ from DDP's bucket only on dimensions of size 1, with the same memory layout
     warnings.filterwarnings(
         "ignore",
         message=r"Grad strides do not match bucket view strides(?s:.*)grad\.sizes\(\) = \[\d+, \d+, 1, 1\],",
         category=UserWarning,
         module=r"torch\.autograd\.graph",
     )
-    # A resume in the middle of an epoch with a loader Lightning cannot position: the template's own note
-    # (multigpu/callbacks/continuation.py) says the same, with the epoch, the batch and the fix.
+    # a mid-epoch resume: multigpu/callbacks/continuation.py's own note says it with the epoch, the batch and the fix
     warnings.filterwarnings(
         "ignore",
         message=r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not",

@@ -1,10 +1,6 @@
 """How the command line reports an exception: one paragraph and its exit status (2 bad input, 1 the environment,
-70 a failed collective); any other exception keeps its traceback.
-
-Where Lightning's launcher starts the ranks from rank 0, rank 0 speaks for the run: the ranks hand their report to
-its ``ReportDesk``. Rank 0 prints the first report and exits with its status, unless it reports a failure of its
-own; a report that rank 0 meets too waits for rank 0's, so which rank fails first does not change what is printed.
-"""
+70 a failed collective); any other exception keeps its traceback. Where rank 0 launched the ranks it speaks for the
+run, so which rank fails first does not change what is printed."""
 
 from __future__ import annotations
 
@@ -43,11 +39,11 @@ def report(exception: BaseException) -> int:
         status = getattr(error, "exit_code", 2)
         say(f"error: {prefix}{error}", status, rank_zero_reports=getattr(error, "every_rank", False))
         return status
-    if collective_failure(exception):  # the report of where every rank is, not the survivor's 150-line traceback
+    if collective_failure(exception):  # where every rank is, not the survivor's 150-line traceback
         waits = bool(getattr(exception, "rank_zero_reports", False))
         say(f"error: {prefix}{collective_failure_message(exception)}", COLLECTIVE_FAILURE_EXIT_CODE, waits)
         return COLLECTIVE_FAILURE_EXIT_CODE
-    if isinstance(exception, ProcessExitedException):  # a ddp_spawn worker was killed: one line, no traceback
+    if isinstance(exception, ProcessExitedException):
         print(f"stopped: {one_paragraph(str(exception))}", file=sys.stderr)
         return 1
     if isinstance(exception, ProcessRaisedException):
@@ -55,7 +51,7 @@ def report(exception: BaseException) -> int:
         print(str(exception).strip(), file=sys.stderr)
         return 1
     origin = getattr(exception, "multigpu_origin", None)
-    if origin is not None:  # an error of the user's own code keeps its traceback, headed by where it came from
+    if origin is not None:
         print(f"error in {origin}; its traceback follows.", file=sys.stderr, flush=True)
     raise exception
 
@@ -71,13 +67,13 @@ def say(text: str, status: int, rank_zero_reports: bool = False) -> None:
 
 
 def hand_over(address: str, message: dict[str, Any]) -> bool:
-    """True once rank 0's desk has taken the report, False where rank 0 is gone (this rank prints its own). A report
-    that rank 0's own covers waits here until rank 0 stops this process."""
+    """True once rank 0's desk has taken the report, False where rank 0 is gone; a report that rank 0's own covers
+    waits here until rank 0 stops this process."""
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.connect(socket_address(address))
         connection.sendall(json.dumps(message).encode() + b"\n")
         with connection.makefile("rb") as answers:
-            return bool(answers.readline())  # an empty line: the desk closed without an answer
+            return bool(answers.readline())
     return False
 
 
@@ -102,15 +98,15 @@ def socket_address(address: str) -> str:
 
 
 class ReportDesk:
-    """Rank 0's end of the hand-over: a thread answering the ranks' reports on a Unix socket, behind which a rank
-    finds no listener where rank 0 is dead. ``before_exit`` runs before ``os._exit``, which runs no ``atexit``."""
+    """Rank 0's end of the hand-over: a thread answering the ranks' reports on a Unix socket, where a rank finds no
+    listener once rank 0 is dead. ``before_exit`` runs before ``os._exit``, which runs no ``atexit``."""
 
     def __init__(self, trainer: Any, before_exit: Callable[[], None] = lambda: None) -> None:
         self.trainer, self.before_exit = trainer, before_exit
         self.folder = None if sys.platform.startswith("linux") else tempfile.mkdtemp(prefix="multigpu-report-")
         name = f"multigpu-report-{uuid.uuid4().hex}"
         self.address = f"@{name}" if self.folder is None else os.path.join(self.folder, "desk")
-        self.waiting: list[socket.socket] = []  # ranks whose report rank 0's own will cover
+        self.waiting: list[socket.socket] = []
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.socket.bind(socket_address(self.address))
         self.socket.listen()
@@ -136,7 +132,7 @@ class ReportDesk:
                 self._close(connection, b"rank 0 reports\n")
             elif message.get("rank_zero_reports"):
                 self.waiting.append(connection)  # rank 0 will fail in its collective too, and report
-            else:  # the run's first failure: rank 0 prints it and ends the run with its status
+            else:
                 # out of Lightning's watch first, whose observer would SIGKILL this process
                 started = release_started_processes(self.trainer)
                 print(message["text"], file=sys.stderr, flush=True)

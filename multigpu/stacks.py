@@ -1,11 +1,8 @@
 """Where every rank of a running (or hung) job is: ``python -m multigpu.stacks RUN_DIR``.
 
-Sends ``SIGUSR2`` to every live rank of the run on this host (their pids are in ``RUN_DIR/stacks/rank-N.json``);
-each rank's interpreter appends all its threads' stacks to ``RUN_DIR/stacks/rank-N.txt`` and carries on training
-(``multigpu/callbacks/stack_dumps.py``). Prints the latest dump of each rank, ranks with the same stack together
-(``multigpu/callbacks/hang_report.py``): the rank that is not where the others are is the one to look at.
-``--no-signal`` only reads the latest dumps, e.g. after ``scancel --signal=USR2 JOB`` or ``pkill -USR2 -f src.cli``
-signalled the ranks on every node.
+Signals every live rank of the run on this host to dump its stacks, then prints each rank's latest dump, ranks with
+the same stack together: the rank that is not where the others are is the one to look at. ``--no-signal`` only
+reads the latest dumps, e.g. after ``scancel --signal=USR2 JOB`` signalled the ranks on every node.
 """
 
 from __future__ import annotations
@@ -24,12 +21,10 @@ from multigpu.callbacks.stack_dumps import (
     wait_for_dumps,
 )
 
-#: how long to wait for the signalled ranks' dumps
 WAIT_S = 3.0
 
 
 def stacks_of(folder: Path, send: bool, wait_s: float = WAIT_S) -> str:
-    """Every rank's latest stack in ``folder``, grouped; with ``send``, fresh ones from the live ranks here."""
     states = read_states(folder)
     fresh = wait_for_dumps(folder, signal_ranks(folder, states), wait_s) if send else {}
     stacks, missing = {}, {}

@@ -49,10 +49,8 @@ class RunCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint``, plus what any user's model needs.
 
     Args:
-        async_save: Write each checkpoint in a background thread while training goes on: a save costs the loop a copy
-            of the state in host memory (``multigpu/checkpoints/background.py``); sharded checkpoints (fsdp2,
-            tensor_parallel, pipeline) too, by torch's ``dcp.async_save``. ``false``: every save is written before
-            training continues.
+        async_save: Write each checkpoint (sharded ones too) in the background while training goes on, at the cost
+            of a copy of the state in host memory. ``false``: every save is written before training continues.
     """
 
     def __init__(self, *args: Any, async_save: bool = True, **kwargs: Any) -> None:
@@ -105,10 +103,9 @@ class RunCheckpoint(ModelCheckpoint):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._validated = self._validated or not trainer.sanity_checking
         if self._save_after_validation and not compat.checkpoint_not_due(self, trainer):
-            # here whether ModelCheckpoint decides at validation ends or at epoch ends
             self._save_after_validation = False
             self._save_pair(trainer)
-        super().on_validation_end(trainer, pl_module)  # finds this step saved
+        super().on_validation_end(trainer, pl_module)
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
         # ModelCheckpoint's one place that decides on the monitored metric (protected: compat's OVERRIDDEN_HOOKS)

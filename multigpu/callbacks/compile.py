@@ -20,23 +20,19 @@ from lightning.pytorch.strategies import (
 from multigpu.compat import compiled_by_torch
 from multigpu.errors import ConfigurationError, notice
 
-#: subclasses of the supported strategies that copy or shard the module in ways a compiled forward does not survive
+#: subclasses of supported strategies that copy or shard the module in ways a compiled forward does not survive
 _REFUSED_SUBCLASSES = (DeepSpeedStrategy, XLAStrategy, SingleDeviceXLAStrategy)
 
 
 def compile_refusal(strategy: Strategy | type[Strategy], given: str = "this strategy") -> str | None:
-    """Why ``--compile`` cannot run under this strategy (an object, or its class before the launch), or None when it
-    can; ``given`` is how the message names the strategy."""
+    """Why ``--compile`` cannot run under this strategy (an object, or its class before the launch), or None."""
     kind = strategy if isinstance(strategy, type) else type(strategy)
     name = kind.__name__
     if issubclass(kind, (SingleDeviceStrategy, DDPStrategy)) and not issubclass(kind, _REFUSED_SUBCLASSES):
         return None
     why = {
-        # the template's dp puts its own forward on the module, which copies the module onto the GPUs and runs the
-        # class's forward on every copy: a compiled forward would be replaced, and never run
         "DataParallelStrategy": "dp copies the module onto every GPU at each step and runs the class's eager forward"
         " on each copy in place of the module's forward, so a compiled forward would never run",
-        # multigpu/strategies/pipeline/: the schedules call the stages pipeline_stage returns, never the forward
         "PipelineStrategy": "pipeline trains by running the modules the model's pipeline_stage returns, stage by"
         " stage, and evaluates through them in place of the module's forward, so a compiled forward would never run",
     }.get(name, f"{name} shards or wraps the module itself, which the template's compile does not support")
@@ -49,9 +45,8 @@ def compile_refusal(strategy: Strategy | type[Strategy], given: str = "this stra
 class CompileModel(Callback):
     """Compiles the LightningModule's ``forward`` (what ``self(x)`` in the steps runs) with ``torch.compile``.
 
-    Only ``forward``, set on the instance: the steps, ``self.log`` and metrics stay eager and the checkpoint's keys
-    are unchanged (``docs/best_practices.md`` says why). It compiles in ``setup``, after the launch, so
-    ``ddp_spawn`` never pickles a compiled function, and puts the eager ``forward`` back in ``teardown``.
+    Only ``forward``, set on the instance, so the checkpoint's keys are unchanged (``docs/best_practices.md``); in
+    ``setup``, after the launch, so ``ddp_spawn`` never pickles a compiled function.
 
     Args:
         mode: ``torch.compile``'s mode: ``default``, ``reduce-overhead`` (CUDA graphs) or ``max-autotune``.
@@ -84,15 +79,14 @@ class CompileModel(Callback):
             f"compiling {type(pl_module).__name__}.forward with torch.compile (backend {self.backend}):"
             " the first steps of each stage run slower while it compiles"
         )
-        options = {"mode": self.mode} if self.backend == "inductor" else {}  # modes are inductor's
+        options = {"mode": self.mode} if self.backend == "inductor" else {}
         self._compiled = torch.compile(
             pl_module.forward, fullgraph=self.fullgraph, dynamic=self.dynamic, backend=self.backend, **options
         )
-        # the user's forward replaced on the instance: the class's stays, and so do the checkpoint's keys
         pl_module.forward = self._compiled
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # the eager forward again, so that the module pickles (ddp_spawn's next stage, torch.save) as before
+        # the eager forward again, so the module pickles (ddp_spawn's next stage, torch.save)
         if self._compiled is not None and vars(pl_module).get("forward") is self._compiled:
             del pl_module.forward
         self._compiled = None

@@ -44,8 +44,8 @@ FRAME_LINE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<fun
 
 
 def parse_dumps(text: str) -> list[list[ThreadStack]]:
-    """The dumps in ``text``, oldest first, each a list of its threads. faulthandler writes no header per dump: a
-    thread seen twice starts the next dump, and so does a ``MARK`` line."""
+    """The dumps in ``text``, oldest first, each a list of its threads."""
+    # faulthandler writes no header per dump: a thread seen twice starts the next one, as does a MARK line
     dumps: list[list[ThreadStack]] = []
     thread: ThreadStack | None = None
     marked = False
@@ -142,7 +142,7 @@ def collective_of(frames: list[Frame]) -> str | None:
         if "torch/distributed/" in file and frame.function in COLLECTIVES:
             return f"torch.distributed.{frame.function}"
         if file.endswith("torch/distributed/distributed_c10d.py") and not frame.function.startswith("_"):
-            return f"torch.distributed.{frame.function}"  # the process group's own calls (all_gather_single, ...)
+            return f"torch.distributed.{frame.function}"  # the process group's own (all_gather_single, ...)
         if "torch/distributed/fsdp/" in file and frame.function.startswith("foreach_"):
             return f"FSDP2's {frame.function.removeprefix('foreach_').replace('_', '-')} of the parameters"
         if "torch/distributed/tensor/" in file and "redistribute" in frame.function:
@@ -179,7 +179,7 @@ def phase_of(frames: list[Frame]) -> str | None:
 
 @dataclass
 class RankView:
-    """One rank when the report is written: its state file, its main-thread stack (None: sent none), and why."""
+    """One rank when the report is written; ``frames`` None where it sent no stack, ``missing`` saying why."""
 
     rank: int
     state: dict[str, Any] = field(default_factory=dict)
@@ -217,8 +217,7 @@ def where(view: RankView) -> str:
 
 
 def hang_report(failed_rank: int, error: str, views: list[RankView], folder: str | os.PathLike) -> str:
-    """The paragraph for a collective that failed on ``failed_rank``: the ranks that did not arrive and where they
-    are, the collective the others wait in."""
+    """The paragraph for a collective that failed on ``failed_rank``: who did not arrive, and where each rank is."""
     stuck = [v for v in views if v.frames is not None and collective_of(v.frames) is None]
     gone = [v for v in views if v.frames is None]
     waiting: dict[str, list[RankView]] = {}
@@ -256,8 +255,6 @@ def hang_report(failed_rank: int, error: str, views: list[RankView], folder: str
 
 
 def first_failure_report(failed_rank: int, collective: str | None, failure: dict[str, Any]) -> str:
-    """The paragraph of a rank whose collective failed because another rank raised first: one sentence for this
-    rank, then the first failure, which is what the person must read (the survivors' errors only follow from it)."""
     waited = f" in {collective}" if collective else ""
     place = f" at {failure['where']}" if failure.get("where") else ""
     return (
@@ -267,13 +264,12 @@ def first_failure_report(failed_rank: int, collective: str | None, failure: dict
 
 
 def shown_frames(frames: list[Frame]) -> list[Frame]:
-    """The frames a person reads of a stack: the innermost one, where it is, then the user's own."""
+    """The innermost frame, where the rank is, then the user's own."""
     return [f for i, f in enumerate(frames) if i == 0 or not is_library(f.file)]
 
 
 def group_stacks(stacks: dict[int, list[Frame]]) -> list[tuple[list[int], list[Frame]]]:
-    """Ranks whose stacks show the same frames (the user's, and the collective they wait in), together: the
-    groups in order of their lowest rank, each with its ranks and the first rank's frames."""
+    """Ranks with the same user frames, collective and phase, grouped in order of their lowest rank."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for rank in sorted(stacks):
         frames = stacks[rank]
@@ -283,8 +279,6 @@ def group_stacks(stacks: dict[int, list[Frame]]) -> list[tuple[list[int], list[F
 
 
 def format_groups(stacks: dict[int, list[Frame]], states: dict[int, dict[str, Any]], missing: dict[int, str]) -> str:
-    """The stacks of a run for a person: one block per group of ranks with the same stack, then the ranks
-    without one."""
     blocks = []
     for ranks, frames in group_stacks(stacks):
         steps = sorted({states.get(r, {}).get("step") for r in ranks} - {None})

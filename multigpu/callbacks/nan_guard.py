@@ -1,10 +1,7 @@
 """Stop training at a NaN or infinite loss, before the bad weights reach a checkpoint.
 
-Reading the loss waits for the device, so the guard records the first non-finite step on the device and reads
-that record only when it is cheap or needed: every step in one CPU process, every ``log_every_n_steps`` steps on
-an accelerator or under several processes (when the logger waits anyway), and always before a checkpoint is
-written, so a non-finite step's weights never overwrite the last good checkpoint.
-"""
+Reading the loss waits for the device, so the first non-finite step is recorded on the device and read only when
+the logger waits anyway, or before a checkpoint is written."""
 
 from __future__ import annotations
 
@@ -28,7 +25,6 @@ class NonFiniteLoss(TrainingStopped):
 
 
 def last_good_checkpoint(trainer: L.Trainer) -> str | None:
-    """The newest checkpoint file any ``ModelCheckpoint`` of this trainer wrote, or the one the run resumed from."""
     paths = []
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint):
@@ -46,8 +42,6 @@ class NonFiniteLossGuard(Callback):
         check_every_n_steps: Optimizer steps between reads of the device-side record; 0 picks 1 on a CPU and
             ``log_every_n_steps`` on an accelerator or under several processes. A checkpoint save always reads it
             first.
-
-    ``--callbacks_off=[nan_guard]`` trains through non-finite losses.
     """
 
     def __init__(self, check_every_n_steps: int = 0) -> None:
@@ -67,15 +61,15 @@ class NonFiniteLossGuard(Callback):
             return
         if self._every.n == 1 and trainer.world_size == 1 and loss.device.type == "cpu" and loss.numel() == 1:
             # one CPU process reads every step: a Python float is ten times cheaper than the tensor ops below
-            if not math.isfinite(loss.item()):  # the first one: every earlier bad loss stopped the run here
+            if not math.isfinite(loss.item()):
                 self._first_bad.fill_(trainer.global_step + 1)
-                self._check(trainer)  # the step stops before backward and the optimizer touch the weights
+                self._check(trainer)  # before backward and the optimizer touch the weights
             return
         bad = ~torch.isfinite(loss.detach()).all()
-        # keep the earliest: only a step with no record yet and a bad loss writes its number (no host sync)
+        # the earliest, without a host sync
         self._first_bad = torch.where(bad & (self._first_bad < 0), trainer.global_step + 1, self._first_bad)
         if self._every.n == 1 and trainer.world_size == 1:
-            self._check(trainer)  # the step stops before backward and the optimizer touch the weights
+            self._check(trainer)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -92,8 +86,7 @@ class NonFiniteLossGuard(Callback):
         assert self._first_bad is not None
         first_bad = self._first_bad
         if trainer.world_size > 1:
-            # the earliest record of any rank: a NaN on one rank reaches the others' weights (and losses) a step
-            # later through the gradient all-reduce
+            # the earliest of any rank: a NaN on one rank reaches the others a step later through the all-reduce
             none = torch.iinfo(first_bad.dtype).max
             first_bad = trainer.strategy.reduce(torch.where(first_bad < 0, none, first_bad), reduce_op="min")
             first_bad = torch.where(first_bad == none, -1, first_bad)

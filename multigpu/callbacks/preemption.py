@@ -1,7 +1,6 @@
 """Stop cleanly on a signal: save ``last.ckpt`` at a step boundary on every rank, exit non-zero, requeue on SLURM
-(docs/checkpoints.md). The handler only sets a flag, unlike Lightning's, which saves inside it, possibly mid-step
-while the other ranks sit in a collective; the ranks agree on it at a step boundary and save after that step's
-validation, so that the resumed run neither skips nor repeats it."""
+(docs/checkpoints.md). Unlike Lightning's, the handler only sets a flag (saving inside it could land mid-step while
+other ranks sit in a collective); the ranks agree at a step boundary, so a resumed run neither skips nor repeats it."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ from multigpu.errors import Preempted
 
 log = logging.getLogger(__name__)
 
-#: stops asked for by a person or a scheduler, besides the preemption notice; their exit code is 128 + signal
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 STOP_EXIT_CODES = (Preempted.exit_code, *(128 + s for s in STOP_SIGNALS))
 #: a terminal sends Ctrl-C to every process, and ddp_spawn's launcher forwards it too: the same key press
@@ -48,7 +46,7 @@ class AnyRankVote:
         self.in_flight: tuple[torch.Tensor, Any] | None = None
 
     def setup(self, world_size: int) -> None:
-        """Create the CPU group; call on every rank at the same point (a collective)."""
+        """Create the CPU group: a collective, called on every rank."""
         if world_size > 1 and dist.is_available() and dist.is_initialized() and self.group is None:
             self.group = dist.new_group(backend="gloo")
 
@@ -117,7 +115,7 @@ class PreemptionCheckpoint(Callback):
         self.signal_number = signal.Signals[signal_name.upper()]
         self.requeue = requeue
         self.filename = filename
-        self.received = 0  # the signal number this process received (0: none)
+        self.received = 0
         self._first_sigint = 0.0
         self._stop_signal = 0
         self._previous_handlers: dict[int, Any] = {}
@@ -127,7 +125,6 @@ class PreemptionCheckpoint(Callback):
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self._first_sigint and time.monotonic() - self._first_sigint > SAME_KEY_PRESS_S:
-            # a second Ctrl-C: the person does not want to wait for the step to end
             raise Preempted(
                 "a second Ctrl-C stopped training at once, without saving; resume from the last saved checkpoint"
                 f" with {RESUME_HINT}",
@@ -145,10 +142,9 @@ class PreemptionCheckpoint(Callback):
             skip_per_step_sigterm_broadcast(trainer)
 
     def _take_signals(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning registers its handlers just before training starts: taken over at the sanity check, and again
-        # (idempotent) at the train start for runs without one
+        # Lightning registers its handlers just before training: taken over at the sanity check, or at train start
         if threading.current_thread() is not threading.main_thread():
-            return  # only the main thread can handle signals
+            return
         for signum in (self.signal_number, *STOP_SIGNALS):
             self._previous_handlers.setdefault(signum, signal.signal(signum, self._handle))
 
@@ -200,13 +196,13 @@ class PreemptionCheckpoint(Callback):
         self._saved_path = self.checkpoint_path(trainer)
         # weights_only=False said explicitly: left unset, Lightning logs that it defaulted to it at every save
         trainer.save_checkpoint(self._saved_path, weights_only=False)
-        wait_for_checkpoints(trainer)  # written in the background: on disk before any rank goes on
+        wait_for_checkpoints(trainer)
         trainer.strategy.barrier("preemption")  # every rank is done before a requeue can end the job step
 
     @staticmethod
     def _requeue(trainer: L.Trainer, job_id: str, saved: str) -> str:
-        """``scontrol requeue`` from rank 0; the message to stop with. The requeue ends the job step at once, so the
-        logs and the saved line are written before it."""
+        """``scontrol requeue`` from rank 0; the message to stop with."""
+        # the requeue ends the job step at once: the logs and the saved line go out first
         for logger in trainer.loggers:
             logger.save()
         print(
@@ -221,10 +217,10 @@ class PreemptionCheckpoint(Callback):
         return f"scontrol requeue {job_id} failed, the job is not requeued; resume with {RESUME_HINT}"
 
     def _stop(self, trainer: L.Trainer) -> None:
-        wait_for_checkpoints(trainer)  # ModelCheckpoint's save of the same step too, before the requeue or exit
+        wait_for_checkpoints(trainer)  # ModelCheckpoint's save of the same step too
         preempted = self._stop_signal == self.signal_number
         job_id = os.environ.get("SLURM_JOB_ID")
-        if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:  # what scontrol requeue needs
+        if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:
             job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
         name = signal.Signals(self._stop_signal).name
         saved = f"{name}: saved {self._saved_path} at step {trainer.global_step}"

@@ -1,8 +1,5 @@
-"""Progress output: a Rich bar on an interactive terminal, plain log lines everywhere else.
-
-Carriage-return progress bars (tqdm, Rich) turn SLURM and CI logs into megabytes of redrawn lines. The plain
-bar is written by hand because Lightning has no line-per-interval progress callback.
-"""
+"""Progress output: a Rich bar on an interactive terminal, plain log lines everywhere else (carriage-return bars
+turn SLURM and CI logs into megabytes of redrawn lines, and Lightning has no line-per-interval progress callback)."""
 
 from __future__ import annotations
 
@@ -17,17 +14,13 @@ from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 from multigpu.callbacks.steps import EveryNSteps
 from multigpu.callbacks.throughput import shown_figures
 
-#: Training metrics the progress output shows, read from ``trainer.callback_metrics`` when it draws. The engine's
-#: models log them without ``prog_bar=True``: Lightning turns every ``prog_bar`` value into a Python number after
-#: every training batch, also on the steps that did not log it (``_LoggerConnector.on_batch_end``), and on a GPU
-#: each such number is a host-device synchronisation per step (``scripts/sync_count.py``).
+#: read from ``callback_metrics`` rather than logged with ``prog_bar=True``, which Lightning turns into a number
+#: after every batch: a host-device sync per step on a GPU (``scripts/sync_count.py``)
 SHOWN_TRAINING_METRICS = ("train/loss",)
 
 
 class ShownTrainingMetrics:
-    """``SHOWN_TRAINING_METRICS`` as numbers, read from the device on the steps the logger writes (and once before
-    the first of them): in between, the last numbers read (``callback_metrics`` gives a new tensor at each access,
-    so a value logged steps ago cannot be told from a new one)."""
+    """``SHOWN_TRAINING_METRICS`` as numbers, read from the device only on the steps the logger writes."""
 
     def __init__(self) -> None:
         self._shown: dict[str, float] = {}
@@ -75,8 +68,7 @@ class PlainProgressBar(ProgressBar):
         elapsed = time.perf_counter() - self._start
         metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
         total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
-        # an iterable dataset without a length has no known total; manual optimization may step several times
-        # per batch, which Lightning's estimate does not count
+        # unknown for an iterable dataset without a length
         known = isinstance(total, int) or (isinstance(total, float) and math.isfinite(total))
         position = f"epoch {trainer.current_epoch} step {trainer.global_step}" + (f"/{int(total)}" if known else "")
         shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
@@ -84,7 +76,7 @@ class PlainProgressBar(ProgressBar):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.perf_counter()
-        self._every = EveryNSteps(self.every_n_steps, start=trainer.global_step)  # a resumed run: its next multiple
+        self._every = EveryNSteps(self.every_n_steps, start=trainer.global_step)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int

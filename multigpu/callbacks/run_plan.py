@@ -1,8 +1,5 @@
-"""The run plan: what a training run is about to do, printed once by rank 0 and saved as ``run_plan.json``.
-
-A launch that silently trains with the wrong batch, precision or checkpoint wastes a cluster allocation; the
-table makes every such fact visible before the first step, and the JSON keeps it beside the run's metrics.
-"""
+"""The run plan: what a training run is about to do, printed once by rank 0 and saved as ``run_plan.json``, so
+a wrong batch, precision or checkpoint shows before the first step."""
 
 from __future__ import annotations
 
@@ -23,12 +20,10 @@ from multigpu.strategies.model_parallel import memory_per_rank
 from multigpu.topology import data_parallel_world
 
 PLAN_FILE = "run_plan.json"
-#: what the plan's ``data_order`` says of a loader the engine samples, and how it starts for any other
 SAME_ORDER = "the same at any number of processes (the engine's global order)"
 ORDER_DEPENDS = "depends on the number of processes"
 
-#: torch's BatchNorm layers (the lazy ones become BatchNormNd once they see an input); the common base class of
-#: them all is private, so they are listed
+#: listed, as their common base class is private
 BATCH_NORMS = (
     nn.BatchNorm1d,
     nn.BatchNorm2d,
@@ -41,7 +36,6 @@ BATCH_NORMS = (
 
 
 def batch_norm_layers(module: nn.Module) -> list[str]:
-    """Names of the module's BatchNorm layers, whose training statistics depend on how a batch is split."""
     return [name for name, child in module.named_modules() if isinstance(child, BATCH_NORMS)]
 
 
@@ -63,7 +57,7 @@ def _validation(trainer: L.Trainer) -> str:
 
 
 def batch_norm_note(trainer: L.Trainer, pl_module: L.LightningModule, micro: int | None) -> str | None:
-    """What the model's BatchNorm layers normalise over, and whether that is what one device would (None: none)."""
+    """What the model's BatchNorm layers normalise over, and whether that is what one device would."""
     layers = batch_norm_layers(pl_module)
     if not layers:
         return None
@@ -93,7 +87,6 @@ def batch_norm_note(trainer: L.Trainer, pl_module: L.LightningModule, micro: int
 
 
 def engine_meaning(loader: Any) -> str | None:
-    """What the batch of a loader the engine samples means (its sampler's or stream's), None for any other."""
     for owner in (getattr(loader, "sampler", None), getattr(loader, "dataset", None)):
         meaning = getattr(owner, "meaning", None)
         if isinstance(meaning, str):
@@ -102,14 +95,11 @@ def engine_meaning(loader: Any) -> str | None:
 
 
 def batch_meaning(loader: Any) -> str:
-    """What a training loader's ``batch_size`` means: the global batch of one optimizer step where the engine
-    samples it (``multigpu/data/loaders.py``), else each process's micro-batch."""
     own = self_sharded_meaning(loader) or engine_meaning(loader)
     return own or "per process (Lightning's meaning: the engine does not sample this loader)"
 
 
 def data_order(loader: Any) -> str:
-    """Whether a training loader's order depends on the number of processes, and why."""
     library = shards_itself(loader)
     if library:
         return f"{ORDER_DEPENDS}: {library} stripes its samples among the processes"
@@ -122,7 +112,6 @@ def data_order(loader: Any) -> str:
 
 
 def per_loader(loaders: Any, fact: Any) -> str | list[str] | None:
-    """``fact`` of the training loader, or of each of several (``loader i: ...``)."""
     if loaders is None:
         return None
     flattened = loaders.flattened if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders).flattened
@@ -132,9 +121,8 @@ def per_loader(loaders: Any, fact: Any) -> str | list[str] | None:
 
 
 def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-    """The facts of a fit that is about to start (call it once the data loaders are built, e.g. on_train_start)."""
+    """The facts of a fit that is about to start, once its data loaders are built."""
     loader = trainer.train_dataloader
-    # the per-process batch: the DataLoader's batch_size, or its batch sampler's
     sizes = [getattr(owner, "batch_size", None) for owner in (loader, getattr(loader, "batch_sampler", None))]
     micro = next((size for size in sizes if isinstance(size, int)), None)
     accumulate = trainer.accumulate_grad_batches
@@ -143,8 +131,7 @@ def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]
         math.ceil(batches_per_epoch / accumulate) if not math.isinf(batches_per_epoch) else batches_per_epoch
     )
     datamodule = getattr(trainer, "datamodule", None)
-    # dp splits a process's micro-batch over its GPUs; ddp gives each process its own; the ranks of one
-    # tensor-parallel group share theirs
+    # the ranks of one tensor-parallel group share a micro-batch
     data_parallel = data_parallel_world(trainer.strategy)
     replicas = data_parallel[0] if data_parallel else trainer.world_size
     return {
@@ -174,12 +161,11 @@ def run_plan(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]
         "seed": int(os.environ["PL_GLOBAL_SEED"]) if "PL_GLOBAL_SEED" in os.environ else None,
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         **{f"{name}_bytes_per_rank": value for name, value in memory_per_rank(pl_module, trainer.optimizers).items()},
-        **(trainer.strategy.pipeline_plan() if hasattr(trainer.strategy, "pipeline_plan") else {}),  # pipeline
+        **(trainer.strategy.pipeline_plan() if hasattr(trainer.strategy, "pipeline_plan") else {}),
     }
 
 
 def format_plan(plan: dict[str, Any]) -> str:
-    """The plan as an aligned two-column table."""
     width = max(len(key) for key in plan)
     rows = []
     for key, value in plan.items():
@@ -189,9 +175,7 @@ def format_plan(plan: dict[str, Any]) -> str:
 
 
 class RunPlan(Callback):
-    """Prints the run plan (strategy, devices, precision, batch, steps, validation, directories, resume, seed)
-    when training starts, on rank 0, and writes it as ``run_plan.json`` into the log directory of this start
-    (``<run dir>/logs/version_N/``, or the run directory without a logger).
+    """Prints the run plan when training starts, on rank 0, and writes it into this start's log directory.
 
     Args:
         print_plan: Print the table (the JSON file is written either way).
@@ -210,6 +194,6 @@ class RunPlan(Callback):
             return
         if self.print_plan:
             print(format_plan(self.plan), flush=True)
-        if not trainer.fast_dev_run:  # a smoke test writes nothing
+        if not trainer.fast_dev_run:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / PLAN_FILE).write_text(json.dumps(self.plan, indent=2) + "\n")

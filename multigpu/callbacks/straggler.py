@@ -1,15 +1,6 @@
-"""A rank slower than the others, named: every ``log_every_n_steps`` steps the ranks exchange how long their own
-work took, and rank 0 prints the rank that holds the others back and logs ``perf/straggler_ratio``.
-
-Each rank times its own work with the host clock, no device sync: the training step and the optimizer step, and
-the time between steps (the next batch from the loader, and the callbacks that run between steps). Backward is
-left out: DDP's gradient all-reduce in it waits for the slowest rank, so that every rank's whole step lasts as
-long as the slowest one's. The figures of an interval travel in one asynchronous ``all_gather`` on a CPU (gloo)
-group, read at the next interval, long finished by then, so that no step waits for it.
-
-On GPUs the host clock sees the work the host does (Python, the loader, launching kernels), not how long the
-device takes to run them: a rank whose GPU is slow shows as the others waiting for it, not here.
-"""
+"""A rank slower than the others, named (docs/troubleshooting.md). Each rank times its own work with the host clock,
+no device sync; backward is left out, as DDP's all-reduce in it makes every rank's step as long as the slowest's.
+An interval's figures travel in an asynchronous gloo ``all_gather`` read at the next interval, so no step waits."""
 
 from __future__ import annotations
 
@@ -40,20 +31,17 @@ class Straggler:
 
     @property
     def cause(self) -> str:
-        """Which of its times is the slow one: data (and the work between steps) or its own compute."""
         return "data" if self.data_s - self.median_data_s > self.own_s - self.median_own_s else "compute"
 
 
 def straggler_ratio(times: list[tuple[float, float]]) -> float:
-    """The slowest rank's time per step (own work plus data) over the median rank's; 1.0 where all are equal."""
     totals = [own + data for own, data in times]
     median = statistics.median(totals)
     return max(totals) / median if median > 0 else 1.0
 
 
 def find_straggler(times: list[tuple[float, float]], factor: float, min_excess_s: float) -> Straggler | None:
-    """The slowest rank where it takes ``factor`` times the median's time per step and ``min_excess_s`` more
-    (tiny steps vary by more than a factor between ranks without anyone holding the others back), or None."""
+    """The slowest rank where it takes ``factor`` times the median's time per step and ``min_excess_s`` more."""
     totals = [own + data for own, data in times]
     median = statistics.median(totals)
     slowest = max(range(len(totals)), key=totals.__getitem__)
@@ -64,7 +52,6 @@ def find_straggler(times: list[tuple[float, float]], factor: float, min_excess_s
 
 
 def describe_straggler(straggler: Straggler, steps: str) -> str:
-    """The line rank 0 prints."""
     total = straggler.own_s + straggler.data_s
     median = straggler.median_own_s + straggler.median_data_s
     if straggler.cause == "data":
@@ -109,7 +96,7 @@ class StragglerReport(Callback):
         self._batches = 0
         self._first_step = step + 1
         self._gap_start: float | None = None
-        self._mark: float | None = None  # when this rank's own work last started (None: in backward)
+        self._mark: float | None = None  # when this rank's own work last started; None in backward
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and trainer.world_size > 1 and dist.is_initialized() and self._group is None:
@@ -129,11 +116,11 @@ class StragglerReport(Callback):
 
     def on_before_backward(self, *args: Any) -> None:
         if self._mark is not None:
-            self._own += time.perf_counter() - self._mark  # the training step
-        self._mark = None  # backward: DDP's all-reduce in it waits for the slowest rank, left out
+            self._own += time.perf_counter() - self._mark
+        self._mark = None
 
     def on_before_optimizer_step(self, *args: Any) -> None:
-        self._mark = time.perf_counter()  # backward is over: the optimizer step is this rank's own work again
+        self._mark = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         now = time.perf_counter()
@@ -145,7 +132,7 @@ class StragglerReport(Callback):
             self._exchange(trainer)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._gap_start = None  # validation is not waiting for training data
+        self._gap_start = None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.training:
@@ -156,7 +143,6 @@ class StragglerReport(Callback):
             self._read(trainer)
 
     def _exchange(self, trainer: L.Trainer) -> None:
-        """Read the previous interval's figures (long arrived), and send this one's."""
         if self._in_flight is not None:
             self._read(trainer)
         batches = max(self._batches, 1)
@@ -178,6 +164,5 @@ class StragglerReport(Callback):
             logger.log_metrics({"perf/straggler_ratio": straggler_ratio(times)}, step=logging_step(trainer))
         straggler = find_straggler(times, self.factor, self.min_excess_s)
         if straggler is not None and straggler.rank != self._named:
-            # once per rank that becomes the straggler; perf/straggler_ratio follows it at every interval
             print(describe_straggler(straggler, steps), file=sys.stderr, flush=True)
         self._named = straggler.rank if straggler is not None else None

@@ -14,16 +14,13 @@ _RIGHT_ALIGNED = ("Params", "Params per Device", "FLOPs", "In sizes", "Out sizes
 
 
 class ModelSummary(RichModelSummary):
-    """Lightning's Rich model summary, with FLOPs only where they are known.
-
-    Lightning counts FLOPs only with an ``example_input_array`` (else a column of zeros); without one, a module
-    that declares its training FLOPs (``flops_per_sample`` or ``flops_per_batch``) shows that figure instead.
-    """
+    """Lightning's Rich model summary, with FLOPs only where known: counted from an ``example_input_array``, or
+    declared by the module (``flops_per_sample``, ``flops_per_batch``), never a column of zeros."""
 
     _declared: tuple[str, float] | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.is_global_zero:  # the one process that prints the summary
+        if trainer.is_global_zero:
             self._declared = module_flops(pl_module)
         super().on_fit_start(trainer, pl_module)
 

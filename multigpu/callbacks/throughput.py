@@ -45,8 +45,7 @@ def compute_kind(precision: str) -> str:
 
 
 def dense_peak_flops(device: torch.device, precision: str) -> float | None:
-    """Dense peak FLOP/s of one device at this precision (989.4e12 for ``bf16-mixed`` on an H100 SXM), or None
-    where unknown (any CPU, an unlisted GPU)."""
+    """Dense peak FLOP/s of one device at this precision, or None where unknown (any CPU, an unlisted GPU)."""
     if device.type != "cuda":
         return None
     kind = compute_kind(precision)
@@ -93,9 +92,8 @@ def shown_figures(trainer: L.Trainer) -> dict[str, float]:
 class SpeedMonitor(Callback):
     """Logs samples/s (and tokens/s), TFLOP/s, MFU, peak memory and the share of time spent waiting for data.
 
-    Figures cover the steps since the last log, validation excluded; tokens are counted when the batch's first
-    tensor holds token ids ``(N, T)``, MFU when the module exposes its FLOPs and the peak is known. They go to the
-    loggers only, not ``trainer.callback_metrics``, so no callback can monitor them.
+    Figures cover the steps since the last log, validation excluded; they go to the loggers only, not
+    ``trainer.callback_metrics``, so no callback can monitor them.
 
     Args:
         peak_tflops: Dense peak of one device at the run's precision, TFLOP/s; overrides the built-in table. Give
@@ -122,7 +120,7 @@ class SpeedMonitor(Callback):
         self._gap_start: float | None = None
         self._batch_start = 0.0
         self._every = EveryNSteps()
-        #: the figures of the last interval that the template's progress output shows
+        #: what the progress output shows
         self.shown: dict[str, float] = {}
 
     def _reset_interval(self) -> None:
@@ -133,7 +131,6 @@ class SpeedMonitor(Callback):
         self._wait = 0.0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # dp runs one process over several GPUs; ddp runs one process per device
         self._devices_per_process = trainer.num_devices if trainer.world_size == 1 else 1
         self._flops = module_flops(pl_module)
         if self.peak_tflops is not None:
@@ -183,18 +180,16 @@ class SpeedMonitor(Callback):
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.strategy.root_device.type == "cuda":
-            # once per logging interval, not per step: Lightning's logger turns the loss into a float on this same
-            # step, which waits for the device anyway; waiting here first makes the interval's time exact
+            # once per interval, on a step whose logging syncs anyway: the interval's time is then exact
             torch.cuda.synchronize(trainer.strategy.root_device)
         now = time.perf_counter()
         elapsed = self._busy + (now - self._batch_start) + self._wait
         if elapsed <= 0 or self._batches == 0:
             return
-        # ranks of one tensor-parallel group load the same batch: count it once per data-parallel replica
+        # a tensor-parallel group's ranks load the same batch: counted once per data-parallel replica
         data_parallel = data_parallel_world(trainer.strategy)
         processes = data_parallel[0] if data_parallel else trainer.world_size
         devices = trainer.world_size * self._devices_per_process
-        # every process loads the same micro-batch size, so the global rate is this process's times the processes
         metrics = {
             "perf/samples_per_s": self._samples * processes / elapsed,
             "perf/samples_per_s_per_device": self._samples * processes / elapsed / devices,
@@ -216,16 +211,13 @@ class SpeedMonitor(Callback):
         metrics.update({f"perf/{name}_bytes_per_rank": float(value) for name, value in held.items()})
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and scaler.is_enabled():
-            # 16-mixed scales the loss so fp16 gradients do not underflow; a falling scale means overflowing steps
-            # (skipped by the scaler). Reading it syncs, as the step's logging does anyway.
+            # a falling scale means steps the scaler skipped on overflow; reading it syncs, as logging does anyway
             metrics["perf/grad_scale"] = float(scaler.get_scale())
         metrics["perf/data_wait"] = self._wait / elapsed
         shown = {"perf/tokens_per_s" if self._tokens else "perf/samples_per_s", "perf/mfu", "perf/tflops_per_device"}
         shown |= {"perf/data_wait", "perf/memory_allocated_gb", "perf/memory_rss_gb"}
         self.shown = {name: value for name, value in metrics.items() if name in shown} if self.prog_bar else {}
-        # straight to the loggers, as Lightning's LearningRateMonitor does: `self.log` costs about 0.25 ms per
-        # value in Lightning's result bookkeeping, a measurable share of a small step for figures that need
-        # neither reduction nor epoch aggregation
+        # straight to the loggers: `self.log` costs ~0.25 ms per value, for figures that need no reduction
         step = logging_step(trainer)  # the step of the loss rows logged with them (W&B drops steps going back)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)

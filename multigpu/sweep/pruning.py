@@ -1,15 +1,7 @@
 """The callback inside every trial's fit run: report the objective at each validation, prune once for all ranks.
 
-The sweep worker adds it with ``--trainer.callbacks+={"class_path": "multigpu.sweep.pruning.SweepPruning", ...}`` and
-names the trial in the environment (``SWEEP_DIR``, ``SWEEP_TRIAL``), which every rank inherits: from Lightning's
-ddp launcher, from srun, from ``ddp_spawn``. Only rank 0 opens the Optuna journal, reports the value and asks
-``should_prune``; the answer is broadcast, so every rank stops at the same step and none waits for the others in
-a collective. Outside a sweep (``fit --config <trial>/config.yaml``) the environment names no trial and the
-callback only checks that the objective is logged.
-
-A value that is not finite prunes the trial and is never reported, so that it cannot skew the sampler. A metric
-that the model never logs stops the run at its first validation, naming the metrics it does log.
-"""
+The trial is named in the environment, which every rank inherits; only rank 0 opens the journal, and its answer is
+broadcast so every rank stops at the same step. A non-finite value prunes without being reported to the sampler."""
 
 from __future__ import annotations
 
@@ -29,11 +21,7 @@ CONFIG_FILE = "config.yaml"
 
 
 class SweepPruning(Callback):
-    """Report ``monitor`` after each validation to the sweep's trial and stop when the pruner says so.
-
-    Args:
-        monitor: The objective: a metric the model logs at validation (``trainer.callback_metrics``).
-    """
+    """Report ``monitor`` after each validation to the sweep's trial and stop when the pruner says so."""
 
     def __init__(self, monitor: str = "val/loss") -> None:
         self.monitor = monitor
@@ -98,10 +86,7 @@ class SweepPruning(Callback):
 
 
 def _save_reproducible_config(trainer: L.Trainer, path: Path) -> None:
-    """Write the run's resolved config once, without ``ckpt_path``: ``fit --config`` it to train the trial again.
-
-    LightningCLI keeps it in ``logs/version_N/config.yaml`` per start (the first start's holds no ``ckpt_path``
-    only by chance); the sweep's reports point at this one file."""
+    """Write the run's resolved config once, without ``ckpt_path``: ``fit --config`` it to train the trial again."""
     if path.exists():
         return
     saver = next((c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
@@ -110,9 +95,8 @@ def _save_reproducible_config(trainer: L.Trainer, path: Path) -> None:
     config = saver.config.clone()
     if "ckpt_path" in config:
         config["ckpt_path"] = None
-    # the CLI fills in the run directory's own values (loggers writing under it, its wandb run id) before it
-    # saves the config: put them back to "the run directory" and "a new id", so that the config trains the trial
-    # again in any --trainer.default_root_dir without writing into this one or continuing its wandb run
+    # the saved config holds this run directory's own values (loggers' save_dir, the wandb id): reset them so a
+    # rerun in another directory neither writes into this one nor continues its wandb run
     logger = config.trainer.get("logger")
     for entry in logger if isinstance(logger, list) else [logger]:
         init_args = getattr(entry, "init_args", None)

@@ -1,9 +1,4 @@
-"""``python -m multigpu.sweep report DIR``: the leaderboard (``leaderboard.csv``, ``leaderboard.md``) and a plot.
-
-One row per trial, best first: complete trials by their objective, then pruned ones by their last reported
-value, then unfinished and failed ones. The plot (``leaderboard.png``) shows the objective over the trials, with
-the best so far, and against each searched value. The best trial's config comes last, ready for ``--config``.
-"""
+"""``python -m multigpu.sweep report DIR``: the leaderboard (``leaderboard.csv``, ``leaderboard.md``) and a plot."""
 
 from __future__ import annotations
 
@@ -49,7 +44,7 @@ def ranked(trials: list[FrozenTrial], mode: str) -> list[FrozenTrial]:
 
 
 def rows(sweep: Sweep) -> list[dict[str, Any]]:
-    """The leaderboard's rows, best first."""
+    """The leaderboard's rows, best first: complete, pruned (by their last value), then unfinished and failed."""
     spec = sweep.spec
     table = []
     for trial in ranked(sweep.study.get_trials(deepcopy=False), spec.mode):

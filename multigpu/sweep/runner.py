@@ -1,9 +1,4 @@
-"""``python -m multigpu.sweep run``: check everything once, then run K workers on this machine (or one per array task).
-
-Before anything starts: the sweep file (``spec``), that the directory holds no other sweep, that the sweep is
-not already complete, a dry run of ``fit --print_config`` with the sweep's arguments (the CLI's own check of every
-option, the searched ones included), and that K workers times the devices of one trial fit on this machine.
-"""
+"""``python -m multigpu.sweep run``: check everything once, then run K workers here (or one per array task)."""
 
 from __future__ import annotations
 
@@ -29,7 +24,6 @@ from multigpu.sweep.worker import STOPPED, Worker, say
 
 
 def with_trials(spec: SweepSpec, trials: int | None) -> SweepSpec:
-    """The sweep with ``--trials N`` in place of the file's number (a larger one extends a sweep)."""
     if trials is None:
         return spec
     if trials < 1:
@@ -38,8 +32,7 @@ def with_trials(spec: SweepSpec, trials: int | None) -> SweepSpec:
 
 
 def dry_run(spec: SweepSpec, sweep_dir: Path, extra: list[str]) -> dict[str, Any]:
-    """The fit config a trial resolves to (``--print_config``), with each searched option at its first value:
-    the CLI checks every argument, and a misspelt ``space`` key fails here, before any trial."""
+    """The fit config a trial resolves to (``--print_config``): the CLI checks every argument, ``space`` keys too."""
     values = [flag(p.key, p.choices[0] if p.choices is not None else p.low) for p in spec.space]
     command = [sys.executable, "-m", module(), "fit", *spec.fit, *extra, *values]
     command += [f"--trainer.default_root_dir={sweep_dir / 'dry-run'}", "--print_config"]
@@ -63,7 +56,6 @@ def trial_devices(trainer: dict[str, Any]) -> tuple[str, int, int]:
 
 
 def check_devices(trainer: dict[str, Any], workers: int) -> tuple[str, int]:
-    """Refuse K workers whose trials would share devices; return (accelerator, devices per trial)."""
     accelerator, per_trial, available = trial_devices(trainer)
     if workers * per_trial > available:
         fits = max(available // per_trial, 1)
@@ -99,7 +91,6 @@ def nothing_to_run(sweep: Sweep) -> bool:
 
 
 def run(spec: SweepSpec, sweep_dir: Path, workers: int = 1, extra: list[str] | None = None, launcher: str = "") -> int:
-    """The ``run`` command (see the module docstring); returns the exit status."""
     extra = list(extra or [])
     if workers < 1:
         raise SweepError(f"--workers {workers}: at least one worker. Fix: --workers 1.")

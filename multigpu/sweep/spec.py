@@ -1,20 +1,5 @@
-"""The sweep file: what every trial trains, what is searched, and how (``SWEEP.yaml``).
-
-```yaml
-fit: [--config, configs/experiment/image.yaml, --trainer.max_steps=2000]   # base arguments of every trial
-objective: {metric: val/loss, mode: min}
-trials: 20
-sampler: {name: tpe, seed: 0}            # tpe | random | grid, plus the sampler's own options
-pruner: {name: median}                   # optional: none | median | percentile | threshold | hyperband | ...
-space:
-  model.init_args.optimizer.init_args.lr: {low: 1.0e-4, high: 1.0e-1, log: true}
-  data.init_args.batch_size: {choices: [64, 128, 256]}
-```
-
-Everything is checked when the file is read, before any trial starts; a mistake is one paragraph naming the key
-and the fix (``SweepError``, exit status 2). Whether a ``space`` key is an option of ``fit`` is checked by the
-CLI itself, in the dry run of ``python -m multigpu.sweep run``.
-"""
+"""The sweep file (docs/sweeps.md), checked whole when read, before any trial starts. Whether a ``space`` key is
+an option of ``fit`` is left to the CLI's dry run."""
 
 from __future__ import annotations
 
@@ -27,9 +12,7 @@ import yaml
 
 from multigpu.command import prog
 
-#: Optuna's samplers by the name a sweep file uses
 SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "GridSampler"}
-#: Optuna's pruners by the name a sweep file uses ("none" never prunes)
 PRUNERS = {
     "none": "NopPruner",
     "median": "MedianPruner",
@@ -47,15 +30,13 @@ EXAMPLE_CHOICES = "{choices: [64, 128, 256]}"
 
 
 class SweepError(ValueError):
-    """A mistake in the sweep file or the ``python -m multigpu.sweep`` command line; the message names the fix."""
+    """A mistake in the sweep file or the ``python -m multigpu.sweep`` command line."""
 
     exit_code = 2
 
 
 @dataclass(frozen=True)
 class Param:
-    """One searched option: a range (``low``, ``high``, ``log``, ``step``) or a list of ``choices``."""
-
     key: str
     low: float | None = None
     high: float | None = None
@@ -65,12 +46,11 @@ class Param:
 
     @property
     def is_int(self) -> bool:
-        """Whole-number ``low``, ``high`` and ``step``: an integer range. Without a step, ``{low: 0, high: 1}`` stays
-        a float range (a dropout rate must not become 0 or 1)."""
+        # without a step, {low: 0, high: 1} stays a float range: a dropout rate must not become 0 or 1
         return all(isinstance(v, int) and not isinstance(v, bool) for v in (self.low, self.high, self.step))
 
     def grid(self) -> list[Any] | None:
-        """The values a grid walks through: the choices, or a range's steps; None for a continuous range."""
+        """The values a grid walks through; None for a continuous range."""
         if self.choices is not None:
             return list(self.choices)
         if self.step is None or self.low is None or self.high is None:
@@ -80,7 +60,6 @@ class Param:
         return [int(v) for v in values] if self.is_int else values
 
     def suggest(self, trial: Any) -> Any:
-        """Draw this option's value for an Optuna trial."""
         if self.choices is not None:
             return trial.suggest_categorical(self.key, list(self.choices))
         if self.is_int:
@@ -90,8 +69,6 @@ class Param:
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """A sweep file, checked."""
-
     path: Path
     fit: tuple[str, ...]
     metric: str
@@ -113,14 +90,12 @@ class SweepSpec:
         return math.prod(len(p.grid() or []) for p in self.space)
 
     def build_sampler(self, trial_number: int = 0) -> Any:
-        """Optuna's sampler for drawing trial ``trial_number``: a given ``seed`` becomes ``seed + trial_number``,
-        so that workers starting from the same file never draw the same values, and a trial's values depend on
-        the seed and the trials before it only, not on which worker drew them."""
         import optuna
 
         options = {k: v for k, v in self.sampler.items() if k != "name"}
         if options.get("seed") is not None and self.sampler["name"] != "grid":
-            # (a grid shuffles its points by the seed once and gives trial n the n-th: the seed must stay put)
+            # seed + trial number: workers from one file never draw the same values, and a trial's values do not
+            # depend on which worker drew them; a grid shuffles by its seed once, so its seed stays put
             options["seed"] = int(options["seed"]) + trial_number
         if self.sampler["name"] == "grid":
             options["search_space"] = {p.key: p.grid() for p in self.space}
@@ -133,7 +108,7 @@ class SweepSpec:
         return _build(optuna.pruners, PRUNERS[self.pruner["name"]], options, "pruner")
 
     def identity(self) -> dict[str, Any]:
-        """What a sweep directory is bound to: everything but the number of trials (which may grow)."""
+        """What a sweep directory is bound to: everything but the number of trials, which may grow."""
         return {k: v for k, v in self.raw.items() if k != "trials"}
 
 
@@ -161,7 +136,6 @@ def load(path: str | Path) -> SweepSpec:
 
 
 def parse(raw: Any, path: Path) -> SweepSpec:
-    """Check a sweep file's content (see ``load``)."""
     where = str(path)
     if not isinstance(raw, dict):
         raise SweepError(
@@ -221,7 +195,7 @@ def parse(raw: Any, path: Path) -> SweepSpec:
         name=name,
         raw=raw,
     )
-    spec.build_sampler()  # Optuna checks the options it is given: before anything is written
+    spec.build_sampler()  # Optuna checks their options, before anything is written
     spec.build_pruner()
     return spec
 
@@ -305,7 +279,6 @@ def _did_you_mean(word: str, known: Any) -> str:
 
 
 def flag(key: str, value: Any) -> str:
-    """The ``fit`` argument that sets ``key`` to ``value``: ``--model.init_args.optimizer.init_args.lr=0.003``."""
     if value is None:
         text = "null"
     elif isinstance(value, bool):

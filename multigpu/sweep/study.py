@@ -1,12 +1,7 @@
-"""The sweep directory's Optuna study, and claiming trials so that no two workers run the same one.
+"""The sweep directory's Optuna study (a journal file, safe on a shared file system), and claiming trials.
 
-``DIR/journal.log`` is Optuna's journal (``JournalStorage`` + ``JournalFileBackend``, safe for several processes
-and machines on one shared file system). A worker holds an exclusive ``flock`` on ``DIR/locks/<trial>.lock`` for as
-long as its trial runs; the operating system drops it when the process ends, however it ends. A trial that Optuna
-still lists as running but whose lock nobody holds was stopped (a signal, a preemption, a killed worker): the next
-worker resumes it. Claims happen under one more lock, ``DIR/locks/claim.lock``, so that a trial just asked for
-cannot be taken for an abandoned one before its worker locks it.
-"""
+A worker holds a ``flock`` on ``DIR/locks/<trial>.lock`` while its trial runs, which the OS drops however the process
+ends: a running trial whose lock nobody holds was stopped, and the next worker resumes it."""
 
 from __future__ import annotations
 
@@ -29,7 +24,6 @@ from multigpu.sweep.spec import SweepError, SweepSpec, parse
 JOURNAL = "journal.log"
 SPEC_COPY = "sweep.yaml"
 LOCKS = "locks"
-#: user attributes of a trial, written by the worker and the pruning callback
 RUN_DIR_ATTR, STARTS_ATTR, WALL_ATTR, STEPS_ATTR = "run_dir", "starts", "wall_s", "steps"
 ERROR_ATTR, PRUNED_ATTR, STOPPED_ATTR = "error", "pruned_because", "stopped_by"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -38,12 +32,11 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)  # a sweep prints its own l
 
 
 def run_dir(sweep_dir: Path, number: int) -> Path:
-    """A trial's run directory: ``DIR/trial-0007``."""
     return sweep_dir / f"trial-{number:04d}"
 
 
 def study_name(spec: SweepSpec, sweep_dir: Path) -> str:
-    """The study's name, also the wandb group: the sweep file's ``name``, else the sweep directory's name."""
+    """The study's name, also the wandb group."""
     return spec.name or sweep_dir.resolve().name
 
 
@@ -56,7 +49,7 @@ def is_sweep_dir(sweep_dir: Path) -> bool:
 
 
 def check_same_sweep(spec: SweepSpec, sweep_dir: Path) -> None:
-    """Refuse a sweep file other than the one DIR was started with (only ``trials`` may change)."""
+    """Refuse a sweep file other than the one DIR was started with, but for ``trials``."""
     copy = sweep_dir / SPEC_COPY
     if not copy.is_file():
         return
@@ -71,9 +64,7 @@ def check_same_sweep(spec: SweepSpec, sweep_dir: Path) -> None:
 
 
 def bind(spec: SweepSpec, sweep_dir: Path) -> SweepSpec:
-    """Keep the sweep file in DIR (the first time, or with a new number of trials), after ``check_same_sweep``.
-
-    The copy in DIR is what the fit runs' pruning callbacks read, and what ``report`` reads."""
+    """Keep the sweep file in DIR, where the fit runs' pruning callbacks and ``report`` read it."""
     check_same_sweep(spec, sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     copy = sweep_dir / SPEC_COPY
@@ -93,7 +84,7 @@ def load_spec(sweep_dir: Path) -> SweepSpec:
 
 
 class Sweep:
-    """The study of a sweep directory, with the storage it lives in (whose public methods reach any trial)."""
+    """The study of a sweep directory, with its storage (whose public methods reach any trial)."""
 
     def __init__(self, spec: SweepSpec, sweep_dir: Path) -> None:
         self.spec, self.dir = spec, sweep_dir
@@ -112,21 +103,19 @@ class Sweep:
         return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
 
     def set_attr(self, number: int, key: str, value: Any) -> None:
-        """Set a user attribute of any trial, running or not, by its number."""
         self.storage.set_trial_user_attr(self.trial_id(number), key, value)
 
     def trial(self, number: int) -> FrozenTrial:
         return self.storage.get_trial(self.trial_id(number))
 
     def total(self) -> int:
-        """How many trials the sweep has in all: the file's (or --trials') number, at most the grid's size."""
         size = self.spec.grid_size()
         return self.spec.trials if size is None else min(self.spec.trials, size)
 
 
 @dataclass
 class Claim:
-    """A trial this worker runs, with the lock that keeps every other worker off it."""
+    """A trial this worker runs, with the lock that keeps other workers off it."""
 
     trial: FrozenTrial
     resumed: bool
@@ -157,8 +146,7 @@ def _claim_lock(sweep_dir: Path) -> Iterator[None]:
 
 
 def claim(sweep: Sweep) -> Claim | None:
-    """The next trial for this worker: an abandoned running trial first (resumed), else a new one while the
-    sweep has fewer than ``total`` trials; None when there is nothing left to run."""
+    """An abandoned running trial (resumed), else a new one while there are fewer than ``total``; else None."""
     locks = sweep.dir / LOCKS
     locks.mkdir(exist_ok=True)
     with _claim_lock(sweep.dir):
@@ -187,7 +175,6 @@ def claim(sweep: Sweep) -> Claim | None:
 
 
 def running_elsewhere(sweep: Sweep) -> list[int]:
-    """Numbers of running trials whose lock another live worker holds."""
     held = []
     (sweep.dir / LOCKS).mkdir(exist_ok=True)
     for trial in sweep.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

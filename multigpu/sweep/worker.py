@@ -1,19 +1,5 @@
-"""One sweep worker: claim a trial, run its ``fit`` with the trial's values as flags, record how it ended; repeat.
-
-The worker asks Optuna for the values and passes them to ``python -m src.cli fit`` as flags, so every rank of a
-multi-process trial (ddp, srun) reads the same values from its command line. How each run ends decides what the
-study records:
-
-=====================================  ==============================================================
-fit exit status                        the trial
-=====================================  ==============================================================
-0                                      complete, with the objective's last reported value (or pruned)
-65 (a non-finite training loss)        pruned: its values diverge, which says something to the sampler
-75, 130, 143 (stopped by a signal)     stays running and unlocked: the next worker resumes it from
-                                       ``<run dir>/checkpoints/last.ckpt``; this worker stops too
-anything else                          failed, with the run's error message; never retried
-=====================================  ==============================================================
-"""
+"""One sweep worker: claim a trial, run its ``fit`` with the trial's values as flags (so every rank of a
+multi-process trial reads the same values), record how it ended; repeat. docs/sweeps.md, "What survives what"."""
 
 from __future__ import annotations
 
@@ -44,7 +30,6 @@ from multigpu.sweep.study import (
     running_elsewhere,
 )
 
-#: exit statuses of a fit run that saved last.ckpt and stopped on a signal (multigpu/callbacks/preemption.py)
 STOPPED = {75: "preempted (SIGUSR1)", 143: "stopped by SIGTERM", 130: "stopped by SIGINT"}
 NON_FINITE_LOSS = 65  # multigpu/callbacks/nan_guard.py
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -58,8 +43,7 @@ def say(message: str) -> None:
 
 
 def logger_flags(logger: Any, group: str, name: str) -> list[str]:
-    """``--trainer.logger=<the resolved loggers>`` with the wandb logger's group and name set, or nothing
-    without a wandb logger: one wandb run per trial, grouped by sweep."""
+    """``--trainer.logger=...`` naming a wandb logger's group and run after the sweep and trial, or nothing."""
     entries = logger if isinstance(logger, list) else [logger]
     if not any(isinstance(e, dict) and str(e.get("class_path", "")).endswith("WandbLogger") for e in entries):
         return []
@@ -72,16 +56,10 @@ def logger_flags(logger: Any, group: str, name: str) -> list[str]:
 
 
 class Worker:
-    """Runs trials until none is left or a signal stops it (see the module docstring).
+    """Runs trials until none is left or a signal stops it.
 
-    Args:
-        sweep: The sweep directory's study.
-        extra: More ``fit`` arguments after the sweep file's (``run ... -- ARGS``).
-        launcher: A command prefix for every fit run, e.g. ``srun --cpus-per-task=8`` inside a SLURM job.
-        logger: The resolved ``trainer.logger`` of the fit runs (from the dry run), to name wandb runs.
-        label: How this worker names itself in its lines.
-        env: Environment additions for its fit runs (the devices it may use).
-        tag_lines: Start each line of a fit run's output with ``[trial N]`` (several workers share one terminal).
+    ``launcher`` prefixes every fit command (``srun ...``); ``logger`` is the fit runs' resolved ``trainer.logger``;
+    ``env`` adds to their environment (the devices they may use); ``tag_lines`` prefixes their output with the trial.
     """
 
     def __init__(
@@ -104,8 +82,6 @@ class Worker:
         self.stop_signal: int | None = None
         self.child: subprocess.Popen | None = None
 
-    # -- signals -------------------------------------------------------------------------------------------------
-
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # the fit run saves and stops on the same signal; this worker waits for it, records it, and stops
         self.stop_signal = signum
@@ -115,8 +91,6 @@ class Worker:
     def install_signal_handlers(self) -> None:
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._on_signal)
-
-    # -- the loop ------------------------------------------------------------------------------------------------
 
     def run(self) -> int:
         """Run trials; return 0 when none is left, or the stop status (75, 130, 143) after a signal."""
@@ -137,8 +111,6 @@ class Worker:
         return SIGNAL_EXIT[signal.Signals(self.stop_signal)]
 
     def command(self, claimed: Claim) -> list[str]:
-        """The trial's fit command: the sweep file's arguments, the extra ones, the trial's values, its run
-        directory, the pruning callback, the wandb name, and ``--ckpt_path=last`` when it has a checkpoint."""
         trial = claimed.trial
         folder = run_dir(self.sweep.dir, trial.number)
         callback = {"class_path": CALLBACK, "init_args": {"monitor": self.sweep.spec.metric}}
@@ -161,7 +133,7 @@ class Worker:
         return args
 
     def run_trial(self, claimed: Claim) -> int | None:
-        """Run one trial's fit to its end; None to go on with the next, or the status to stop with."""
+        """Run one trial's fit; None to go on, or the status to stop with."""
         trial, sweep = claimed.trial, self.sweep
         number = trial.number
         folder = run_dir(sweep.dir, number)
@@ -202,14 +174,12 @@ class Worker:
         try:
             self.sweep.study.tell(number, value, state=state)
         except RuntimeError as error:
-            # GridSampler.after_trial calls Study.stop() once the grid is walked, which works only inside
-            # Study.optimize; Optuna stores the trial's result before that (in a `finally`), and a sweep stops by
-            # counting its trials (Sweep.total: at most the grid's size), so there is nothing left to do here
+            # GridSampler.after_trial calls Study.stop(), valid only inside Study.optimize, after the result is
+            # stored; a sweep stops by counting its trials instead
             if self.sweep.spec.sampler["name"] != "grid" or "Study.stop" not in str(error):
                 raise
 
     def record(self, number: int, status: int, tail: list[str]) -> int | None:
-        """Tell the study how the trial's run ended (see the module docstring)."""
         sweep = self.sweep
         if status in STOPPED or (status < 0 and self.stop_signal is not None):
             how = STOPPED.get(status, f"killed by signal {-status}")

@@ -1,4 +1,4 @@
-"""Batch size and learning rate found from the command line: ``python -m src.cli tune``."""
+"""Batch size and learning rate found from the command line: the ``tune`` subcommand."""
 
 from multigpu.tuning.scaling import global_batch_size, scaled_lr
 from multigpu.tuning.trainer import Trainer, TuneResult

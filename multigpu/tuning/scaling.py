@@ -1,4 +1,4 @@
-"""From what one device can hold to the run that was asked for: the global batch and the learning rate."""
+"""The global batch and learning rate of the run asked for, from what one device holds."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ def global_batch_size(micro_batch: int, devices: int, accumulate_grad_batches: i
 
 
 def scaled_lr(lr: float, measured_batch: int, target_batch: int, rule: LrScaling) -> float:
-    """``lr`` found at ``measured_batch``, carried over to ``target_batch``: ``linear`` by the batch ratio (SGD with
-    momentum), ``sqrt`` by its square root (gradient noise scales with 1/sqrt(batch): Adam-type optimizers)."""
+    """``lr`` found at ``measured_batch``, carried to ``target_batch``: ``linear`` by the batch ratio (SGD), ``sqrt`` by
+    its root (Adam-type: gradient noise scales with 1/sqrt(batch))."""
     ratio = target_batch / measured_batch
     factor = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[rule]
     return lr * factor

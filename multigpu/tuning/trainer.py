@@ -1,9 +1,6 @@
-"""``python -m src.cli tune``: the largest micro-batch one device holds and a learning rate, written as a config.
+"""The ``tune`` subcommand: the largest micro-batch one device holds and a learning rate, written as a config.
 
-Lightning's finders run on one device only, so the search runs on a single-device Trainer of the requested
-accelerator and precision; the global batch is the micro-batch found x devices x nodes x
-``accumulate_grad_batches``, and the learning rate found at the micro-batch is scaled to it.
-"""
+Lightning's finders run on one device only: the learning rate found at the micro-batch is scaled to the global batch."""
 
 from __future__ import annotations
 
@@ -30,8 +27,6 @@ TUNED_CONFIG_NAME = "tuned.yaml"
 
 @dataclass
 class TuneResult:
-    """What ``tune`` found and wrote."""
-
     micro_batch: int
     batch_size: int  # the value written to --data.init_args.batch_size
     global_batch: int
@@ -41,13 +36,9 @@ class TuneResult:
 
 
 class Trainer(L.Trainer):
-    """Lightning's ``Trainer`` with a ``tune`` method (the ``tune`` subcommand); named ``Trainer`` because messages
-    about ``--trainer`` options name the class.
+    """Lightning's ``Trainer`` with a ``tune`` method, which LightningCLI runs as the ``tune`` subcommand."""
 
-    LightningCLI takes a subcommand's options from the signature of the Trainer's method of that name and calls that
-    method on the Trainer it built, so the subcommand is a method here; the command line builds this class for
-    ``tune`` alone (``fit``, ``validate``, ``test`` and ``predict`` run on Lightning's own ``Trainer``).
-    """
+    # named Trainer because messages about --trainer options name the class; built for `tune` alone
 
     def tune(
         self,
@@ -68,16 +59,14 @@ class Trainer(L.Trainer):
         Args:
             model: The model to tune (from ``--model``).
             datamodule: The data module whose ``batch_size`` is searched (from ``--data``).
-            batch_size_mode: ``power`` doubles the micro-batch until it runs out of memory; ``binsearch`` then
-                bisects between the last size that fit and the first that did not (and keeps a 5% margin).
+            batch_size_mode: ``power`` doubles the micro-batch until out of memory; ``binsearch`` then bisects.
             init_batch_size: The micro-batch the search starts from.
             max_batch_size: Stop doubling here (a CPU rarely runs out of memory; the dataset size also stops it).
             steps_per_trial: Training steps run at each tried size.
             lr_find_steps: Steps of Lightning's LR range test (0: skip the learning rate).
             min_lr: Lowest learning rate the range test tries.
             max_lr: Highest learning rate the range test tries.
-            lr_scaling: How the rate found at the micro-batch carries over to the global batch: ``sqrt``
-                (Adam-type optimizers), ``linear`` (SGD) or ``none``.
+            lr_scaling: The rate carried to the global batch: ``sqrt`` (Adam-type), ``linear`` (SGD), ``none``.
             tuned_config: Where to write the config; default ``<run dir>/tuned.yaml``.
         """
         holder = datamodule if isinstance(datamodule, HasBatchSize) else model
@@ -132,8 +121,7 @@ class Trainer(L.Trainer):
         return result
 
     def _single_device_trainer(self, root_dir: str) -> L.Trainer:
-        """One device of the kind this Trainer was given, at its precision, with nothing written (the finders'
-        own checkpoint of the initial weights, in ``root_dir``, read back with ``weights_only``)."""
+        """One device of the kind this Trainer was given, at its precision, writing only in ``root_dir``."""
         device = self.strategy.root_device
         return L.Trainer(
             accelerator=device.type,
@@ -152,7 +140,6 @@ class Trainer(L.Trainer):
     def _summary(
         self, result: TuneResult, mode: str, max_batch_size: int, steps: int, rule: str, devices: int
     ) -> list[str]:
-        """What was measured and what follows from it, as lines for the terminal and the config's comments."""
         cap = f"; stopped at --max_batch_size={max_batch_size}, no out-of-memory error below it"
         cap = cap if result.micro_batch >= max_batch_size else ""
         lines = [
@@ -176,7 +163,6 @@ class Trainer(L.Trainer):
 
 
 def _lr_key(model: L.LightningModule) -> list[str] | None:
-    """Where the learning rate lives in the config of this model, or None if it has no such argument."""
     if isinstance(model, TemplateModule):
         return ["model", "init_args", "optimizer", "init_args", "lr"]
     for name in ("lr", "learning_rate"):
