@@ -57,7 +57,7 @@ from multigpu.checkpoints.sharded import (
 )
 from multigpu.compat import collective_timeout, overrides_hook, ranks_join_within, set_mesh_sizes
 from multigpu.errors import ConfigurationError
-from multigpu.strategies.ddp import START_TIMEOUT
+from multigpu.strategies.ddp import START_TIMEOUT, export_launch_variables
 from multigpu.strategies.sharding import DefaultShardingPolicy
 
 if TYPE_CHECKING:
@@ -127,9 +127,11 @@ class _ModelParallelMixin:
     sharded_checkpoints: bool
 
     def setup_environment(self) -> None:
-        """Create the process group, waiting up to ``START_TIMEOUT`` for the ranks to join (``ddp.py``)."""
+        """Create the process group, waiting up to ``START_TIMEOUT`` for the ranks to join, and tell the process its
+        place by torchrun's variables (``ddp.py``)."""
         with ranks_join_within(self, START_TIMEOUT):
             super().setup_environment()  # type: ignore[misc]
+        export_launch_variables(self)  # type: ignore[arg-type]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """Write the shards into a staging folder, then move it over the old checkpoint
