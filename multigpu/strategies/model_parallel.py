@@ -57,7 +57,7 @@ from multigpu.checkpoints.sharded import (
 )
 from multigpu.compat import collective_timeout, overrides_hook, ranks_join_within, set_mesh_sizes
 from multigpu.errors import ConfigurationError
-from multigpu.strategies.ddp import START_TIMEOUT, export_launch_variables
+from multigpu.strategies.ddp import START_TIMEOUT, export_launch_variables, put_back_launch_variables
 from multigpu.strategies.sharding import DefaultShardingPolicy
 
 if TYPE_CHECKING:
@@ -125,13 +125,20 @@ class _ModelParallelMixin:
     device meshes, atomic sharded checkpoints read without running code."""
 
     sharded_checkpoints: bool
+    #: torchrun's variables as they were before ``setup_environment`` set them, put back at ``teardown``
+    launch_variables_before: dict[str, str | None] = {}
 
     def setup_environment(self) -> None:
         """Create the process group, waiting up to ``START_TIMEOUT`` for the ranks to join, and tell the process its
         place by torchrun's variables (``ddp.py``)."""
         with ranks_join_within(self, START_TIMEOUT):
             super().setup_environment()  # type: ignore[misc]
-        export_launch_variables(self)  # type: ignore[arg-type]
+        self.launch_variables_before = export_launch_variables(self)  # type: ignore[arg-type]
+
+    def teardown(self) -> None:
+        super().teardown()  # type: ignore[misc]
+        put_back_launch_variables(self.launch_variables_before)
+        self.launch_variables_before = {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """Write the shards into a staging folder, then move it over the old checkpoint
