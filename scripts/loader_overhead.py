@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -101,12 +102,18 @@ def through_the_engine(make: Callable[[], DataLoader]) -> tuple[DataLoader, bool
     return keep.loader, any(keep.loader is made for made in data.made)
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of its loader workers that have ended (torch joins them at an epoch's end)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def epoch_rate(loader: DataLoader) -> float:
-    """Samples per second of one epoch of ``loader``."""
-    start, count = time.perf_counter(), 0
+    """Samples per CPU-second of one epoch of ``loader``."""
+    start, count = cpu_seconds(), 0
     for batch in loader:
         count += len(batch["id"])
-    return count / (time.perf_counter() - start)
+    return count / (cpu_seconds() - start)
 
 
 def write_chunks(output_dir: str, size: int, features: int) -> None:
@@ -156,7 +163,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     os.environ.setdefault("PL_GLOBAL_SEED", "0")
-    work = Path(tempfile.mkdtemp(prefix="loader_overhead_"))
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="loader_overhead_") as work:
+        rates, hows = measure(args, Path(work))
+    print_table(args, rates, hows, load_before)
+
+
+def measure(args: argparse.Namespace, work: Path) -> tuple[dict[str, dict[str, list[float]]], dict[str, str]]:
+    """Samples per second of each loader's epochs, bare and through the engine, and how the engine handled it."""
     rates: dict[str, dict[str, list[float]]] = {}
     hows: dict[str, str] = {}
     for label, make in loaders(args, work).items():
@@ -167,17 +181,22 @@ def main(argv: list[str] | None = None) -> None:
             for variant in ("bare", "engine") if repeat % 2 == 0 else ("engine", "bare"):
                 rates[label][variant].append(epoch_rate(pair[variant]))
         hows[label] = "kept as it is" if kept else "rebuilt by the engine"
-    load = os.getloadavg()
+    return rates, hows
+
+
+def print_table(
+    args: argparse.Namespace, rates: dict[str, dict[str, list[float]]], hows: dict[str, str], load_before: float
+) -> None:
     print(f"\n{args.samples} samples of {args.features} values, batch {args.batch_size}, {args.repeats} interleaved"
-          f" epochs each, one CPU process (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")  # fmt: skip
-    print(f"  {'loader':32s} {'engine':22s} {'bare, samples/s':>17s} {'engine, samples/s':>17s} {'engine/bare':>11s}"
-          f" {'us added per sample':>19s}")  # fmt: skip
+          f" epochs each; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
+    print(f"  {'loader':32s} {'engine':22s} {'bare, samples/CPU-s':>19s} {'engine, samples/CPU-s':>21s}"
+          f" {'engine/bare':>11s} {'CPU-us added per sample':>23s}")  # fmt: skip
     for label, measured in rates.items():
         bare, engine = statistics.median(measured["bare"]), statistics.median(measured["engine"])
         spread = {name: f"{min(v):,.0f}-{max(v):,.0f}" for name, v in measured.items()}
-        print(f"  {label:32s} {hows[label]:22s} {bare:17,.0f} {engine:17,.0f} {engine / bare:11.3f}"
-              f" {1e6 / engine - 1e6 / bare:19.2f}")  # fmt: skip
-        print(f"  {'':32s} {'spread (min-max)':22s} {spread['bare']:>17s} {spread['engine']:>17s}")
+        print(f"  {label:32s} {hows[label]:22s} {bare:19,.0f} {engine:21,.0f} {engine / bare:11.3f}"
+              f" {1e6 / engine - 1e6 / bare:23.2f}")  # fmt: skip
+        print(f"  {'':32s} {'spread (min-max)':22s} {spread['bare']:>19s} {spread['engine']:>21s}")
 
 
 if __name__ == "__main__":
