@@ -48,8 +48,9 @@ def mosaic_project(tmp_path: Path, shards: Path) -> Project:
     return project(tmp_path, *data, f"--data.init_args.batch_size={BATCH}")
 
 
-def test_mosaic_streaming_trains_on_one_device(tmp_path, shards):
-    mosaic_project(tmp_path, shards).assert_trains()
+def test_mosaic_streaming_is_kept_as_it_is_and_trains_on_one_device(tmp_path, shards):
+    run = mosaic_project(tmp_path, shards).assert_trains()
+    assert run.plan()["batch_size_means"].startswith("per process (the loader shards itself: MosaicML streaming")
 
 
 @pytest.mark.slow
