@@ -220,6 +220,8 @@ class EngineLoaders(Callback):
         if shards_itself(loader):  # rebuilt, it would lose its sharding; its own state resumes it
             if loader.generator is None:
                 self._seeded.append(loader)
+            if not restores_itself(loader):
+                self._kept.append((name, "it shards itself and its loader keeps no position: its library's own does"))
             return loader
         if not isinstance(loader, DataLoader) or is_engine_sampled(loader):
             if isinstance(loader, DataLoader) and not isinstance(loader.sampler, EngineSampler):

@@ -11,19 +11,26 @@ which keeps its state after each batch, so that a checkpoint saves the state aft
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections import deque
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
-#: LitData's classes that shard themselves by rank and worker (``litdata``), each re-striped by the number of
-#: processes, so their order depends on it
-LITDATA_CLASSES = ("StreamingDataLoader", "StreamingDataset", "CombinedStreamingDataset", "ParallelStreamingDataset")
+#: by the top-level package of each library whose loaders shard themselves among processes and workers: its name and
+#: the classes of its own that do (a loader or its dataset). LitData's re-stripe by the number of processes;
+#: MosaicML's ``StreamingDataset`` reads that number from torchrun's variables and counts its epochs in shared
+#: memory, so a probe that reads a sample would move it to its next epoch: only its type tells
+SELF_SHARDING = {
+    "litdata": ("LitData", ("StreamingDataLoader", "StreamingDataset", "CombinedStreamingDataset",
+                            "ParallelStreamingDataset")),
+    "streaming": ("MosaicML streaming", ("StreamingDataset",)),
+}  # fmt: skip
 
 #: what the run plan says a self-sharding loader's batch means
 SELF_SHARDED_MEANING = (
-    "per process (the loader shards itself: {library} stripes its samples among the processes, so its order"
+    "per process (the loader shards itself: {library} shares its samples out among the processes, so its order"
     " depends on their number)"
 )
 
@@ -36,12 +43,14 @@ def shards_itself(loader: Any) -> str | None:
     """The library whose loader (or dataset) shards itself among processes and workers, e.g. ``"LitData"``; None
     for any other."""
     dataset = getattr(loader, "dataset", None)
-    if not any(_from_library(value, "litdata") for value in (loader, dataset)):
-        return None
-    import litdata
-
-    classes = tuple(getattr(litdata, name) for name in LITDATA_CLASSES if hasattr(litdata, name))
-    return "LitData" if isinstance(loader, classes) or isinstance(dataset, classes) else None
+    for package, (library, names) in SELF_SHARDING.items():
+        if not any(_from_library(value, package) for value in (loader, dataset)):
+            continue
+        module = importlib.import_module(package)
+        classes = tuple(getattr(module, name) for name in names if isinstance(getattr(module, name, None), type))
+        if isinstance(loader, classes) or isinstance(dataset, classes):
+            return library
+    return None
 
 
 def self_sharded_meaning(loader: Any) -> str | None:

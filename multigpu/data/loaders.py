@@ -91,8 +91,7 @@ class EngineSampler(GlobalBatchSampler):
             return torch.tensor(list(itertools.islice(iter(self.source), count)), dtype=torch.int64)
 
     def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
-        epoch = self.epoch
-        return ((index, epoch) for index in super().__iter__())
+        return zip(super().__iter__(), itertools.repeat(self.epoch))
 
 
 class _Length(Sized):
@@ -115,14 +114,21 @@ class SeededSamples(Dataset):
         self.in_use = GeneratorsInUse()  # each worker probes its own copy
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
+        """The samples of one batch (torch's loader asks for a batch at once): in the training process the
+        generators' states are saved before the batch and put back after it, not around each sample."""
+        if in_worker():  # the worker's generators are its own: seeded in place
+            return [self._load(key) for key in keys]
+        in_use = self.in_use
+        with isolated(in_use.python or in_use.probing(), in_use.numpy or in_use.probing()):
+            return [self._load(key) for key in keys]
+
+    def _load(self, key: tuple[int, int]) -> Any:
         index, epoch = key
-        seed = sample_seed(self.seed, epoch, index)
         try:
-            if in_worker():  # the worker's generators are its own: seeded in place
-                return self.in_use.load(seed, lambda: self.dataset[index])
-            in_use = self.in_use
-            with isolated(in_use.python or in_use.probing(), in_use.numpy or in_use.probing()):
-                return in_use.load(seed, lambda: self.dataset[index])
+            return self.in_use.load(sample_seed(self.seed, epoch, index), partial(self.dataset.__getitem__, index))
         except Exception as error:
             mark_origin(error, f"{type(self.dataset).__name__}.__getitem__({index}), the dataset's own code")
             raise

@@ -104,6 +104,9 @@ def test_a_samples_random_draws_depend_on_the_seed_epoch_and_index_only_not_on_t
     assert torch.equal(torch.rand(1), torch.manual_seed(0) and torch.rand(1))  # the training generator untouched
     in_workers = torch.cat(list(DataLoader(SeededSamples(dataset, 5), sampler=keys, batch_size=4, num_workers=2)))
     assert torch.equal(alone, in_workers)
+    torch.manual_seed(0)  # every sample at once, as torch's loader asks for a batch (__getitems__), in this process
+    at_once = torch.stack(SeededSamples(dataset, 5).__getitems__(keys))
+    assert torch.equal(alone, at_once) and torch.equal(torch.rand(1), torch.manual_seed(0) and torch.rand(1))
     assert not torch.equal(alone[:24], alone[24:])  # another epoch draws other crops
     assert (seeded.in_use.python, seeded.in_use.numpy) == (python, numpy)
 
