@@ -55,3 +55,9 @@ class MosaicData(L.LightningDataModule):
         dataset = streaming.StreamingDataset(local=self.hparams.local, shuffle=True, batch_size=self.hparams.batch_size)
         loader = torch.utils.data.DataLoader if self.hparams.plain_loader else streaming.StreamingDataLoader
         return loader(dataset, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
+
+    def val_dataloader(self):
+        streaming = import_streaming()
+
+        dataset = streaming.StreamingDataset(local=self.hparams.local, batch_size=self.hparams.batch_size)
+        return streaming.StreamingDataLoader(dataset, batch_size=self.hparams.batch_size)
