@@ -10,8 +10,9 @@ is kept: for the plain loader the engine's rebuild (its sampler, each sample loa
 LitData's the user's own object, which the engine keeps as it is. Each repeat then reads one epoch of the bare
 loader and one of the engine's, in alternating order, and counts samples per second. Reading the loader alone,
 with no model step, is the strictest measure: in training the step's time is added to both and the ratio is
-nearer 1. Prints, per loader, the median and the spread (min-max) over the repeats and the ratio of the medians
-(engine / bare).
+nearer 1; ``--train-width W`` adds that step (an MLP of width ``W``, SGD) to every batch, the throughput of a
+small training loop. Prints, per loader, the median and the spread (min-max) over the repeats and the ratio of the
+medians (engine / bare).
 """
 
 from __future__ import annotations
@@ -108,12 +109,29 @@ def cpu_seconds() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
-def epoch_rate(loader: DataLoader) -> float:
-    """Samples per CPU-second of one epoch of ``loader``."""
+def epoch_rate(loader: DataLoader, step: Callable[[torch.Tensor], None] | None) -> float:
+    """Samples per CPU-second of one epoch of ``loader`` (with ``step`` on each batch)."""
     start, count = cpu_seconds(), 0
     for batch in loader:
+        if step is not None:
+            step(batch["x"])
         count += len(batch["id"])
     return count / (cpu_seconds() - start)
+
+
+def training_step(features: int, width: int) -> Callable[[torch.Tensor], None] | None:
+    """One SGD step of an MLP of ``width`` on a batch (None for ``width`` 0: the loader alone)."""
+    if not width:
+        return None
+    model = torch.nn.Sequential(torch.nn.Linear(features, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step(x: torch.Tensor) -> None:
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
 
 
 def write_chunks(output_dir: str, size: int, features: int) -> None:
@@ -160,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--features", type=int, default=32, help="values of one sample (3072: a 32x32 RGB image)")
     parser.add_argument("--workers", type=int, default=0, help="the plain loader's workers (LitData's: at least 1)")
     parser.add_argument("--repeats", type=int, default=7, help="epochs of each, interleaved")
+    parser.add_argument("--train-width", type=int, default=0, help="an MLP step per batch of this width (0: none)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     os.environ.setdefault("PL_GLOBAL_SEED", "0")
@@ -177,9 +196,10 @@ def measure(args: argparse.Namespace, work: Path) -> tuple[dict[str, dict[str, l
         engine, kept = through_the_engine(make)
         pair = {"bare": make(), "engine": engine}
         rates[label] = {"bare": [], "engine": []}
+        step = training_step(args.features, args.train_width)
         for repeat in range(args.repeats):
             for variant in ("bare", "engine") if repeat % 2 == 0 else ("engine", "bare"):
-                rates[label][variant].append(epoch_rate(pair[variant]))
+                rates[label][variant].append(epoch_rate(pair[variant], step))
         hows[label] = "kept as it is" if kept else "rebuilt by the engine"
     return rates, hows
 
@@ -187,8 +207,10 @@ def measure(args: argparse.Namespace, work: Path) -> tuple[dict[str, dict[str, l
 def print_table(
     args: argparse.Namespace, rates: dict[str, dict[str, list[float]]], hows: dict[str, str], load_before: float
 ) -> None:
-    print(f"\n{args.samples} samples of {args.features} values, batch {args.batch_size}, {args.repeats} interleaved"
-          f" epochs each; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
+    training = f", an MLP step of width {args.train_width} per batch" if args.train_width else ", the loader alone"
+    print(f"\n{args.samples} samples of {args.features} values, batch {args.batch_size}{training}, {args.repeats}"
+          f" interleaved epochs each; load average {load_before:.2f} before,"
+          f" {os.getloadavg()[0]:.2f} after")  # fmt: skip
     print(f"  {'loader':32s} {'engine':22s} {'bare, samples/CPU-s':>19s} {'engine, samples/CPU-s':>21s}"
           f" {'engine/bare':>11s} {'CPU-us added per sample':>23s}")  # fmt: skip
     for label, measured in rates.items():
