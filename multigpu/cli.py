@@ -206,7 +206,7 @@ class TemplateCLI(LightningCLI):
         check_before_launch(facts, options, self.argv)
         hold_run_dir(facts.run_dir, facts.subcommand, this_launch())
         self.resumed = resolve_checkpoint(facts.subcommand, options)
-        check_resumed(self.resumed, options, self.argv)
+        check_resumed(self.resumed, facts, options, self.argv)
         self.facts = facts.resuming(self.resumed[0] if self.resumed else None)
         if options.get("seed_everything") is True:
             options["seed_everything"] = shared_random_seed()  # the same on every process of one launch
@@ -229,13 +229,13 @@ class TemplateCLI(LightningCLI):
         self.trainer = self.build_trainer(options, built)
         if facts.subcommand is None:
             return
-        check_built(facts.subcommand, options, self.model, self.datamodule, self.trainer, self.resumed)
+        check_built(facts, self.model, self.datamodule, self.trainer, self.resumed)
         self.resumed = None  # checked: the memory-mapped file is Lightning's to read now
 
     def build_trainer(self, options: Namespace, built: Namespace) -> L.Trainer:
         """The Trainer of ``options`` (``built``: the objects built from them) with the run's callbacks, strategy
         options and plugins (``run.py``), through ``instantiate_trainer``, the project's to extend."""
-        callbacks, switches, off = run_callbacks(options, built)
+        callbacks, switches, off = run_callbacks(self.facts, options, built)
         arguments, strategy_settings, plugins = trainer_settings(self.facts, options, built, self.model, off)
         flight_recorder_defaults(self.facts)  # NCCL's variables, before the process group exists
         strategy = arguments.get("strategy")

@@ -50,7 +50,9 @@ def trainer_settings(
     return arguments, settings, plugins
 
 
-def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback], dict[str, Any], set[str]]:
+def run_callbacks(
+    facts: RunFacts, options: Namespace, built: Namespace
+) -> tuple[list[Callback], dict[str, Any], set[str]]:
     """The run's callbacks in the order the Trainer holds them, which is the order Lightning calls them at each hook;
     the Trainer switches that go with them; the names of the callbacks left out (``--callbacks_off``, and
     ``checkpoint`` where checkpointing is off). Lightning then appends LightningCLI's ``SaveConfigCallback`` and
@@ -86,10 +88,13 @@ def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback],
         off.add("checkpoint")  # the Trainer refuses a ModelCheckpoint when checkpointing is off
     elif "checkpoint" in off:
         switches["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
-    strategy = trainer.get("strategy")  # built, where given as a class_path
-    # Lightning's own ModelParallelStrategy, given as a class_path, clips with torch's clipping unless told
-    clip_across_meshes = isinstance(strategy, ModelParallelStrategy) and not isinstance(
-        strategy, (FSDP2Strategy, TensorParallelStrategy)
+    # Lightning's own ModelParallelStrategy clips with torch's clipping, which refuses two meshes; the engine's
+    # model-parallel strategies clip across them themselves
+    strategy = facts.strategy_class
+    clip_across_meshes = (
+        strategy is not None
+        and issubclass(strategy, ModelParallelStrategy)
+        and not issubclass(strategy, (FSDP2Strategy, TensorParallelStrategy, PipelineStrategy))
     )
 
     def engine(name: str) -> Callback | None:
@@ -101,7 +106,7 @@ def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback],
         engine("throughput"),  # before the progress bar, which shows the interval it measured
         bar,
         summary,
-        CompileModel() if options.get("compile") else None,
+        CompileModel() if facts.compile else None,
         ClipAcrossMeshes() if clip_across_meshes else None,
         EngineLoaders(per_process=bool(options.get("batch_size_per_process"))),
         ExactContinuation(),

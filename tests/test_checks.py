@@ -15,11 +15,14 @@ from multigpu.checkpoints.resume import load_checkpoint
 from multigpu.checks import (
     check_checkpoint_fits,
     check_checkpoint_model,
+    check_compile,
     check_model_flags,
     check_optimizer,
     check_run_dir,
 )
 from multigpu.errors import ConfigurationError
+from multigpu.facts import RunFacts
+from multigpu.strategies import register_strategies
 from tests.fixtures.workload import TinyClassifier
 
 
@@ -90,3 +93,10 @@ def test_checkpoint_checks(tmp_path):
     with pytest.raises(ConfigurationError, match="not a readable checkpoint"):
         load_checkpoint(garbage)
     assert garbage.read_bytes() == b"not a checkpoint"
+
+
+def test_check_compile_refuses_the_strategy_class_of_the_facts():
+    register_strategies()
+    check_compile(RunFacts.of({"strategy": "ddp"}))
+    with pytest.raises(ConfigurationError, match=r"^--compile=true does not work with --trainer.strategy=dp: dp"):
+        check_compile(RunFacts.of({"strategy": "dp", "devices": 1}))
