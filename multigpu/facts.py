@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.strategies import Strategy, StrategyRegistry
+from lightning.pytorch.strategies import Strategy
 
 from multigpu.argv import import_class
+from multigpu.compat import registered_strategy
 from multigpu.environment import MULTIPROCESS_PREFIXES, launch, requested_devices, resolve_accelerator, world_size
 
 
@@ -111,8 +112,8 @@ class RunFacts:
 def strategy_class_of(strategy: Any) -> type[Strategy] | None:
     """The class a ``--trainer.strategy`` value names: a registered name's, a ``class_path``'s or an object's."""
     if isinstance(strategy, str):
-        name = strategy.lower()  # StrategyRegistry.get builds the strategy: its entry is read instead
-        return StrategyRegistry[name]["strategy"] if name in StrategyRegistry else None
+        registered = registered_strategy(strategy.lower())
+        return registered[0] if registered else None
     if isinstance(strategy, Strategy):
         return type(strategy)
     named = class_path(strategy)
