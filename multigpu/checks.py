@@ -1,10 +1,6 @@
-"""Checks that run before any process starts, so that a bad launch fails in a second, not in a hang.
-
-A wrong device count or a SLURM allocation that does not match ``--trainer.devices`` otherwise shows up as a
-process group waiting forever. The command line runs three of them (the last section): ``check_before_launch`` on
-the parsed options, before anything is built; ``check_resumed`` on the checkpoint it read; and ``check_built`` on
-the model, data module and Trainer, before anything runs. The checks take nothing and read no file of the run.
-"""
+"""Checks that run before any process starts, so that a bad launch (a device count SLURM's allocation does not
+match) fails in a second, not as a process group waiting forever. The command line runs the last section's three:
+on the facts and options, on the checkpoint read, and on the built objects. They take nothing and write nothing."""
 
 from __future__ import annotations
 

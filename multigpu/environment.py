@@ -1,5 +1,5 @@
-"""What this process can find out about where it runs, before anything is built: how it was launched (srun, an
-sbatch script, torchrun, an interactive job) and which devices it has and was asked for."""
+"""Where this process runs, before anything is built: how it was launched and which devices it has and was asked
+for."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The report of where every rank is, from their stack dumps (pure: text in, frames and paragraphs out), shared by
-the callback that takes the dumps (``multigpu/callbacks/stack_dumps.py``) and ``python -m multigpu.stacks``:
-faulthandler's dumps parsed into frames, the frame that is the user's, the collective and the phase a stack is in,
-and the reports, the paragraph of a collective that failed and the stacks of a run grouped for a person."""
+"""The report of where every rank is, from their stack dumps (pure: text in, frames and paragraphs out), for
+``stack_dumps.py`` and ``python -m multigpu.stacks``."""
 
 from __future__ import annotations
 
@@ -50,10 +48,8 @@ FRAME_LINE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<fun
 
 
 def parse_dumps(text: str) -> list[list[ThreadStack]]:
-    """The dumps in ``text`` (faulthandler's output, appended once per signal), oldest first, each a list of its
-    threads. faulthandler writes no header per dump: a thread seen twice starts the next dump, and so does a
-    ``#`` line (``MARK``, written by each new process of a run directory resumed, and before a reporting rank's
-    own stack)."""
+    """The dumps in ``text``, oldest first, each a list of its threads. faulthandler writes no header per dump: a
+    thread seen twice starts the next one, and so does a ``MARK`` line."""
     dumps: list[list[ThreadStack]] = []
     thread: ThreadStack | None = None
     marked = False
@@ -77,8 +73,7 @@ def parse_dumps(text: str) -> list[list[ThreadStack]]:
 
 
 def main_thread(threads: list[ThreadStack]) -> ThreadStack | None:
-    """The main thread of a dump: the one not started by ``threading`` (its outermost frame is not
-    ``_bootstrap``), whichever thread the signal happened to interrupt."""
+    """The main thread of a dump (not started by ``threading``), whichever thread the signal interrupted."""
     started = [t for t in threads if t.frames and t.frames[-1].function != "_bootstrap"]
     # a thread started by `_thread` (as execnet's) has no `_bootstrap` either: the main thread began at a module
     entry = [t for t in started if t.frames[-1].function in ("<module>", "_run_module_as_main")]
