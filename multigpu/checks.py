@@ -1,10 +1,6 @@
-"""Checks that run before any process starts, so that a bad launch fails in a second, not in a hang.
-
-A wrong device count or a SLURM allocation that does not match ``--trainer.devices`` otherwise shows up as a
-process group waiting forever. The command line runs three of them (the last section): ``check_before_launch`` on
-the parsed options, before anything is built; ``check_resumed`` on the checkpoint it read; and ``check_built`` on
-the model, data module and Trainer, before anything runs. The checks take nothing and read no file of the run.
-"""
+"""Checks that run before any process starts, so that a bad launch (a device count SLURM's allocation does not
+match) fails in a second, not as a process group waiting forever. The command line runs the last section's three:
+on the facts and options, on the checkpoint read, and on the built objects. They take nothing and write nothing."""
 
 from __future__ import annotations
 
@@ -25,14 +21,7 @@ from multigpu.compat import trained_class_path
 from multigpu.data.base import GlobalBatchDataModule
 from multigpu.data.sampling import per_process_batch_size
 from multigpu.environment import (
-    MULTIPROCESS_PREFIXES,
     available_devices,
-    in_slurm_batch_script,
-    in_slurm_step,
-    interactive_job,
-    launched_by_torchrun,
-    started_by_srun,
-    world_size,
 )
 from multigpu.errors import DEBUG_ENV, ConfigurationError, describe
 from multigpu.facts import RunFacts
@@ -50,15 +39,8 @@ def check_strategy(strategy: str | None) -> None:
     )
 
 
-def check_devices(
-    accelerator: str,
-    devices: int | None,
-    strategy: str | None,
-    num_nodes: int,
-    trainer: Mapping[str, Any] | None = None,
-    args: Sequence[Any] | None = None,
-) -> None:
-    trainer = trainer or {}
+def check_devices(facts: RunFacts, args: Sequence[Any] | None = None) -> None:
+    accelerator, devices, strategy = facts.accelerator, facts.devices, facts.strategy
     if accelerator == "cuda" and not torch.cuda.is_available():
         preset, _ = option_origin(args, "accelerator")
         values = trainer_section(preset) if preset is not None else {}
@@ -70,19 +52,19 @@ def check_devices(
             else "use --trainer.accelerator=cpu (or auto)"
         )
         raise ConfigurationError(
-            f"{given_as(args, 'accelerator', trainer.get('accelerator', 'gpu'), f'with {also}' if also else '')} asks"
+            f"{given_as(args, 'accelerator', facts.accelerator_option, f'with {also}' if also else '')} asks"
             f" for a GPU, but PyTorch sees no CUDA GPU on this machine (torch {torch.__version__}, CUDA build:"
             f" {torch.version.cuda is not None}). Fix: {fix}, or run on a GPU machine with a CUDA build of PyTorch."
         )
-    raw = trainer.get("devices", "auto")
+    raw = facts.devices_option
     gpu_only = raw in (-1, "-1") or isinstance(raw, (list, tuple)) or (isinstance(raw, str) and "," in raw)
     if accelerator == "cpu" and gpu_only:
         # Lightning accepts only a count of processes on the CPU and fails with a bare TypeError otherwise
         what = "all GPUs" if raw in (-1, "-1") else "a list of GPU indices"
-        on_cpu = f"--trainer.accelerator={trainer.get('accelerator', 'auto')}"
+        on_cpu = f"--trainer.accelerator={facts.accelerator_option}"
         on_cpu += ", and this machine has no GPU" if "auto" in on_cpu else ""
         preset, _ = option_origin(args, "devices")
-        count = 2 if strategy is not None and strategy.startswith(MULTIPROCESS_PREFIXES) else 1
+        count = 1 if strategy in (None, "auto") or facts.one_process_strategy else 2
         fix = f"--trainer.devices={count}" + (f" after --config {preset}" if preset is not None else "")
         why = "two CPU processes, as configs/trainer/ddp_cpu.yaml" if count == 2 else "one CPU process"
         why += "; dp on the CPU runs as one device" if strategy == "dp" else ""
@@ -101,13 +83,14 @@ def check_devices(
         if accelerator in ("cuda", "cpu") and devices > have:
             kind = "GPUs" if accelerator == "cuda" else "CPU cores"
             raise ConfigurationError(
-                f"{given_as(args, 'devices', trainer.get('devices', devices))} asks for more {kind} than this machine"
+                f"{given_as(args, 'devices', raw)} asks for more {kind} than this machine"
                 f" has ({have}). Fix: set --trainer.devices to at most {have}"
                 + (", or --trainer.accelerator=cpu to simulate processes on the CPU." if accelerator == "cuda" else ".")
             )
-    if strategy == "dp" and num_nodes > 1:
+    if strategy == "dp" and facts.num_nodes > 1:
         raise ConfigurationError(
-            f"--trainer.strategy=dp runs in one process on one machine and cannot span --trainer.num_nodes={num_nodes}."
+            "--trainer.strategy=dp runs in one process on one machine and cannot span"
+            f" --trainer.num_nodes={facts.num_nodes}."
             " Fix: use --trainer.strategy=ddp across nodes."
         )
 
@@ -117,14 +100,14 @@ def check_devices(
 NODE_LAUNCH_ENV = ("NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
-def check_nodes(num_nodes: int, args: Sequence[Any] | None = None) -> None:
+def check_nodes(facts: RunFacts, args: Sequence[Any] | None = None) -> None:
     """Several nodes need a launch on each; a plain launch on one machine would wait for the others forever."""
-    if num_nodes <= 1 or in_slurm_step() or launched_by_torchrun():
+    if facts.num_nodes <= 1 or facts.launch in ("srun", "torchrun"):
         return
     if any(name in os.environ for name in NODE_LAUNCH_ENV):
         return
     raise ConfigurationError(
-        f"{given_as(args, 'num_nodes', num_nodes)} needs the command started on every node (srun in a SLURM job,"
+        f"{given_as(args, 'num_nodes', facts.num_nodes)} needs the command started on every node (srun in a SLURM job,"
         " torchrun, or NODE_RANK and MASTER_ADDR set on each node), but this is a plain launch on one machine: its"
         " processes would wait forever for the other nodes'. Fix: submit slurm/multi_node.sbatch (it sets the"
         " numbers from the allocation; see the engine's slurm/README.md), or pass --trainer.num_nodes=1 to train on"
@@ -132,23 +115,23 @@ def check_nodes(num_nodes: int, args: Sequence[Any] | None = None) -> None:
     )
 
 
-def check_slurm(strategy: str | None, devices: int | None, num_nodes: int, processes: int) -> None:
-    if launched_by_torchrun():
-        return  # e.g. `srun --ntasks-per-node=1 torchrun --nproc_per_node=4 ...`: SLURM's task count is not the ranks
+def check_slurm(facts: RunFacts) -> None:
+    # under torchrun (`srun --ntasks-per-node=1 torchrun --nproc_per_node=4 ...`) SLURM's task count is not the ranks
+    strategy, devices, num_nodes, processes = facts.strategy, facts.devices, facts.num_nodes, facts.processes
     tasks = int(os.environ.get("SLURM_NTASKS", "1"))
-    if in_slurm_batch_script() and processes > 1 and tasks > 1:
+    if facts.launch == "sbatch" and processes > 1 and tasks > 1:
         raise ConfigurationError(
             "this runs in a SLURM batch script with several tasks but was not started by srun, so the other ranks"
             f" never start and training would hang. Fix: launch it as `srun {prog()} ...` (see slurm/)."
         )
-    if started_by_srun() and interactive_job() and tasks > 1:
+    if facts.launch == "interactive_srun" and tasks > 1:
         raise ConfigurationError(
             f"srun started {tasks} tasks in a job named '{os.environ['SLURM_JOB_NAME']}' (salloc's default), and"
             " Lightning ignores SLURM's ranks in such a job: each task would start a run of its own. Fix: name the"
             f" job (`salloc -J train ...` or `srun -J train {prog()} ...`), or run `{prog()}` in the"
             " salloc shell without srun (one node)."
         )
-    if not in_slurm_step():
+    if facts.launch != "srun":
         return
     if strategy is not None and strategy.startswith("ddp_spawn"):
         raise ConfigurationError(
@@ -164,7 +147,7 @@ def check_slurm(strategy: str | None, devices: int | None, num_nodes: int, proce
             fix = "an allocation with the same number of tasks on every node"
         else:
             fix = f"--trainer.devices={per_node} --trainer.num_nodes={nodes}"
-            if world_size(strategy, 2, 1) == 1:  # a one-process strategy cannot use several tasks
+            if facts.one_process_strategy:
                 fix += " --trainer.strategy=ddp"
         raise ConfigurationError(
             f"SLURM started {tasks} task(s) on {nodes} node(s), but --trainer.strategy={strategy or 'auto'}"
@@ -200,36 +183,27 @@ def check_run_dir(run_dir: Any) -> None:
         )
 
 
-def check_launch(
-    facts: RunFacts, trainer: Mapping[str, Any], batch_size: Any = None, args: Sequence[Any] | None = None
-) -> None:
-    """Check the launch the run's ``facts`` and its ``trainer`` options ask for before anything starts; ``args``
-    (the command's arguments) let a message name the ``--config`` file that set a value."""
+def check_launch(facts: RunFacts, batch_size: Any = None, args: Sequence[Any] | None = None) -> None:
+    """Check the launch the run's ``facts`` ask for before anything starts; ``args`` (the command's arguments) let a
+    message name the ``--config`` file that set a value."""
     check_strategy(facts.strategy)
-    check_devices(facts.accelerator, facts.devices, facts.strategy, facts.num_nodes, trainer, args)
-    check_slurm(facts.strategy, facts.devices, facts.num_nodes, facts.processes)
-    check_nodes(facts.num_nodes, args)
+    check_devices(facts, args)
+    if facts.launch != "torchrun":
+        check_slurm(facts)
+    check_nodes(facts, args)
     if isinstance(batch_size, int):
         try:
-            per_process_batch_size(batch_size, facts.processes, int(trainer.get("accumulate_grad_batches") or 1))
+            per_process_batch_size(batch_size, facts.processes, facts.accumulate_grad_batches)
         except ValueError as error:
             raise ConfigurationError(str(error)) from None
-    check_run_dir(trainer.get("default_root_dir"))
+    check_run_dir(facts.run_dir)
 
 
-def check_compile(strategy: Any) -> None:
+def check_compile(facts: RunFacts) -> None:
     """``--compile=true`` only under the strategies it supports (single device, ddp, ddp_spawn): refused here, in one
-    paragraph, rather than by every process after the launch. ``strategy`` is ``--trainer.strategy``: a name or a
-    ``class_path`` mapping."""
-    if isinstance(strategy, str):
-        if strategy.lower() not in StrategyRegistry:
-            return  # auto: one device or ddp, as Lightning picks it (an unknown name is refused by check_strategy)
-        kind, given = StrategyRegistry[strategy.lower()]["strategy"], f"--trainer.strategy={strategy}"
-    elif isinstance(strategy, (Mapping, Namespace)) and "class_path" in strategy:
-        kind, given = import_class(strategy["class_path"]), f"--trainer.strategy.class_path={strategy['class_path']}"
-    else:
-        return
-    refusal = compile_refusal(kind, given) if isinstance(kind, type) else None
+    paragraph, rather than by every process after the launch (``auto`` is one device or ddp)."""
+    kind = facts.strategy_class
+    refusal = compile_refusal(kind, facts.strategy_option) if kind is not None else None
     if refusal is not None:
         raise ConfigurationError(refusal)
 
@@ -378,38 +352,35 @@ def check_before_launch(facts: RunFacts, config: Namespace, args: Sequence[Any] 
     """Every check of a run's facts and parsed options (``config``) before anything is built: the launch, the
     pipeline's layout, ``--compile``; ``args``: the command's arguments. Nothing is taken or read here: the run then
     holds its directory and reads the checkpoint (``multigpu/run.py``), and ``check_resumed`` checks it."""
-    trainer = config.trainer.as_dict()
     batch_size = configured_global_batch(config)
-    check_launch(facts, trainer, batch_size=batch_size, args=args)
-    if config.get("compile"):  # before the strategy's own checks: what it refuses is the strategy itself
-        check_compile(trainer.get("strategy"))
+    check_launch(facts, batch_size=batch_size, args=args)
+    if facts.compile:  # before the strategy's own checks: what it refuses is the strategy itself
+        check_compile(facts)
     if facts.strategy == PipelineStrategy.strategy_name:
         model = import_class(str(facts.model_class))
-        accumulate = int(trainer.get("accumulate_grad_batches") or 1)
-        check_pipeline(PipelineOptions(**config.pipeline.as_dict()), facts.processes, model, batch_size, accumulate)
+        options = PipelineOptions(**config.pipeline.as_dict())
+        check_pipeline(options, facts.processes, model, batch_size, facts.accumulate_grad_batches)
 
 
 def check_resumed(
-    resumed: tuple[Path, dict[str, Any] | None] | None, config: Namespace, args: Sequence[Any] | None
+    resumed: tuple[Path, dict[str, Any] | None] | None, facts: RunFacts, config: Namespace, args: Sequence[Any] | None
 ) -> None:
-    """The ``--ckpt_path`` checkpoint (its path and contents, read once) against the model the options name and the
+    """The ``--ckpt_path`` checkpoint (its path and contents, read once) against the model class of the facts and the
     model options the command gives, before LightningCLI rebuilds the model from the checkpoint's hyperparameters."""
     if resumed is not None and resumed[1] is not None:
-        model = config.get("model") or Namespace()
-        check_checkpoint_model(resumed[1], resumed[0], model.get("class_path"))
-        check_model_flags(args, model.get("init_args"), resumed[1], resumed[0])
+        check_checkpoint_model(resumed[1], resumed[0], facts.model_class)
+        init_args = (config.get("model") or Namespace()).get("init_args")
+        check_model_flags(args, init_args, resumed[1], resumed[0])
 
 
-def check_built(
-    subcommand: str, config: Namespace, model: Any, datamodule: Any, trainer: Any, resumed: tuple[Path, Any] | None
-) -> None:
+def check_built(facts: RunFacts, model: Any, datamodule: Any, trainer: Any, resumed: tuple[Path, Any] | None) -> None:
     """Every check of the built objects before the subcommand runs: the optimizer, the sequence length, sync
     batchnorm (Lightning converts BatchNorm for fitting only) and the resumed checkpoint's weights."""
     check_optimizer(model)
     check_datamodule(model, datamodule)  # the model's own check of its data (multigpu.hooks)
     if isinstance(trainer.strategy, PipelineStrategy):  # the split, on the model every process builds
         check_stages(model, trainer.strategy.stage_count)
-    if subcommand == "fit":
-        check_sync_batchnorm(model, trainer, bool(config.trainer.get("sync_batchnorm")))
+    if facts.subcommand == "fit":
+        check_sync_batchnorm(model, trainer, facts.sync_batchnorm)
     if resumed is not None and resumed[1] is not None:
         check_checkpoint_fits(model, resumed[1], resumed[0])

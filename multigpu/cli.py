@@ -1,18 +1,7 @@
 """The command line a project runs as ``python -m src.cli {fit,validate,test,predict,tune} [--config FILE ...]
-[--key=value ...]``: the project's ``src/cli.py`` subclasses ``TemplateCLI`` with its ``configs/default.yaml`` and
-calls ``run_cli``.
-
-``TemplateCLI`` is a ``LightningCLI`` and owns the run: LightningCLI's ``__init__`` runs it, calling the methods
-below in this order. ``parse_arguments`` reads the command line (every option LightningCLI's, docs/command_line.md,
-with the engine's own, ``parser.py``; the project's default config read first), derives the run's facts once
-(``facts.py``) and, where a subcommand runs, takes the run (``take_run``: the checks, the run directory, the
-checkpoint, the shared seed). LightningCLI then reads the checkpoint's model options and seeds; ``instantiate_classes``
-builds the model, data, callbacks (the one list, ``run.py``) and Trainer; LightningCLI runs the subcommand. The
-parser of the subcommand named is built alone and parses the arguments once; a model or data class they name starts
-from its own defaults, not from those of the default config's class (jsonargparse would carry over every default of
-that class the new one also takes, e.g. a ``batch_size``): the parser gets the default config with that section
-replaced by the class alone (``argv.py``).
-"""
+[--key=value ...]``: ``TemplateCLI``, a ``LightningCLI`` that owns the run. LightningCLI's ``__init__`` calls its
+``parse_arguments`` (the facts, then ``take_run``), ``instantiate_classes`` (what the options build), then the
+subcommand (docs/engine.md, "Reading a run")."""
 
 from __future__ import annotations
 
@@ -27,11 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# Importing torch, Lightning and torchmetrics creates about 360,000 objects that live as long as the process, and
-# the garbage collector ran 914 times over the growing heap while `fit --help` imported them. Every process of a
-# run (each rank, each spawned process) imports this module first, so collection waits until the imports below are
-# done, and what they created is then frozen out of later collections: `fit --help` takes 2.8 CPU-s instead of 4.4
-# on 2 cores (docs/benchmarks.md, "Start-up").
+# The imports below create ~360,000 objects that live as long as the process: collection waits for them, then
+# freezes them, and `fit --help` takes 2.8 CPU-s instead of 4.4 on 2 cores (docs/benchmarks.md, "Start-up").
 _COLLECTING = gc.isenabled()
 gc.disable()
 
@@ -64,13 +50,8 @@ if _COLLECTING:
 
 
 def _thaw_for_nanobind() -> None:
-    """At exit, where a nanobind extension is loaded: return the frozen objects to the collector.
-
-    The interpreter's last collections skip frozen objects, so the imports' reference cycles (every class is one)
-    outlive the interpreter. That is free, and saves the ~1 CPU-s those collections take over the imports' heap,
-    except to nanobind, which counts its classes and objects still alive at exit and prints each as leaked (about
-    30 lines after every command where torch's CUDA build imports triton). atexit runs before those collections.
-    """
+    """Where a nanobind extension is loaded, return the frozen objects to the collector at exit: nanobind prints
+    every object still alive then as leaked (30 lines after each command where torch's CUDA build imports triton)."""
     for module in list(sys.modules.values()):
         origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
         if origin.endswith((".so", ".pyd")) and any(
@@ -87,15 +68,14 @@ __all__ = ["TemplateCLI", "run_cli", "shared_random_seed"]
 
 class TemplateCLI(LightningCLI):
     """LightningCLI's command line with the engine's options and the project's default config, owning the run: its
-    facts, the checkpoint it resumes, and the model, data module and Trainer it builds (see the module docstring)."""
+    facts, the checkpoint it resumes, and the model, data module and Trainer it builds."""
 
-    #: the project's ``configs/default.yaml``, read first by every subcommand (None: none); a project's subclass
-    #: names its own (``src/cli.py``)
+    #: the project's ``configs/default.yaml``, read first by every subcommand
     default_config: Path | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "instantiate_classes" in vars(cls):  # it would replace the engine's build without a word
+        if "instantiate_classes" in vars(cls):
             raise TypeError(
                 f"{cls.__qualname__}.instantiate_classes is never called: TemplateCLI.instantiate_classes builds the"
                 " model, data module, callbacks and Trainer in the run's order (since release 1.2). Fix: move that"
@@ -107,32 +87,27 @@ class TemplateCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         started_by(type(self))  # the project's module: what --help, the errors and the subprocesses name
         listed = isinstance(args, (list, tuple, type(None)))  # else a dict or Namespace, parsed as an object
-        #: the command's arguments (None: given as an object)
         self.argv = list(sys.argv[1:] if args is None else args) if listed else None
-        #: the subcommand the arguments name (run=False: none, one parser with the options at the top)
         self.named = named_subcommand(self.argv) if run and listed else None
-        #: whether its parser alone is built: where the arguments start with it (an option of the main parser may
-        #: come first, --help listing every subcommand or a --config with sections of several: every one is built)
+        #: only the named subcommand's parser is built where the arguments start with it (an option of the main
+        #: parser may come first: --help listing every subcommand, a --config with sections of several)
         self.alone = bool(self.argv) and self.argv[0] == self.named
-        #: whether the arguments are read for the classes they name
         self.rebasing = self.argv is not None and (self.named is not None or not run)
         self.classes = chosen_classes(self.argv, self.named) if self.rebasing else {}
-        #: configs/default.yaml with the sections of the classes the arguments change replaced by those classes
+        #: configs/default.yaml with the sections of the classes the arguments change replaced by those classes, so
+        #: that a class starts from its own defaults, not those the default config's class shares with it
         self.rebased = rebased_defaults(self.classes, self.default_config) if self.rebasing else None
-        #: the parser that reads the options of each subcommand (None: the one parser of run=False), as built
         self.option_parsers: dict[str | None, LightningArgumentParser] = {}
-        #: the run's facts, derived once after the parse (``parse_arguments``)
         self.facts: RunFacts | None = None
-        #: the checkpoint resumed (or evaluated) and its contents, read once for the checks before it is loaded
+        #: the checkpoint and its contents, read once for the checks before Lightning loads it
         self.resumed: tuple[Path, dict[str, Any] | None] | None = None
-        silence_known_noise()  # multigpu/quiet.py: the lines every run printed that say nothing about the run
-        register_strategies()  # multigpu/strategies/__init__.py: dp, fsdp2, tensor_parallel, pipeline
+        silence_known_noise()
+        register_strategies()
         #: a trainer_class given here runs every subcommand; else `tune` alone runs on the engine's tuning Trainer
         self.own_trainer_class = "trainer_class" in kwargs
         if not self.own_trainer_class:
             builds_tune = run and (self.named == "tune" or not self.alone)
             kwargs["trainer_class"] = tuning_trainer() if builds_tune else L.Trainer
-        # where the arguments change a class, the template gives the parser configs/default.yaml, rebased
         files = [str(self.default_config)] if self.default_config is not None and not self.rebased else []
         defaults = {"default_config_files": files, "default_env": True}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
@@ -156,15 +131,12 @@ class TemplateCLI(LightningCLI):
                 release_run_dir()
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
-        """Lightning's subcommands and ``tune`` (its options from the engine's tuning ``Trainer.tune``, as fit's from
-        ``Trainer.fit``), each with the arguments it takes from the built objects; only the one named, so that a
-        run builds one parser (LightningCLI builds one for every subcommand this returns)."""
+        """Lightning's subcommands and ``tune``; only the one named, so that a run builds one parser."""
         every = {**LightningCLI.subcommands(), "tune": {"model", "datamodule"}}
         return {self.named: every[self.named]} if self.alone else every
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        """LightningCLI's parser, with a ``--config`` help that says how it combines with other arguments; kept in
-        ``option_parsers`` under the subcommand whose options it reads (``parser_kwargs`` name it)."""
+        """LightningCLI's parser, kept under the subcommand whose options it reads."""
         subcommand = kwargs.pop("options_of", None)
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={L.__version__}"])
         parser = self.parser_class(**kwargs)
@@ -174,18 +146,16 @@ class TemplateCLI(LightningCLI):
         return parser
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Lightning's ``--trainer``, ``--model`` and ``--data``, then the engine's options (``parser.py``): here,
-        not in ``add_arguments_to_parser``, which is the project's to override (docs/engine.md, "Extending the
-        command line"), with or without ``super()``."""
+        """Lightning's ``--trainer``, ``--model`` and ``--data``, then the engine's options: here, since
+        ``add_arguments_to_parser`` is the project's to override, with or without ``super()``."""
         super().add_core_arguments_to_parser(parser)
         add_template_options(parser)
 
     # -- the parse, the facts, and the run taken before LightningCLI reads the checkpoint ------------------------
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse once (``_parse_once``); a strategy given as an import path becomes that class; the run's facts,
-        derived once; where a subcommand runs, the run taken (``take_run``). LightningCLI then reads the model
-        options of the ``--ckpt_path`` file and seeds from ``--seed_everything``."""
+        """Parse once, derive the run's facts and, where a subcommand runs, take the run, before LightningCLI reads
+        the model options of the ``--ckpt_path`` file and seeds."""
         with warnings.catch_warnings():
             # the arguments are sys.argv's, passed on explicitly where --print_config waits for the last parse
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
@@ -198,15 +168,13 @@ class TemplateCLI(LightningCLI):
             self.take_run()
 
     def take_run(self) -> None:
-        """The checks of the options (a bad launch fails here in a second, with nothing taken or written); the run
-        directory, held until the command ends (another live run's is refused) before the checkpoint is read, so that
-        a live run's folder is neither read nor repaired; the checkpoint, resolved (``last``, a damaged newest file
-        replaced by the newest intact one), read once and checked; a random seed made the same on every process."""
+        """The checks (nothing taken or written yet); the run directory, held before the checkpoint is read, so that
+        a live run's folder is neither read nor repaired; the checkpoint, read once and checked; a shared seed."""
         options, facts = self.chosen(), self.facts
         check_before_launch(facts, options, self.argv)
         hold_run_dir(facts.run_dir, facts.subcommand, this_launch())
         self.resumed = resolve_checkpoint(facts.subcommand, options)
-        check_resumed(self.resumed, options, self.argv)
+        check_resumed(self.resumed, facts, options, self.argv)
         self.facts = facts.resuming(self.resumed[0] if self.resumed else None)
         if options.get("seed_everything") is True:
             options["seed_everything"] = shared_random_seed()  # the same on every process of one launch
@@ -214,10 +182,8 @@ class TemplateCLI(LightningCLI):
     # -- what the options build, in order ------------------------------------------------------------------------
 
     def instantiate_classes(self) -> None:
-        """The loggers placed in the run directory; the objects the options name (the model, data module, loggers,
-        your callbacks and the engine's with options), where any exception is a bad value in the options; the
-        Trainer with the run's callbacks; the checks of what was built; then, where a subcommand runs, what it runs
-        within."""
+        """The objects the options name (an exception is a bad value in the options), then the Trainer with the
+        run's callbacks, then the checks of what was built."""
         facts, options = self.facts, self.chosen()
         place_loggers(options.trainer, facts.run_dir)
         try:
@@ -229,13 +195,12 @@ class TemplateCLI(LightningCLI):
         self.trainer = self.build_trainer(options, built)
         if facts.subcommand is None:
             return
-        check_built(facts.subcommand, options, self.model, self.datamodule, self.trainer, self.resumed)
+        check_built(facts, self.model, self.datamodule, self.trainer, self.resumed)
         self.resumed = None  # checked: the memory-mapped file is Lightning's to read now
 
     def build_trainer(self, options: Namespace, built: Namespace) -> L.Trainer:
-        """The Trainer of ``options`` (``built``: the objects built from them) with the run's callbacks, strategy
-        options and plugins (``run.py``), through ``instantiate_trainer``, the project's to extend."""
-        callbacks, switches, off = run_callbacks(options, built)
+        """The Trainer with the run's callbacks, strategy options and plugins, through ``instantiate_trainer``."""
+        callbacks, switches, off = run_callbacks(self.facts, options, built)
         arguments, strategy_settings, plugins = trainer_settings(self.facts, options, built, self.model, off)
         flight_recorder_defaults(self.facts)  # NCCL's variables, before the process group exists
         strategy = arguments.get("strategy")
@@ -249,9 +214,8 @@ class TemplateCLI(LightningCLI):
     # -- the parse of the arguments, once ------------------------------------------------------------------------
 
     def _parse_once(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse once, from ``self.rebased`` where the arguments name a class plainly. A class they do not name
-        plainly (an environment variable, a short class name) is seen only in the parsed config: where it changes
-        the default config's class, that one case parses again, from the default config rebased."""
+        """Parse once, from ``self.rebased``. A class the arguments do not name plainly (an environment variable, a
+        short class name) shows only in the parsed config: where it changes the default's, parse again, rebased."""
         if self.rebased is not None:
             self._start_from(self.rebased)
         late = self.rebasing and unresolved(self.classes)
@@ -269,8 +233,8 @@ class TemplateCLI(LightningCLI):
             super().parse_arguments(parser, args)
 
     def _start_from(self, defaults: dict[str, Any]) -> None:
-        """The subcommand's parser takes ``defaults`` (configs/default.yaml, rebased) as its defaults; what it
-        refuses is an error in that file, said in one paragraph as jsonargparse says it of a default config file."""
+        """``defaults`` (configs/default.yaml, rebased) as the subcommand parser's; what it refuses is that file's
+        error."""
         try:
             self.option_parsers[self.named].set_defaults(defaults)
         except Exception as error:
@@ -301,9 +265,8 @@ class TemplateCLI(LightningCLI):
 
     @contextlib.contextmanager
     def speaking_for_ranks(self) -> Iterator[None]:
-        """Within the block (the subcommand): under ddp_spawn the launching process passes stop signals on to its
-        workers while they train; under ddp from one command this process speaks for the ranks it starts
-        (multigpu/reporting.py)."""
+        """Under ddp_spawn the launching process passes stop signals on to its workers; under ddp from one command
+        this process speaks for the ranks it starts (multigpu/reporting.py)."""
         fitting = self.facts.strategy if self.facts.subcommand == "fit" else None
         speaks = compat.starts_other_ranks(self.trainer)
         desk = report_desk(self.trainer, before_exit=release_run_dir) if speaks else contextlib.nullcontext()
@@ -311,23 +274,21 @@ class TemplateCLI(LightningCLI):
             yield
 
     def chosen(self, config: Namespace | None = None) -> Namespace:
-        """The options of this run's subcommand (all options, where the CLI runs without subcommands)."""
+        """The options of this run's subcommand (all, without subcommands)."""
         config = self.config if config is None else config
         return config[config.subcommand] if config.get("subcommand") else config
 
 
 def tuning_trainer() -> type[L.Trainer]:
-    """The engine's tuning Trainer, whose ``tune`` method gives the ``tune`` subcommand its options: imported only
-    where that subcommand's parser is built (a ``tune`` run, or every subcommand's for the main parser's help)."""
+    """The engine's tuning Trainer, imported only where the ``tune`` subcommand's parser is built."""
     from multigpu.tuning import Trainer
 
     return Trainer
 
 
 def run_cli(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> None:
-    """A project's command line: ``cli_class`` (the project's ``TemplateCLI`` with its default config) run on ``args``
-    (default: ``sys.argv[1:]``); exits with status 2 on a configuration error and with ``TrainingStopped.exit_code``
-    after a stop (75, 130 or 143 after a signal, 65 on a non-finite loss)."""
+    """A project's command line: ``cli_class`` run on ``args`` (default: ``sys.argv[1:]``); exits with status 2 on a
+    configuration error and with ``TrainingStopped.exit_code`` after a stop."""
     # NCCL: a failed or timed-out collective aborts the process instead of leaving the other ranks waiting
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     try:
@@ -345,6 +306,5 @@ def run_cli(args: list[str] | None = None, cli_class: type[TemplateCLI] = Templa
 
 
 if multiprocessing.parent_process() is not None:
-    # a ddp_spawn worker: multiprocessing runs the project's src/cli.py under the name __mp_main__ (which imports
-    # this module) instead of calling main()
+    # a ddp_spawn worker: multiprocessing imports the project's src/cli.py as __mp_main__, never calling main()
     silence_known_noise()

@@ -1,14 +1,5 @@
-"""The project's command line as its users type it, ``python -m <module>``: what ``--help``, the error messages,
-the sweeps' trials and the test helpers say and run. A project may call its package what it likes (``src`` by
-default).
-
-The module is the one whose ``TemplateCLI`` runs (the project's ``cli.py``, run as ``python -m myproj.cli``); a
-command that is not the project's own (``python -m multigpu.sweep``, the tests' ``project`` fixture) reads it from
-the project's ``pyproject.toml``::
-
-    [tool.multigpu]
-    cli = "myproj.cli"
-"""
+"""The project's command line as its users type it, ``python -m <module>``: the module whose ``TemplateCLI`` runs,
+else the one the project's ``pyproject.toml`` names (``[tool.multigpu] cli = "myproj.cli"``), else ``src.cli``."""
 
 from __future__ import annotations
 
@@ -21,22 +12,18 @@ if sys.version_info >= (3, 11):
 else:  # the same parser, before it joined the standard library
     import tomli as tomllib
 
-#: the command line's module where the project names none: a project as the template makes it
 DEFAULT = "src.cli"
-
-#: the module whose command line runs in this process (None: none runs)
 _running: str | None = None
 
 
 def started_by(cli_class: type) -> None:
-    """Record the module of ``cli_class``, the command line that runs: ``python -m`` names it ``__main__`` (and
-    ``__mp_main__`` in a ``ddp_spawn`` worker), whose import spec holds its name."""
+    """Record the module of ``cli_class``, the command line that runs (``python -m`` names it ``__main__``)."""
     global _running
     name: str | None = cli_class.__module__
     if name in ("__main__", "__mp_main__"):
         spec = getattr(sys.modules.get(name), "__spec__", None)
         name = spec.name if spec is not None else None  # a script run by its path: no module to name
-    if name and not name.startswith("multigpu."):  # the engine's own class names no project
+    if name and not name.startswith("multigpu."):
         _running = name
 
 
@@ -45,7 +32,7 @@ def configured(root: Path | str = ".") -> str:
     path = Path(root) / "pyproject.toml"
     try:
         settings = tomllib.loads(path.read_text()).get("tool", {}).get("multigpu", {})
-    except (OSError, tomllib.TOMLDecodeError):  # no project file here: the template's layout
+    except (OSError, tomllib.TOMLDecodeError):
         return DEFAULT
     return str(settings.get("cli", DEFAULT))
 

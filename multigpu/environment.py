@@ -40,6 +40,19 @@ def in_slurm_batch_script() -> bool:
     return "SLURM_JOB_ID" in os.environ and not started_by_srun() and not interactive_job()
 
 
+def launch() -> str:
+    """How this process was started: ``torchrun`` (which wins inside SLURM too), ``srun`` (a step whose ranks
+    Lightning takes from SLURM), ``interactive_srun`` (srun in a job where Lightning ignores SLURM), ``sbatch`` (a
+    job's batch script, not srun) or ``plain``."""
+    if launched_by_torchrun():
+        return "torchrun"
+    if in_slurm_step():
+        return "srun"
+    if started_by_srun() and interactive_job():
+        return "interactive_srun"
+    return "sbatch" if in_slurm_batch_script() else "plain"
+
+
 def resolve_accelerator(accelerator: Any) -> str:
     """``auto`` -> ``cuda`` or ``cpu``; ``gpu`` -> ``cuda``; other names unchanged."""
     if not isinstance(accelerator, str):

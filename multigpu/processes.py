@@ -1,5 +1,4 @@
-"""The processes of a run: whether one still runs (one rule, used by the run directory's lock and by the ranks' stack
-dumps), and waiting for the ones it started to exit."""
+"""Whether a process of a run still runs (the one rule of the run directory's lock and the ranks' stack dumps)."""
 
 from __future__ import annotations
 
@@ -8,24 +7,22 @@ import subprocess
 import time
 from pathlib import Path
 
-#: how often a live process shows it runs: the holder of a run directory touches its lock, a rank rewrites its state
+#: how often a live process shows it runs (a lock's holder touches it, a rank rewrites its state)
 HEARTBEAT_S = 30.0
 #: the kernel's flag of a process that has begun to exit (``PF_EXITING`` of ``/proc/<pid>/stat``'s flags)
 PF_EXITING = 0x4
 
 
 def start_if_running(stat: str) -> str | None:
-    """The start time a ``/proc/<pid>/stat`` line gives, None where the process runs no more: a zombie (killed, not
-    yet reaped by its parent) or one that has begun to exit. A rank killed outright closes its connections while it
-    exits, so the peer that reads the closed connection finds it exiting, never running: it answers no signal."""
+    """The start time a ``/proc/<pid>/stat`` line gives, None for a zombie or a process that has begun to exit: a
+    rank killed outright closes its connections while it exits, and its peer must not find it running."""
     fields = stat.rsplit(")", 1)[-1].split()  # field 3 on, counted after the command name
     exiting = fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING
     return None if exiting else fields[19]
 
 
 def process_start(pid: int) -> str | None:
-    """When a process started (``/proc/<pid>/stat``), to tell a live process from a later one with its pid; None where
-    unknown (no such process, no ``/proc``) or where it runs no more (``start_if_running``)."""
+    """When a process started, to tell it from a later one with its pid; None where unknown or exiting."""
     try:
         return start_if_running(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
@@ -33,9 +30,8 @@ def process_start(pid: int) -> str | None:
 
 
 def process_gone(pid: int, started: str | int | None = None, seen: str = "it was seen") -> str | None:
-    """Why process ``pid`` of this host runs no more, None while it runs or where this host cannot tell (no
-    ``/proc``): no such process, a zombie or one that has begun to exit, or another program given its pid (where
-    ``started``, its start time when ``seen``, differs)."""
+    """Why process ``pid`` of this host runs no more (gone, exiting, or its pid another program's since ``started``);
+    None while it runs or where this host cannot tell."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

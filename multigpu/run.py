@@ -1,7 +1,5 @@
-"""What the run's Trainer is built with, decided from its facts and options: the callbacks as one literal list in
-the order they run, the strategy's options and the plugins; and the one paragraph for an exception raised while the
-objects of the options are built. ``TemplateCLI.instantiate_classes`` (``cli.py``) builds them in that order.
-"""
+"""What the run's Trainer is built with: the callbacks as one literal list in the order they run, the strategy's
+options and the plugins; and the paragraph for an exception raised while the options' objects are built."""
 
 from __future__ import annotations
 
@@ -33,33 +31,27 @@ from multigpu.trainer_arguments import checkpoint_plugins, strategy_options
 def trainer_settings(
     facts: RunFacts, options: Namespace, built: Namespace, model: Any, off: set[str]
 ) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-    """What the Trainer gets besides the callbacks and their switches: the strategy by name (where the engine adds
-    options to it), those options (``--collective_timeout``, ``--pipeline.*``, ...) and the plugins (atomic
-    checkpoints, written in the background with ``--checkpoint.async_save``; SLURM's environment without Lightning's
-    requeue unless preemption is off). ``off``: the callbacks left out (``run_callbacks``)."""
+    """The Trainer's strategy argument (where the engine adds options to it), those options and the plugins;
+    ``off``: the callbacks left out."""
     settings = strategy_options(facts.trainer_strategy, options.get("collective_timeout"), model)
     if facts.trainer_strategy == PipelineStrategy.strategy_name:
-        settings.update(options.pipeline.as_dict())  # --pipeline.*
+        settings.update(options.pipeline.as_dict())
     checkpoint = built.get("checkpoint") if "checkpoint" not in off else None
     plugins = checkpoint_plugins(
         built.trainer.get("plugins"),
         slurm_requeue="preemption" in off,
-        background=bool(getattr(checkpoint, "async_save", False)),  # --checkpoint.async_save
+        background=bool(getattr(checkpoint, "async_save", False)),
     )
     arguments = {"strategy": facts.trainer_strategy} if settings else {}
     return arguments, settings, plugins
 
 
-def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback], dict[str, Any], set[str]]:
-    """The run's callbacks in the order the Trainer holds them, which is the order Lightning calls them at each hook;
-    the Trainer switches that go with them; the names of the callbacks left out (``--callbacks_off``, and
-    ``checkpoint`` where checkpointing is off). Lightning then appends LightningCLI's ``SaveConfigCallback`` and
-    moves the ``ModelCheckpoint`` to the end.
-
-    ``options``: the run's parsed options (``--callbacks_off``, ``--progress_bar``, ``--compile``, ...); ``built``:
-    the objects built from them (your ``--trainer.callbacks``, the engine's callbacks with options). What each
-    callback does: ``multigpu/callbacks/__init__.py``.
-    """
+def run_callbacks(
+    facts: RunFacts, options: Namespace, built: Namespace
+) -> tuple[list[Callback], dict[str, Any], set[str]]:
+    """The run's callbacks in the order Lightning calls them at each hook (it then appends ``SaveConfigCallback`` and
+    moves the ``ModelCheckpoint`` last), the Trainer switches that go with them, and the names of those left out.
+    What each does: ``multigpu/callbacks/__init__.py``."""
     trainer = built.get("trainer") or {}
     off = set(options.get("callbacks_off") or [])
     yours = trainer.get("callbacks") or []
@@ -86,14 +78,16 @@ def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback],
         off.add("checkpoint")  # the Trainer refuses a ModelCheckpoint when checkpointing is off
     elif "checkpoint" in off:
         switches["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
-    strategy = trainer.get("strategy")  # built, where given as a class_path
-    # Lightning's own ModelParallelStrategy, given as a class_path, clips with torch's clipping unless told
-    clip_across_meshes = isinstance(strategy, ModelParallelStrategy) and not isinstance(
-        strategy, (FSDP2Strategy, TensorParallelStrategy)
+    # Lightning's own ModelParallelStrategy clips with torch's clipping, which refuses two meshes; the engine's
+    # model-parallel strategies clip across them themselves
+    strategy = facts.strategy_class
+    clip_across_meshes = (
+        strategy is not None
+        and issubclass(strategy, ModelParallelStrategy)
+        and not issubclass(strategy, (FSDP2Strategy, TensorParallelStrategy, PipelineStrategy))
     )
 
-    def engine(name: str) -> Callback | None:
-        """The engine's callback with options ``name`` (``--<name>.*``), unless ``--callbacks_off`` names it."""
+    def engine(name: str) -> Callback | None:  # one with options (--<name>.*)
         return None if name in off else built.get(name)
 
     callbacks = [
@@ -101,7 +95,7 @@ def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback],
         engine("throughput"),  # before the progress bar, which shows the interval it measured
         bar,
         summary,
-        CompileModel() if options.get("compile") else None,
+        CompileModel() if facts.compile else None,
         ClipAcrossMeshes() if clip_across_meshes else None,
         EngineLoaders(per_process=bool(options.get("batch_size_per_process"))),
         ExactContinuation(),
@@ -123,8 +117,7 @@ def run_callbacks(options: Namespace, built: Namespace) -> tuple[list[Callback],
 
 
 def building_error(error: Exception, facts: RunFacts, objects_built: bool) -> ConfigurationError:
-    """One paragraph for an exception raised while the objects of the options were built: jsonargparse builds the
-    model, data, callbacks and loggers (naming the classes of ``facts``), then the Trainer."""
+    """One paragraph for an exception raised while the options' objects were built (the classes, then the Trainer)."""
     known = user_error_of(error)  # e.g. a constructor that downloads: no network, not a wrong option
     if known is not None:
         return known

@@ -1,26 +1,9 @@
-"""One live run per run directory: the run that writes a directory holds it, in ``<run dir>/.run.lock``, for as long
-as it lives; a run started into a held directory is refused before launch, and a lock whose holder is gone is taken
-over with a note.
+"""One live run per run directory: ``<run dir>/.run.lock`` names the process that holds it, from the checks to its
+exit (docs/checkpoints.md, "One live run per directory", says when a lock is refused or taken over).
 
-The lock file (JSON) names its holder: host, process id and that process's start time, the SLURM or torchrun job
-with its step and restart count, the sweep trial, the subcommand, and since when. It is written beside its name and
-hard-linked to it, which fails where the name exists: two runs starting together cannot both take it, and no reader
-sees it half-written. A heartbeat thread touches it (its mtime) every ``HEARTBEAT_S``. It is deleted when the command
-ends, however it ends (done, an error, a stop on a signal the run handles); a process killed outright (SIGKILL, the
-loss of its node, a signal before the run handles them) leaves it behind. Its holder is gone, and the lock is taken
-over, when
-
-- the holder ran on this host and its process is no longer running (or its number now belongs to a process that
-  started later);
-- the holder ran on another host and its heartbeat is older than ``STALE_AFTER_S``;
-- the holder was an earlier start of this process's own SLURM or torchrun job (a requeue, or torchrun's restart: a
-  job runs one start at a time), or of the sweep trial this process runs (the sweep's own lock gave it the trial).
-
-Only the process that launches the run holds the directory: rank 0 of the tasks srun or torchrun started, or the
-process that Lightning's launcher starts the other ranks from, which passes them the lock's token (``TOKEN_ENV``).
-The other ranks recognise the lock as their launch's (the token, or the same job, step and start) and never hold it;
-the ones srun or torchrun started refuse what rank 0 refuses, after giving it ``RANK_WAIT_S`` to take the directory.
-``this_launch`` below tells a process's launch from its environment.
+The lock is written beside its name and hard-linked to it, which fails where the name exists: two runs starting
+together cannot both take it, and no reader sees it half-written. Only the process that launches the run holds it;
+the other ranks recognise it as their launch's (the token ``TOKEN_ENV`` passes on, or the same job, step and start).
 """
 
 from __future__ import annotations
@@ -50,32 +33,23 @@ STALE_AFTER_S = 300.0
 RANK_WAIT_S = 60.0
 #: the token of the lock that the process Lightning's launcher starts the other ranks from holds
 TOKEN_ENV = "TEMPLATE_RUN_LOCK_TOKEN"
-#: how long a takeover's guard file may stand before it counts as left by a process killed while taking over
+#: a takeover's guard file older than this was left by a process killed while taking over
 GUARD_STALE_S = 30.0
 TAKE_ATTEMPTS = 20
-#: how often a process that waits for another's change of the lock (rank 0 of its launch taking it over, another
-#: run's takeover) looks again: on a shared file system a change made on another host is seen only by looking, as
-#: no lock reaches across hosts on every cluster file system (flock is node-local on some Lustre and NFS mounts)
+#: a change another host makes is seen only by looking again: flock is node-local on some Lustre and NFS mounts
 LOOK_AGAIN_S = 0.5
 
 
 @dataclass(frozen=True)
 class Launch:
-    """The launch a process belongs to, as its launcher tells it (``this_launch`` below reads it).
-
-    Args:
-        rank: Its rank among the processes the launcher started; rank 0 holds the run directory.
-        job: The job every rank shares and a requeue keeps (``SLURM job 81``, ``torchrun run x at host:port``).
-        step: The launch within the job (srun's ``step 0``; None where srun did not start it).
-        start: The job's restart count (``SLURM_RESTART_COUNT``, ``TORCHELASTIC_RESTART_COUNT``).
-        trial: The sweep trial it runs, claimed under the sweep's lock (``DIR trial N``).
-    """
+    """The launch a process belongs to, as its launcher tells it (``this_launch``); rank 0 holds the directory."""
 
     rank: int = 0
+    #: what every rank shares and a requeue keeps (``SLURM job 81``, ``torchrun run x at host:port``)
     job: str | None = None
     step: str | None = None
-    start: int = 0
-    trial: str | None = None
+    start: int = 0  # the job's restart count
+    trial: str | None = None  # the sweep trial, claimed under the sweep's lock
 
 
 class HeldRunDir:
@@ -126,11 +100,8 @@ atexit.register(release_run_dir)
 
 
 def hold_run_dir(run_dir: str | os.PathLike | None, command: str, launch: Launch = Launch()) -> HeldRunDir | None:
-    """Hold ``run_dir`` (the working directory where None) for this run, or refuse with a ``ConfigurationError``
-    naming the live run that holds it. Returns the hold, or None where another process of this launch holds it.
-
-    >>> held = hold_run_dir("runs/exp1", "fit")  # doctest: +SKIP
-    """
+    """Hold ``run_dir`` (the working directory where None) for this run, or refuse naming the live run that holds
+    it. Returns the hold, or None where another process of this launch holds it."""
     path = Path(run_dir or os.getcwd()).absolute() / LOCK_FILE
     if path in _held:
         return _held[path]
@@ -208,7 +179,6 @@ def _hold(path: Path, token: str, created: list[Path]) -> HeldRunDir:
 
 
 def _create(path: Path, record: Mapping[str, Any]) -> bool:
-    """Create the lock whole, or return False where it exists."""
     temporary = _draft(path, record)
     try:
         os.link(temporary, path)
@@ -234,7 +204,6 @@ def _replace(path: Path, record: Mapping[str, Any]) -> None:
 
 
 def _draft(path: Path, record: Mapping[str, Any]) -> Path:
-    """The lock ``record`` written whole beside ``path``, for a step that puts it in place."""
     temporary = path.with_name(f"{path.name}.{record['token']}")
     temporary.write_text(json.dumps(record, indent=1) + "\n")
     return temporary
@@ -243,8 +212,7 @@ def _draft(path: Path, record: Mapping[str, Any]) -> Path:
 @contextlib.contextmanager
 def _takeover_guard(path: Path) -> Iterator[None]:
     """Within the block this process alone may replace the lock: two runs that both found it gone must not both
-    take it, nor the second delete the lock the first has just made. Another run's guard is waited for until that
-    run lets go of it, or, older than ``GUARD_STALE_S``, counts as left by a process killed while taking over."""
+    take it, nor the second delete the lock the first has just made."""
     guard = path.with_name(path.name + ".takeover")
     while True:
         try:
@@ -263,8 +231,8 @@ def _takeover_guard(path: Path) -> Iterator[None]:
 
 
 def _wait_for_rank_zero(path: Path, command: str, launch: Launch) -> None:
-    """A rank other than 0 of srun's or torchrun's tasks: go on where the lock is its launch's, gone or absent
-    (rank 0 takes it); refuse where another live run still holds it after ``RANK_WAIT_S``, as rank 0 does."""
+    """Go on where the lock is this launch's, gone or absent (rank 0 takes it); refuse where another live run still
+    holds it after ``RANK_WAIT_S``, as rank 0 does."""
     deadline = time.monotonic() + RANK_WAIT_S
     while True:
         found = read_lock(path)
@@ -296,7 +264,6 @@ def gone_because(holder: Mapping[str, Any], path: Path, launch: Launch) -> str |
 
 
 def _process_gone(holder: Mapping[str, Any]) -> str | None:
-    """Why the holder's process, on this host, is gone; None while it runs."""
     pid = holder.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return "the lock names no process"
@@ -312,7 +279,7 @@ def on_this_machine(holder: Mapping[str, Any]) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _machine() -> str:
-    """This boot of this machine and this process-id namespace (a container has its own)."""
+    # a container has its own process-id namespace
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = os.readlink("/proc/self/ns/pid")
@@ -358,7 +325,7 @@ def refusal(path: Path, holder: Mapping[str, Any], command: str) -> str:
 
 
 def _make_folder(folder: Path) -> list[Path]:
-    """Make ``folder`` and return the folders this made, deepest first."""
+    """Make ``folder``; the folders this made, deepest first."""
     made, probe = [], folder
     while not probe.exists() and probe != probe.parent:
         made.append(probe)
@@ -388,8 +355,7 @@ RANK_VARIABLES = (
 
 
 def this_launch() -> Launch:
-    """The launch this process belongs to, for the run directory's lock (this module): its rank there (0:
-    the process that holds the directory), and the job, step and restart count that every rank of it shares."""
+    """The launch this process belongs to: its rank, and the job, step and restart count every rank shares."""
     env = os.environ
     sweep, trial = env.get("SWEEP_DIR"), env.get("SWEEP_TRIAL")  # set by the sweep's worker for its trial's run
     trial = f"{Path(sweep).resolve()} trial {trial}" if sweep and trial else None
@@ -407,7 +373,6 @@ def this_launch() -> Launch:
 
 
 def _launcher_rank() -> int:
-    """The rank a launcher other than srun and torchrun gave this process (0 where none did)."""
     return next((rank for rank in (_count(os.environ.get(name)) for name in RANK_VARIABLES) if rank), 0)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import csv
 import functools
+import hashlib
 import os
 import shutil
 import subprocess
@@ -54,6 +55,8 @@ def project_folder() -> Path:
 #: template's machinery use it, so they pass whatever a default config names
 TINY_CONFIG = REPO / "tests" / "configs" / "tiny.yaml"
 TINY = ["--config", str(TINY_CONFIG)]
+#: the workload with one validation batch
+TINY_RUN = [*TINY, "--trainer.limit_val_batches=1"]
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -122,6 +125,39 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
         changed = sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
         assert not changed, f"the test left {changed} changed in the environment: set them with monkeypatch"
     return result
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished two-step run of the tests' workload (checkpoints, logs and config), which the tests that refuse
+    bad input read and resume (``untouched``)."""
+    from tests.cli import main
+
+    run_dir = tmp_path_factory.mktemp("errors") / "run"
+    sys_argv = sys.argv
+    sys.argv = [CLI_MODULE]
+    try:
+        main(["fit", *TINY_RUN, f"--trainer.default_root_dir={run_dir}", "--trainer.max_steps=2"])
+    except SystemExit as stop:
+        assert stop.code in (0, None)
+    finally:
+        sys.argv = sys_argv
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    return run_dir
+
+
+@pytest.fixture
+def untouched(tiny_run: Path) -> Iterator[Path]:
+    """The tiny run's directory; the test fails if any of its files changed."""
+    before = tree_digest(tiny_run)
+    yield tiny_run
+    assert tree_digest(tiny_run) == before
 
 
 _START_UP = pytest.StashKey[dict[str, str]]()

@@ -15,12 +15,17 @@ from multigpu.checkpoints.resume import load_checkpoint
 from multigpu.checks import (
     check_checkpoint_fits,
     check_checkpoint_model,
+    check_compile,
     check_model_flags,
     check_optimizer,
     check_run_dir,
 )
 from multigpu.errors import ConfigurationError
+from multigpu.facts import RunFacts
+from multigpu.strategies import register_strategies
+from tests.conftest import TINY_RUN
 from tests.fixtures.workload import TinyClassifier
+from tests.test_errors import fails_cleanly
 
 
 def test_run_dir_must_be_a_folder(tmp_path):
@@ -90,3 +95,50 @@ def test_checkpoint_checks(tmp_path):
     with pytest.raises(ConfigurationError, match="not a readable checkpoint"):
         load_checkpoint(garbage)
     assert garbage.read_bytes() == b"not a checkpoint"
+
+
+def test_check_compile_refuses_the_strategy_class_of_the_facts():
+    register_strategies()
+    check_compile(RunFacts.of({"strategy": "ddp"}))
+    with pytest.raises(ConfigurationError, match=r"^--compile=true does not work with --trainer.strategy=dp: dp"):
+        check_compile(RunFacts.of({"strategy": "dp", "devices": 1}))
+
+
+# -- the checkpoint against the configured model, through the command line --------------------------------------
+
+
+class OtherClassifier(TinyClassifier):
+    """Another model class, with the same options and weights as the one the run trained."""
+
+
+def test_checkpoint_of_another_model(capsys, untouched, tmp_path):
+    ckpt = untouched / "checkpoints" / "last.ckpt"
+    other = ["--model=tests.test_checks.OtherClassifier", f"--trainer.default_root_dir={tmp_path / 'other'}"]
+    err = fails_cleanly(
+        capsys,
+        ["fit", *TINY_RUN, *other, f"--ckpt_path={ckpt}"],
+        f"--ckpt_path={ckpt}",
+        "holds a tests.fixtures.workload.TinyClassifier",
+        "builds a tests.test_checks.OtherClassifier",
+    )
+    assert len(err) < 1200
+
+
+def test_checkpoint_with_other_shapes(capsys, untouched, tmp_path):
+    """A checkpoint whose hyperparameters were lost (saved outside the CLI): its tensors are compared instead."""
+    checkpoint = torch.load(untouched / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint.pop("hyper_parameters", None)
+    stripped = tmp_path / "stripped.ckpt"
+    torch.save(checkpoint, stripped)
+    fails_cleanly(
+        capsys,
+        [
+            "validate",
+            *TINY_RUN,
+            f"--trainer.default_root_dir={tmp_path}",
+            "--model.init_args.hidden=64",
+            f"--ckpt_path={stripped}",
+        ],
+        "weights of another model",
+        "of another shape",
+    )

@@ -32,6 +32,19 @@ def test_a_batch_script_a_step_and_an_interactive_job_are_told_apart(no_launcher
     assert not environment.launched_by_torchrun()
 
 
+def test_the_launch_is_named_once_from_the_same_variables(no_launcher):
+    assert environment.launch() == "plain"
+    no_launcher.setenv("SLURM_JOB_ID", "7")
+    no_launcher.setenv("SLURM_NTASKS", "2")
+    assert environment.launch() == "sbatch"
+    no_launcher.setenv("SLURM_STEP_ID", "0")
+    assert environment.launch() == "srun"
+    no_launcher.setenv("SLURM_JOB_NAME", "interactive")
+    assert environment.launch() == "interactive_srun"  # Lightning ignores SLURM's ranks in salloc's job
+    no_launcher.setenv("TORCHELASTIC_RUN_ID", "x")  # torchrun inside an srun step: torchrun's ranks win
+    assert environment.launch() == "torchrun"
+
+
 def test_the_devices_asked_for_are_counted_as_lightning_counts_them():
     assert environment.requested_devices("auto", "cpu") == 1
     assert environment.requested_devices("0,1,", "cuda") == 2

@@ -8,9 +8,7 @@ every process exits promptly.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,16 +23,7 @@ import tests.cli
 from multigpu.errors import DEBUG_ENV, ConfigurationError
 from tests import prewarmed
 from tests.cli import DEFAULT_CONFIG, main
-from tests.conftest import REPO, TINY, cli_env
-from tests.fixtures.workload import TinyClassifier
-
-TINY_RUN = [*TINY, "--trainer.limit_val_batches=1"]
-
-
-def tree_digest(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
-    }
+from tests.conftest import REPO, TINY_RUN, cli_env
 
 
 def assert_one_paragraph(err: str, *needles: str) -> None:
@@ -58,30 +47,6 @@ def fails_cleanly(capsys, args: list[str], *needles: str) -> str:
     err = err[err.index("error: ") :] if "error: " in err else err
     assert_one_paragraph(err, *needles)
     return err
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    """A finished two-step run of the tests' workload: checkpoints, logs and config."""
-    run_dir = tmp_path_factory.mktemp("errors") / "run"
-    sys_argv = sys.argv
-    sys.argv = ["tests.cli"]
-    try:
-        main(["fit", *TINY_RUN, f"--trainer.default_root_dir={run_dir}", "--trainer.max_steps=2"])
-    except SystemExit as stop:
-        assert stop.code in (0, None)
-    finally:
-        sys.argv = sys_argv
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
-    return run_dir
-
-
-@pytest.fixture
-def untouched(tiny_run):
-    """The tiny run's directory; the test fails if any of its files changed."""
-    before = tree_digest(tiny_run)
-    yield tiny_run
-    assert tree_digest(tiny_run) == before
 
 
 def resume(run_dir: Path, *args: str) -> list[str]:
@@ -149,105 +114,6 @@ def test_run_directory_that_is_a_file(tmp_path, capsys):
     blocker.write_text("precious")
     fails_cleanly(capsys, ["fit", *TINY_RUN, f"--trainer.default_root_dir={blocker}/run"], "is a file", "Fix:")
     assert blocker.read_text() == "precious"
-
-
-# -- checkpoints ---------------------------------------------------------------------------------------------------
-
-
-def test_fresh_fit_into_a_used_run_directory(capsys, untouched):
-    fails_cleanly(capsys, ["fit", *TINY_RUN, f"--trainer.default_root_dir={untouched}"], "already holds a run")
-
-
-def test_missing_and_corrupt_checkpoints(tmp_path, capsys, untouched):
-    fails_cleanly(
-        capsys,
-        ["validate", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={tmp_path / 'nope.ckpt'}"],
-        "does not exist",
-    )
-    corrupt = tmp_path / "corrupt.ckpt"
-    corrupt.write_bytes(b"PK\x03\x04 truncated")
-    fails_cleanly(
-        capsys,
-        ["test", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={corrupt}"],
-        "not a readable checkpoint",
-    )
-    assert corrupt.read_bytes() == b"PK\x03\x04 truncated"
-
-
-class OtherClassifier(TinyClassifier):
-    """Another model class, with the same options and weights as the one the run trained."""
-
-
-def test_checkpoint_of_another_model(capsys, untouched, tmp_path):
-    ckpt = untouched / "checkpoints" / "last.ckpt"
-    other = ["--model=tests.test_errors.OtherClassifier", f"--trainer.default_root_dir={tmp_path / 'other'}"]
-    err = fails_cleanly(
-        capsys,
-        ["fit", *TINY_RUN, *other, f"--ckpt_path={ckpt}"],
-        f"--ckpt_path={ckpt}",
-        "holds a tests.fixtures.workload.TinyClassifier",
-        "builds a tests.test_errors.OtherClassifier",
-    )
-    assert len(err) < 1200
-
-
-def test_checkpoint_with_other_shapes(capsys, untouched, tmp_path):
-    """A checkpoint whose hyperparameters were lost (saved outside the CLI): its tensors are compared instead."""
-    checkpoint = torch.load(untouched / "checkpoints" / "last.ckpt", weights_only=True)
-    checkpoint.pop("hyper_parameters", None)
-    stripped = tmp_path / "stripped.ckpt"
-    torch.save(checkpoint, stripped)
-    fails_cleanly(
-        capsys,
-        [
-            "validate",
-            *TINY_RUN,
-            f"--trainer.default_root_dir={tmp_path}",
-            "--model.init_args.hidden=64",
-            f"--ckpt_path={stripped}",
-        ],
-        "weights of another model",
-        "of another shape",
-    )
-
-
-class Opaque:
-    """An object that only full unpickling can rebuild: weights_only loading refuses it."""
-
-
-def test_checkpoint_with_python_objects_is_refused_unless_its_classes_are_allowed(tmp_path, capsys, untouched):
-    checkpoint = torch.load(untouched / "checkpoints" / "last.ckpt", weights_only=True)
-    checkpoint["opaque"] = Opaque()
-    unsafe = tmp_path / "unsafe.ckpt"
-    torch.save(checkpoint, unsafe)
-    fails_cleanly(
-        capsys,
-        ["validate", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={unsafe}"],
-        "tests.test_errors.Opaque",
-        "trust",
-    )
-    capsys.readouterr()
-    with torch.serialization.safe_globals([Opaque]):  # the documented way to load a trusted checkpoint with objects
-        main(["validate", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={unsafe}"])
-    assert "val/loss" in capsys.readouterr().out
-
-
-def test_resume_loads_with_weights_only(tmp_path, capsys, untouched, monkeypatch):
-    """The template's own checkpoints load with ``weights_only=True``: no pickled code is run on resume."""
-    run_dir = tmp_path / "copy"
-    shutil.copytree(untouched, run_dir)
-    loads: list[object] = []
-    original = torch.load
-
-    def recording_load(*args, **kwargs):
-        loads.append(kwargs.get("weights_only"))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "load", recording_load)
-    main(resume(run_dir, "--trainer.max_steps=3"))
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
-    assert loads and all(flag in (True, None) for flag in loads), loads
-    assert torch.__version__ >= "2.6"  # torch.load's weights_only=None means True from torch 2.6 on
 
 
 # -- building the objects --------------------------------------------------------------------------------------

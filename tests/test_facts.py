@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from jsonargparse import Namespace
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from multigpu.facts import RunFacts
+from multigpu.strategies import DataParallelStrategy, register_strategies
 
 
 def test_a_strategy_of_auto_that_runs_several_processes_is_named_ddp_so_it_gets_the_templates_ddp_options():
@@ -44,3 +47,49 @@ def test_the_facts_of_a_subcommands_options_name_its_classes_run_directory_and_c
     resumed = facts.resuming(tmp_path / "last.ckpt")
     assert resumed.checkpoint == tmp_path / "last.ckpt" and facts.checkpoint is None  # a new object: facts stay
     assert RunFacts.of(Namespace(trainer=Namespace(devices=1))).run_dir == Path.cwd()
+
+
+def test_the_strategy_class_is_told_from_a_name_a_class_path_or_an_object_and_named_as_given():
+    register_strategies()
+    assert RunFacts.of({"strategy": "DDP_Spawn"}).strategy_class is DDPStrategy
+    assert RunFacts.of({"strategy": "DDP_Spawn"}).strategy_option == "--trainer.strategy=DDP_Spawn"
+    assert RunFacts.of({"strategy": "dp"}).strategy_class is DataParallelStrategy  # the engine's, once registered
+    path = "lightning.pytorch.strategies.ModelParallelStrategy"
+    given = RunFacts.of({"strategy": Namespace(class_path=path)})
+    assert given.strategy_class is ModelParallelStrategy
+    assert given.strategy_option == f"--trainer.strategy.class_path={path}"
+    assert RunFacts.of({"strategy": DDPStrategy()}).strategy_class is DDPStrategy
+    assert RunFacts.of({"strategy": "auto", "devices": 2}).strategy_class is None  # Lightning picks it
+    assert RunFacts.of({"strategy": "nonesuch"}).strategy_class is None  # for check_strategy to refuse
+
+
+def test_a_one_process_strategy_is_told_from_its_name():
+    assert RunFacts.of({"strategy": "dp"}).one_process_strategy
+    assert RunFacts.of({"strategy": "single_device"}).one_process_strategy
+    for several in ("auto", "ddp", "fsdp2", "pipeline"):
+        assert not RunFacts.of({"strategy": several}).one_process_strategy
+
+
+def test_the_trainer_options_later_steps_need_are_facts(tmp_path):
+    options = Namespace(
+        trainer=Namespace(accumulate_grad_batches=4, sync_batchnorm=True, devices="0,1", accelerator="gpu"),
+        compile=True,
+    )
+    facts = RunFacts.of(options, "fit")
+    assert (facts.accumulate_grad_batches, facts.compile, facts.sync_batchnorm) == (4, True, True)
+    assert (facts.devices_option, facts.accelerator_option) == ("0,1", "gpu")  # as written, for the messages
+    plain = RunFacts.of(Namespace(trainer=Namespace(accumulate_grad_batches=None)), "fit")
+    assert (plain.accumulate_grad_batches, plain.compile, plain.sync_batchnorm) == (1, False, False)
+
+
+def test_the_launch_is_a_fact_of_the_environment_the_facts_are_derived_in(monkeypatch):
+    for name in [*os.environ]:
+        if name.startswith(("SLURM_", "TORCHELASTIC_")):
+            monkeypatch.delenv(name)
+    assert RunFacts.of({}).launch == "plain"
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    batch = RunFacts.of({"strategy": "ddp", "devices": 2, "accelerator": "cpu"})
+    assert batch.launch == "sbatch"
+    monkeypatch.delenv("SLURM_JOB_ID")  # the facts keep the launch they were derived in
+    assert batch.launch == "sbatch" and RunFacts.of({}).launch == "plain"

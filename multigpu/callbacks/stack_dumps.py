@@ -1,13 +1,9 @@
 """Where every rank is when a multi-process run hangs: each rank's Python stacks on ``SIGUSR2``, and, when a
 collective times out or loses its connection, a report naming the rank that did not arrive and its line.
 
-At setup every rank of a run of several processes registers ``faulthandler`` for ``SIGUSR2``: the interpreter
-writes all its threads' stacks to ``<run dir>/stacks/rank-<N>.txt`` from the C signal handler, so a rank blocked
-in a C collective, a sleep or a read answers too. Beside it, ``rank-<N>.json`` holds the rank's pid, host, step and
-phase, written by a daemon thread from attributes the hooks set (no file I/O and no host sync in the step).
-
-The dumps are read and reported in ``multigpu/callbacks/hang_report.py``; the files of a run (its ranks' states,
-the signal, the errors they recorded) are here, shared with ``python -m multigpu.stacks``.
+``faulthandler`` writes the stacks from the C signal handler, so a rank blocked in a C collective, a sleep or a read
+answers too. ``rank-<N>.json`` holds the rank's pid, host, step and phase, written by a daemon thread from attributes
+the hooks set (no file I/O and no host sync in the step). The report is made in ``hang_report.py``.
 """
 
 from __future__ import annotations
@@ -52,8 +48,7 @@ DUMP_SIGNAL = signal.SIGUSR2
 DUMP_WAIT_S = 2.0
 #: how often a wait for the dumps looks at the stack files and at the signalled processes in ``/proc``
 POLL_S = 0.01
-#: how often the daemon thread may rewrite ``rank-<N>.json`` (only when the step or phase changed, or to show
-#: the rank is alive every ``HEARTBEAT_S``)
+#: how often the daemon thread may rewrite ``rank-<N>.json`` (where the step or phase changed)
 STATE_EVERY_S = 1.0
 STACKS_DIR = "stacks"
 #: the phase of a rank whose collective failed, while it reports
@@ -62,7 +57,7 @@ FAILED = "failed in a collective"
 FINISHED = "finished"
 
 
-# -- the files of a run ---------------------------------------------------------------------------------------------
+# -- the files of a run (shared with ``python -m multigpu.stacks``) -------------------------------------------------
 
 
 def stacks_folder(run_dir: str | os.PathLike) -> Path:
@@ -135,10 +130,8 @@ def _signal_masks(status: Path) -> dict[str, int]:
 
 
 def dump_state(pid: int) -> str:
-    """Where a process stands with the dump signal: ``"ignored"`` (it will never dump), ``"busy"`` (the signal is
-    pending, or its handler is writing: the kernel blocks a signal in the thread that runs its handler, and
-    faulthandler's handler is registered without ``SA_NODEFER``), else ``"done"`` (also where ``/proc`` cannot tell:
-    the process is gone)."""
+    """``"ignored"`` (it will never dump), ``"busy"`` (the signal is pending, or its handler is writing: the kernel
+    blocks a signal in the thread that runs its handler, faulthandler's has no ``SA_NODEFER``), else ``"done"``."""
     bit = 1 << (DUMP_SIGNAL - 1)
     try:
         process = _signal_masks(Path(f"/proc/{pid}/status"))
@@ -156,11 +149,9 @@ def dump_state(pid: int) -> str:
 
 
 def wait_for_dumps(folder: Path, marks: dict[int, DumpMark], timeout_s: float = DUMP_WAIT_S) -> dict[int, str]:
-    """The dump each rank of ``marks`` appended to its stack file, each read once it is whole: the file grew, then
-    the rank's process neither holds the signal nor runs its handler, and the file did not grow meanwhile. A rank
-    that ignores the signal dumps nothing: it reports a failed collective itself, or has finished, and is waited for
-    until its state file says so (its own stack is then in its stack file). Up to ``timeout_s`` in all: a failure
-    bound, for a rank that never answers."""
+    """The dump each rank of ``marks`` appended to its stack file, read once whole: the file grew, and then the
+    process neither holds the signal nor runs its handler. A rank that ignores the signal reports a failed collective
+    itself, or has finished: it is waited for until its state file says so. ``timeout_s`` bounds a silent rank."""
     deadline = time.monotonic() + timeout_s
     dumps: dict[int, str] = {}
     waiting = dict(marks)
@@ -180,12 +171,12 @@ def wait_for_dumps(folder: Path, marks: dict[int, DumpMark], timeout_s: float = 
         if waiting and time.monotonic() > deadline:
             break
         if waiting:
-            time.sleep(POLL_S)  # the next look at the files and /proc; the deadline bounds a rank that never answers
+            time.sleep(POLL_S)
     return dumps
 
 
 def _phase(folder: Path, rank: int) -> str | None:
-    """The phase a rank's state file says, or None (no file yet, or one being replaced)."""
+    # None: no file yet, or one being replaced
     try:
         return json.loads((folder / f"rank-{rank}.json").read_text()).get("phase")
     except (OSError, ValueError):
@@ -222,10 +213,7 @@ def first_failure(folder: Path, ranks: Iterable[int], since: float) -> dict[str,
 
 class StackDumps(Callback):
     """Every rank dumps its stacks on ``SIGUSR2``; a collective that fails is reported with every rank's place.
-
-    Always on; does nothing in a run of one process. It comes before ``StopOtherRanksOnError``, which kills the
-    other ranks on an error: their stacks are taken first.
-    """
+    Does nothing in a run of one process."""
 
     def __init__(self) -> None:
         self.folder: Path | None = None
@@ -257,7 +245,6 @@ class StackDumps(Callback):
         self._thread.start()
 
     def _keep_state(self) -> None:
-        """Rewrite ``rank-<N>.json`` when the step or phase changed, at most every ``STATE_EVERY_S``."""
         written: tuple[Any, ...] = ()
         last = 0.0
         while True:
@@ -279,9 +266,8 @@ class StackDumps(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._file is not None and multiprocessing.parent_process() is not None:
-            # a ddp_spawn worker: Lightning runs no on_exception there, so the launching process reports; torch
-            # SIGTERMs the workers left when one fails, and each then dumps where it is before its own handler
-            # runs (registered here, after Lightning's signal handlers, which would replace it)
+            # a ddp_spawn worker, where Lightning runs no on_exception: torch SIGTERMs the workers left when one
+            # fails, and each dumps first (registered after Lightning's signal handlers, which would replace it)
             faulthandler.register(signal.SIGTERM, file=self._file, all_threads=True, chain=True)
 
     # the phase, set by the hooks as plain attributes: the daemon thread writes it
@@ -315,9 +301,8 @@ class StackDumps(Callback):
             if not isinstance(exception, TrainingStopped):  # an agreed stop is no failure
                 record_failure(self.folder, self.rank, exception)
             return
-        # this process reports for the run from here on (a rank's report handed over to it meanwhile is not printed),
-        # and the ranks it started leave Lightning's watch: its observer thread would SIGKILL this process as soon as
-        # one of them exits (StopOtherRanksOnError, after this callback, still stops them)
+        # the ranks this process started leave Lightning's watch: its observer thread would SIGKILL this process as
+        # soon as one of them exits (StopOtherRanksOnError, after this callback, still stops them)
         speak_for_the_run(trainer)
         others = [rank for rank in range(trainer.world_size) if rank != self.rank]
         failure = first_failure(self.folder, others, since=self._since)
@@ -383,8 +368,7 @@ class StackDumps(Callback):
                     os.kill(int(view.state["pid"]), signal.SIGKILL)
 
     def _report_spawned(self, trainer: L.Trainer, exception: BaseException) -> None:
-        """The report of a ddp_spawn worker's failed collective, made by the launching process once torch has
-        stopped the workers: the failed worker's traceback (sent as text) and the others' dumps at their SIGTERM."""
+        """A ddp_spawn worker's failed collective: its traceback (sent as text) and the others' dumps at SIGTERM."""
         folder = stacks_folder(run_dir_of(trainer))
         failed = int(getattr(exception, "error_index", 0))
         states = read_states(folder)
@@ -402,9 +386,8 @@ class StackDumps(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._file is None:
             return
-        if self._stop is not None:
+        if self._stop is not None and self._thread is not None:
             self._stop.set()
-        if self._thread is not None:
             self._thread.join()
         self.phase = FINISHED
         self._write_state()

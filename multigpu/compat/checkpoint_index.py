@@ -1,8 +1,5 @@
-"""torch.distributed.checkpoint's private names, for reading a folder of shards without running code: the index
-(``.metadata``), which torch unpickles with a plain ``pickle.load``, unpickled here with torch's checkpoint metadata
-classes only, and a reader that hands torch that checked index and reads every entry that is no tensor with
-``weights_only``. Part of the compatibility seam (``multigpu/compat/``), tested in
-``tests/compat/test_checkpoint_index.py``."""
+"""torch.distributed.checkpoint's private names, for reading a folder of shards without running code: its index, which
+torch reads with a plain ``pickle.load``, unpickled with its metadata classes only, and a reader given that index."""
 
 from __future__ import annotations
 
@@ -14,11 +11,8 @@ from typing import IO, Any
 
 import torch
 
-#: the globals an index of ``torch.distributed.checkpoint`` (a folder's ``.metadata``) refers to, by module: its
-#: metadata classes (the file reader's ``_StorageInfo`` among them, a private class), sizes, the layout (torch
-#: pickles ``torch.strided`` as a call of its private ``_get_layout``), the path it was saved to, and an ordered dict;
-#: a dtype is ``torch.<name>`` (``index_global_allowed``). torch itself unpickles the index with ``pickle.load``
-#: (``FileSystemReader.read_metadata``), which runs whatever the file holds.
+#: the globals a folder's ``.metadata`` refers to, by module (torch pickles ``torch.strided`` as a call of its private
+#: ``_get_layout``); a dtype is ``torch.<name>`` (``index_global_allowed``)
 CHECKPOINT_INDEX_GLOBALS: dict[str, frozenset[str]] = {
     "torch.distributed.checkpoint.metadata": frozenset(
         {

@@ -1,7 +1,5 @@
-"""The names of Lightning's ``ModelCheckpoint`` that the engine relies on and Lightning does not document as public:
-the metrics it decides on, its schedule and clock, its record of the last file written, and the key LightningCLI
-keeps a checkpoint's model class under. Re-exported by ``multigpu/compat/__init__.py``, where the rest of the list
-is."""
+"""The names of Lightning's ``ModelCheckpoint`` the engine relies on that Lightning does not document as public
+(re-exported by ``compat``)."""
 
 from __future__ import annotations
 
@@ -17,26 +15,22 @@ if TYPE_CHECKING:
 
 
 def monitor_candidates(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> dict[str, Tensor]:
-    """The metrics ``ModelCheckpoint`` decides on and names its files with at this point (``epoch`` and ``step``
-    among them), from its protected helper."""
+    """The metrics ``ModelCheckpoint`` decides on and names its files with now (``epoch`` and ``step`` among them)."""
     return checkpoint._monitor_candidates(trainer)
 
 
 def save_last_checkpoint(checkpoint: ModelCheckpoint, trainer: L.Trainer, candidates: dict[str, Tensor]) -> None:
-    """Write ``last.ckpt`` now, the way ``ModelCheckpoint`` writes it (its naming, link and removal of the previous
-    one), through its protected method (a subclass's override of it included)."""
+    """Write ``last.ckpt`` now the way ``ModelCheckpoint`` (or a subclass's override) writes it."""
     checkpoint._save_last_checkpoint(trainer, candidates)
 
 
 def checkpoint_schedule(checkpoint: ModelCheckpoint) -> tuple[int, timedelta | None]:
-    """``ModelCheckpoint``'s ``every_n_train_steps`` and ``train_time_interval`` as it keeps them (protected
-    attributes; ``every_n_train_steps`` is 0 where another schedule is set)."""
+    """``every_n_train_steps`` (0 where another schedule is set) and ``train_time_interval`` as it keeps them."""
     return checkpoint._every_n_train_steps, checkpoint._train_time_interval
 
 
 def interval_clock(checkpoint: ModelCheckpoint) -> float | None:
-    """When (``time.monotonic()``) ``ModelCheckpoint`` last restarted the clock of its ``train_time_interval``, or
-    None before its first training batch (its protected record)."""
+    """When (``time.monotonic()``) its ``train_time_interval`` clock last restarted; None before the first batch."""
     return checkpoint._last_time_checked
 
 
@@ -46,13 +40,12 @@ def restart_interval_clock(checkpoint: ModelCheckpoint, now: float) -> None:
 
 
 def checkpoint_not_due(checkpoint: ModelCheckpoint, trainer: L.Trainer) -> bool:
-    """Whether ``ModelCheckpoint`` saves nothing now whatever its schedule: a smoke test, not fitting, the sanity
-    check, or this step already saved (its protected check)."""
+    """Whether ``ModelCheckpoint`` saves nothing now whatever its schedule (a smoke test, the sanity check, ...)."""
     return checkpoint._should_skip_saving_checkpoint(trainer)
 
 
 def last_checkpoint_written(checkpoint: ModelCheckpoint) -> tuple[int, str]:
-    """The step and path of the file ``ModelCheckpoint`` wrote last (its protected record of them)."""
+    """The step and path of the file ``ModelCheckpoint`` wrote last."""
     return checkpoint._last_global_step_saved, checkpoint._last_checkpoint_saved
 
 
@@ -67,6 +60,5 @@ def versions_checkpoint_names(checkpoint: ModelCheckpoint) -> bool:
 
 
 def trained_class_path(hyperparameters: Mapping[str, Any]) -> Any:
-    """The class path a checkpoint's model was built from, where LightningCLI built it (``--model=CLASS``), else None:
-    LightningCLI keeps it in the saved hyperparameters under a key of its own."""
+    """The class path LightningCLI built a checkpoint's model from, kept under a key of its own; else None."""
     return hyperparameters.get("_class_path")

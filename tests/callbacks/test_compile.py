@@ -13,6 +13,7 @@ from torch.utils.data import TensorDataset
 from multigpu.callbacks.compile import compile_refusal
 from multigpu.checks import check_compile
 from multigpu.data.base import GlobalBatchDataModule
+from multigpu.facts import RunFacts
 from multigpu.strategies import DataParallelStrategy
 from tests.cli import TemplateCLI, main
 from tests.conftest import TINY, load_state, relative_difference
@@ -127,7 +128,7 @@ def test_an_unsupported_strategy_is_refused_before_launch_in_one_paragraph_with_
 def test_supported_strategies_are_single_device_and_the_ddp_family():
     ddp_class = {"class_path": "lightning.pytorch.strategies.DDPStrategy"}
     for supported in ("auto", "ddp", "ddp_spawn", "single_device", ddp_class):
-        check_compile(supported)  # passes the check before launch
+        check_compile(RunFacts.of({"strategy": supported}))  # passes the check before launch
     cpu = torch.device("cpu")
     assert compile_refusal(SingleDeviceStrategy(cpu)) is None
     assert compile_refusal(DDPStrategy()) is None

@@ -7,6 +7,8 @@ from jsonargparse import Namespace
 from multigpu.checkpoints.files import atomic_torch_save
 from multigpu.checkpoints.resume import checkpoint_dir, resolve_checkpoint
 from multigpu.errors import ConfigurationError
+from tests.conftest import TINY_RUN
+from tests.test_errors import fails_cleanly
 
 
 def config(run_dir, ckpt_path=None) -> Namespace:
@@ -43,3 +45,26 @@ def test_a_missing_file_is_refused_and_special_values_are_lightnings(tmp_path):
     path, checkpoint = resolve_checkpoint("validate", config(tmp_path, str(tmp_path / "given.ckpt")))
     assert path == tmp_path / "given.ckpt"
     assert checkpoint["global_step"] == 1
+
+
+# -- through the command line: one paragraph, exit status 2, the run directory untouched -------------------------
+
+
+def test_fresh_fit_into_a_used_run_directory(capsys, untouched):
+    fails_cleanly(capsys, ["fit", *TINY_RUN, f"--trainer.default_root_dir={untouched}"], "already holds a run")
+
+
+def test_missing_and_corrupt_checkpoints(tmp_path, capsys, untouched):
+    fails_cleanly(
+        capsys,
+        ["validate", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={tmp_path / 'nope.ckpt'}"],
+        "does not exist",
+    )
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(b"PK\x03\x04 truncated")
+    fails_cleanly(
+        capsys,
+        ["test", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={corrupt}"],
+        "not a readable checkpoint",
+    )
+    assert corrupt.read_bytes() == b"PK\x03\x04 truncated"

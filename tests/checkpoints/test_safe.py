@@ -24,8 +24,10 @@ import torch
 from multigpu.checkpoints.safe import INDEX_FILE, METADATA_FILE, check_sharded_checkpoint, read_torch_file
 from multigpu.errors import ConfigurationError
 from tests import prewarmed
-from tests.conftest import REPO, TINY, cli_env
+from tests.cli import main
+from tests.conftest import REPO, TINY, TINY_RUN, cli_env
 from tests.helpers import RUNS_COMMAND_GLOBAL, RunsCommand, entry_runs_code
+from tests.test_errors import fails_cleanly, resume
 
 SHARD = "__0_0.distcp"  # the one shard of a one-process fsdp2 run
 #: the tests share one saved run: one worker saves it once
@@ -203,3 +205,45 @@ def test_consolidating_a_folder_whose_shard_would_run_code_is_refused(saved, tmp
     result = command(str(folder), str(tmp_path / "whole.ckpt"), module="multigpu.consolidate")
     one_paragraph(result, str(folder / SHARD), REFUSED)
     assert not marker.exists() and digest(folder) == before and not (tmp_path / "whole.ckpt").exists()
+
+
+# -- a single-file checkpoint through the command line ----------------------------------------------------------
+
+
+class Opaque:
+    """An object that only full unpickling can rebuild: weights_only loading refuses it."""
+
+
+def test_checkpoint_with_python_objects_is_refused_unless_its_classes_are_allowed(tmp_path, capsys, untouched):
+    checkpoint = torch.load(untouched / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint["opaque"] = Opaque()
+    unsafe = tmp_path / "unsafe.ckpt"
+    torch.save(checkpoint, unsafe)
+    fails_cleanly(
+        capsys,
+        ["validate", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={unsafe}"],
+        "tests.checkpoints.test_safe.Opaque",
+        "trust",
+    )
+    capsys.readouterr()
+    with torch.serialization.safe_globals([Opaque]):  # the documented way to load a trusted checkpoint with objects
+        main(["validate", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={unsafe}"])
+    assert "val/loss" in capsys.readouterr().out
+
+
+def test_resume_loads_with_weights_only(tmp_path, capsys, untouched, monkeypatch):
+    """The template's own checkpoints load with ``weights_only=True``: no pickled code is run on resume."""
+    run_dir = tmp_path / "copy"
+    shutil.copytree(untouched, run_dir)
+    loads: list[object] = []
+    original = torch.load
+
+    def recording_load(*args, **kwargs):
+        loads.append(kwargs.get("weights_only"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", recording_load)
+    main(resume(run_dir, "--trainer.max_steps=3"))
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert loads and all(flag in (True, None) for flag in loads), loads
+    assert torch.__version__ >= "2.6"  # torch.load's weights_only=None means True from torch 2.6 on

@@ -447,7 +447,7 @@ def test_batch_script_and_srun_task_are_told_apart(slurm_env: Callable[[dict[str
 
 def test_srun_task_matching_the_devices_passes(slurm_env: Callable[[dict[str, str]], None]) -> None:
     slurm_env(SRUN_TASK)
-    checks.check_launch(RunFacts.of(DDP_2), DDP_2)
+    checks.check_launch(RunFacts.of(DDP_2))
 
 
 @pytest.mark.parametrize(
@@ -468,7 +468,7 @@ def test_slurm_launch_errors(
 ) -> None:
     slurm_env(env)
     with pytest.raises(ConfigurationError, match=re.escape(message)):
-        checks.check_launch(RunFacts.of(trainer), trainer)
+        checks.check_launch(RunFacts.of(trainer))
 
 
 def test_torchrun_inside_an_srun_task_is_not_checked_against_slurm(
@@ -476,4 +476,4 @@ def test_torchrun_inside_an_srun_task_is_not_checked_against_slurm(
 ) -> None:
     # `srun --ntasks-per-node=1 torchrun --nproc_per_node=2`: SLURM has 1 task, torchrun 2 ranks
     slurm_env({**SRUN_TASK, "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "TORCHELASTIC_RUN_ID": "x"})
-    checks.check_launch(RunFacts.of(DDP_2), DDP_2)
+    checks.check_launch(RunFacts.of(DDP_2))
