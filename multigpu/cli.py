@@ -38,11 +38,17 @@ from multigpu.facts import RunFacts
 from multigpu.parser import TemplateArgumentParser, add_config_option, add_template_options
 from multigpu.quiet import silence_known_noise
 from multigpu.reporting import report, report_desk
-from multigpu.run import building_error, run_callbacks, trainer_settings
+from multigpu.run import (
+    building_error,
+    flight_recorder_defaults,
+    run_callbacks,
+    strategy_as_class,
+    strategy_class,
+    trainer_settings,
+)
 from multigpu.run_dir import place_loggers, shared_random_seed
 from multigpu.run_lock import hold_run_dir, release_run_dir, this_launch
 from multigpu.strategies import register_strategies
-from multigpu.trainer_arguments import flight_recorder_defaults, strategy_as_class, strategy_class
 
 gc.freeze()  # what the imports created stays: no later collection walks it again
 if _COLLECTING:

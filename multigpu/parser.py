@@ -16,12 +16,11 @@ from jsonargparse import ActionConfigFile, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
 from multigpu.argv import load_config_file, yaml_problem
-from multigpu.callbacks import CALLBACK_OPTIONS, OPTIONAL_CALLBACKS
 from multigpu.checkpoints.resume import checkpoint_dir
 from multigpu.command import prog
 from multigpu.errors import debug_mode
+from multigpu.run import CALLBACK_OPTIONS, COLLECTIVE_TIMEOUT_S, OPTIONAL_CALLBACKS
 from multigpu.strategies.pipeline import PipelineOptions
-from multigpu.trainer_arguments import COLLECTIVE_TIMEOUT_S
 
 #: while the main parser parses, the defaults each parser with default config files computed: jsonargparse
 #: computes a subcommand's twice in one parse (for its own arguments, and again when the main parser merges the

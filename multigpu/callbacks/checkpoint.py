@@ -55,7 +55,7 @@ class RunCheckpoint(ModelCheckpoint):
 
     def __init__(self, *args: Any, async_save: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.async_save = async_save  # read by multigpu/trainer_arguments.py, which picks the checkpoint IO
+        self.async_save = async_save  # read by multigpu/run.py, which picks the checkpoint IO
         self._link_source: str | None = None  # the top-k file of this save, which last.ckpt may name
         self._save_after_validation = False
         self._missing_monitor_reported = False

@@ -85,3 +85,33 @@ def test_an_update_keeps_the_users_edits_and_brings_the_templates_changes(templa
     assert cpu.read_text().startswith("# One CPU process: the template's later words.\ntrainer:\n")
     tests = run(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-k", "test_it_trains", cwd=project)
     assert "1 passed" in tests.stdout, tests.stdout
+
+
+#: the commit of release 1.1.0, the last of 1.x, in this repository's history
+RELEASE_1_1 = "05dc338"
+
+
+@pytest.mark.slow
+def test_a_project_made_at_release_1_1_and_updated_to_this_release_passes_its_tests(template_repo: Path, tmp_path):
+    template = tmp_path / "template"
+    git("clone", "--quiet", template_repo, template, cwd=tmp_path)
+    found = run("git", "cat-file", "-e", f"{RELEASE_1_1}^{{commit}}", cwd=template, check=False)
+    assert found.returncode == 0, f"release 1.1.0 ({RELEASE_1_1}) is not in this clone's history: clone it whole"
+    git("tag", "v1.1.0", RELEASE_1_1, cwd=template)
+    git("tag", "v9.0.0", cwd=template)  # this working tree, newer than any release
+    project = generate(template, tmp_path / "my-project", vcs_ref="v1.1.0")
+    assert '"lightning-multigpu[sweep]>=1.1,<2",' in (project / "pyproject.toml").read_text()
+    git("init", "--quiet", cwd=project)
+    commit(project, "my-project at 1.1.0")
+
+    copier("update", "--defaults", cwd=project)
+
+    assert "_commit: v9.0.0" in (project / ".copier-answers.yml").read_text()
+    version = re.search(r'__version__ = "(\d+)\.(\d+)\.\d+"', (template / "multigpu" / "__init__.py").read_text())
+    major, minor = int(version.group(1)), int(version.group(2))
+    assert f'"lightning-multigpu[sweep]>={major}.{minor},<{major + 1}",' in (project / "pyproject.toml").read_text()
+    conflicts = [path for path in project.rglob("*") if path.is_file() and ".git" not in path.parts
+                 and re.search("^<<<<<<< before updating", path.read_text(errors="ignore"), re.M)]  # fmt: skip
+    assert not conflicts, f"copier left conflicts in {conflicts}"
+    tests = run(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", cwd=project, timeout=900)
+    assert " passed" in tests.stdout and " failed" not in tests.stdout, tests.stdout
