@@ -1,13 +1,5 @@
-"""The training loaders a data module or a model returns, given the engine's sampling (``multigpu/data/loaders.py``)
-where Lightning would give them its ``DistributedSampler``: the same samples in the same global order at any world
-size and strategy, augmentations seeded per sample, an exact resume mid-epoch, and one paragraph for a loader that
-refuses its options.
-
-``setup`` asks for the loaders once, before anything is written (a refused option stops the run there, exit 2), and
-makes them again with the engine's sampling (``GlobalBatchDataModule``'s plain loader too); the ``train_dataloader``
-then hands Lightning those loaders, placed at the position a checkpoint saved (``multigpu/data/position.py``). A loader
-left as it is resumes from a position of its own where it has one, else restarts its epoch with a note.
-"""
+"""The loaders a data module or model returns, made again with the engine's sampling in ``setup`` (before anything is
+written) and placed at the position a checkpoint saved (docs/engine.md#your-own-dataloader)."""
 
 from __future__ import annotations
 
@@ -65,49 +57,37 @@ from multigpu.errors import ConfigurationError, notice
 from multigpu.topology import data_parallel_world
 
 HOOK = "train_dataloader"
-#: the evaluation hooks whose loaders get the same global batches at any world size
 EVALUATION_HOOKS = ("val_dataloader", "test_dataloader")
 
 
 class EngineLoaders(Callback):
-    """Put the engine's sampling into the training loaders (see the module docstring).
-
-    Args:
-        per_process: A loader's ``batch_size`` is each process's micro-batch (Lightning's meaning), not the global
-            batch of one optimizer step.
-    """
+    """Put the engine's sampling into the loaders; ``per_process``: ``batch_size`` is each process's micro-batch."""
 
     def __init__(self, per_process: bool = False) -> None:
         self.per_process = per_process
         self._source: Any = None
         self._built: Any = None
-        self._position: Position | None = None  # what a resumed checkpoint saved
-        self._engine: list[tuple[Any, bool]] = []  # the samplers and streams given the engine's sampling, and
-        # whether their loader restores its own position
-        self._kept: list[tuple[str, str]] = []  # (loader, why) for those left as they are
-        # loaders left as they are that start their iterator at their first batch (LitData's), drawing their workers'
-        # base seed there: from the global generator, a resumed run would draw it after the generators are restored
+        self._position: Position | None = None
+        self._engine: list[tuple[Any, bool]] = []  # (sampler or stream share, whether its loader restores itself)
+        self._kept: list[tuple[str, str]] = []
+        # self-sharding loaders seed their workers at the first batch: from the global generator a resume would differ
         self._seeded: list[DataLoader] = []
-        self._positioned: list[StatePerBatch] = []  # streams that shard themselves, with a state saved per batch
-        self._uneven = False  # whether a stream shards itself by rank: its ranks may run out at different batches
-        self._batches: TrainBatches | None = None  # the training batches, where drawn through TrainBatches
-        self.fitting: L.Trainer | None = None  # the Trainer of the fit under way, whose position a save holds
-        self._wrapped: Any = None  # the data module or model whose hooks this callback answers
+        self._positioned: list[StatePerBatch] = []
+        self._uneven = False
+        self._batches: TrainBatches | None = None
+        self.fitting: L.Trainer | None = None
+        self._wrapped: Any = None
         self._evaluated: list[str] = []
-        self._samples = False  # whether the engine's sampling goes into the loaders
-
-    # -- building ---------------------------------------------------------------------------------------------
+        self._samples = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         source = train_loader_source(trainer)
         if not isinstance(source, (L.LightningModule, L.LightningDataModule)):
             return
-        # GlobalBatchDataModule's own loader is sampled whatever Lightning's switch says; overfit_batches: Lightning
-        # reads the first batches in order, with a sampler of its own
+        # overfit_batches: Lightning reads the first batches in order, with a sampler of its own
         sampled = uses_distributed_sampler(trainer) or own_training_loader(source)
         self._samples = sampled and not trainer.overfit_batches
         self._evaluated = [hook for hook in EVALUATION_HOOKS if overrides_hook(source, hook)] if self._samples else []
-        # each hook replaced on the instance (Lightning calls it through the instance), the class's kept
         for hook in self._evaluated:
             setattr(source, hook, partial(self._evaluation_loaders, trainer, getattr(source, hook), hook))
         self._wrapped = source
@@ -141,15 +121,13 @@ class EngineLoaders(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._wrapped is not None:
             for hook in [HOOK, *self._evaluated]:
-                vars(self._wrapped).pop(hook, None)  # the class's hook again
+                vars(self._wrapped).pop(hook, None)
         self._source = self._built = self._wrapped = None
-
-    # -- evaluation: the same global batches at any world size --------------------------------------------------
 
     def _evaluation_loaders(self, trainer: L.Trainer, ask: Any, hook: str) -> Any:
         loaders = ask()
         world = self._world(trainer)
-        if world.replicas == 1:  # one process reads the loaders as they are, as Lightning does
+        if world.replicas == 1:
             return loaders
         owner = f"{type(self._wrapped).__name__}.{hook}()"
         if isinstance(loaders, CombinedLoader):
@@ -162,9 +140,7 @@ class EngineLoaders(Callback):
         return self._evaluation(loaders, world, owner)
 
     def _evaluation(self, loader: Any, world: World, owner: str) -> Any:
-        """``GlobalBatchDataModule``'s evaluation order for a plain loader: global batches of its ``batch_size`` in
-        the dataset's order, each process a consecutive slice of each, as many batches on every process, every
-        sample once (Lightning's ``DistributedSampler`` pads the last shard with repeats)."""
+        """``EvaluationBatches`` over a plain loader: every sample once (Lightning's sampler pads with repeats)."""
         if (
             not isinstance(loader, DataLoader)
             or is_engine_sampled(loader)
@@ -182,7 +158,6 @@ class EngineLoaders(Callback):
                 f"the loader of {owner} has batch_size={loader.batch_size}: {error}", every_rank=True
             ) from error
         dataset = BatchedDataset(loader.dataset, loader.collate_fn)
-        # batch_size=None: each index list of the sampler is one batch, collated by BatchedDataset
         return self._remake_as(loader, owner, batches, dataset, batch_size=None, collate_fn=None)
 
     def _world(self, trainer: L.Trainer) -> World:
@@ -256,14 +231,12 @@ class EngineLoaders(Callback):
             self._kept.append((label, "it has batch_size=None"))
             return loader
         if world.replicas > 1 and len(set(gathered(first_sample(stream, world.seed)))) > 1:
-            # the processes read different samples: the stream shards itself, per-process batches, and a rank
-            # may run out before the others (TrainBatches)
+            # the processes read different samples: it shards itself by rank, and a rank may run out first
             self._uneven = True
-            # a loader with a state of its own (torchdata's StatefulDataLoader) saves its stream's itself
             stream_state = restores_itself(stream) and not restores_itself(loader)
             if stream_state and loader.num_workers == 0:
                 return self._positioned_stream(loader, label)
-            if restores_itself(loader):  # its own state resumes it
+            if restores_itself(loader):
                 return loader
             why = "it shards itself by rank and the engine cannot skip in it"
             if stream_state:  # each worker holds a copy of the stream, whose position this one lacks
@@ -293,12 +266,11 @@ class EngineLoaders(Callback):
         return self._remake_as(loader, label, None, positions, drop_last=loader.drop_last)
 
     def _remake_as(self, loader: DataLoader, name: str, sampler: Any, dataset: Any, **changes: Any) -> DataLoader:
-        # a generator of the loader's own: its workers' base seed is drawn from it, not from the global one the
-        # training step draws from (the samples are seeded one by one, so nothing else depends on it)
+        # the workers' base seed from a generator of the loader's own: the training step's draws stay as they were
         generator = loader.generator if loader.generator is not None else torch.Generator()
         try:
             args, kwargs = loader_arguments(loader, sampler)
-            if "batch_size" in changes:  # batches of the new size, not from a batch sampler Lightning made again
+            if "batch_size" in changes:
                 kwargs.update(batch_sampler=None, sampler=sampler, shuffle=False)
             changes = {"drop_last": False, **changes, "dataset": dataset, "generator": generator}
             return remade_loader(loader, *args, **{**kwargs, **changes})
@@ -317,21 +289,15 @@ class EngineLoaders(Callback):
         if not restores_itself(loader):
             self._kept.append((name, f"its sampler ({type(loader.sampler).__name__}) is its own"))
 
-    # -- position ---------------------------------------------------------------------------------------------
-
     def _resume(self, trainer: L.Trainer, built: Any) -> None:
-        """Put every training loader where the fit starts: at its epoch and, on a resume, past what was trained (the
-        engine's samplers and streams skip it; a loader with a state of its own gets its rank's saved state)."""
         position, self._position = self._position, None
         epoch, skip = position.start() if position is not None else (trainer.current_epoch, 0)
-        # None: the checkpoint saved no loader state (Lightning restores a loader's own)
         restored = self._restore_states(trainer, built, position) if position is not None else None
         self._seed_workers(epoch)
         for positions in self._positioned:
             positions.set_epoch(epoch)
         for item, itself in self._engine:
-            done = 0 if itself and restored is not False else skip  # a loader with a state of its own (torchdata's
-            # StatefulDataLoader) skips itself
+            done = 0 if itself and restored is not False else skip  # a StatefulDataLoader skips itself
             if isinstance(item, EngineSampler):
                 item.set_epoch(epoch)
                 if done:
@@ -340,9 +306,7 @@ class EngineLoaders(Callback):
                 item.set_position(epoch, done)
 
     def _restore_states(self, trainer: L.Trainer, built: Any, position: Position) -> bool | None:
-        """Give each loader with a state of its own (LitData's, torchdata's ``StatefulDataLoader``) the state this
-        rank saved, before Lightning draws its first batch: whether at the same number of processes (None: the
-        checkpoint saved none)."""
+        """Give each stateful loader this rank's saved state: whether the world size is the same (None: none saved)."""
         if position.states is None:
             return None
         loaders = stateful_loaders(built)
@@ -353,8 +317,7 @@ class EngineLoaders(Callback):
             if isinstance(built, TrainBatches):
                 built.start_at(position.batches_done)
             return True
-        # another number of processes: the engine's sampling skips what was trained in the loaders it samples;
-        # a loader that shards itself gets a saved rank's state and re-stripes from it
+        # another world size: a loader that shards itself gets a saved rank's state and re-stripes from it
         sampled = {id(item) for item, _ in self._engine}
         own = [loader for loader in loaders if id(engine_owner(loader)) not in sampled]
         for loader, state in zip(own, ranks[trainer.global_rank % saved_world], strict=False):
@@ -370,7 +333,6 @@ class EngineLoaders(Callback):
         return False
 
     def _seed_workers(self, epoch: int) -> None:
-        """Give each loader of ``_seeded`` a generator of its own for ``epoch``, seeded from the run's seed and it."""
         for loader in self._seeded:
             loader.generator = torch.Generator().manual_seed(sample_seed(global_seed(), epoch, -1))
 
@@ -406,7 +368,6 @@ class EngineLoaders(Callback):
 
 
 def engine_owner(loader: Any) -> Any:
-    """What holds the engine's sampling in a loader it made again: its ``EngineSampler``, or its ``StreamShare``."""
     return loader.sampler if isinstance(loader.sampler, EngineSampler) else loader.dataset
 
 

@@ -40,7 +40,6 @@ class GlobalBatchDataModule(L.LightningDataModule):
         self.predict_set: Dataset | None = None
 
     def _world(self) -> tuple[int, int, int]:
-        """(data-parallel size, data-parallel rank, accumulated micro-batches per step)."""
         trainer = self.trainer
         if trainer is None:
             return 1, 0, 1
@@ -58,15 +57,13 @@ class GlobalBatchDataModule(L.LightningDataModule):
         }
 
     def train_dataloader(self) -> DataLoader:
-        """A plain shuffled loader of the global ``batch_size``, sampled and resumed by the engine as a user's own."""
         dataset = self._require(self.train_set, "train_set")
         trainer = self.trainer
-        if trainer is not None and trainer.overfit_batches:
-            # Lightning reads the first batches in order, with a sampler of its own: each process its micro-batch
+        if trainer is not None and trainer.overfit_batches:  # Lightning reads the first batches in order
             world_size, _, accumulate = self._world()
             batch_size = per_process_batch_size(self.batch_size, world_size, accumulate)
             return DataLoader(dataset, batch_size=batch_size, **self._loader_kwargs())
-        # a generator of its own: the order drawn without the engine takes nothing from the global one
+        # a generator of its own: the global one stays the training step's
         generator = seeded_generator(global_seed())
         return DataLoader(
             dataset, batch_size=self.batch_size, shuffle=True, generator=generator, **self._loader_kwargs()
@@ -77,11 +74,10 @@ class GlobalBatchDataModule(L.LightningDataModule):
         world_size, rank, _ = self._world()
         batch_size = per_process_batch_size(self.batch_size, world_size)
         if self.trainer is not None and self.trainer.overfit_batches:
-            # overfit_batches swaps any sampler for a SequentialSampler over the dataset: give it a plain loader
+            # overfit_batches swaps any sampler for a SequentialSampler over the dataset
             return DataLoader(dataset, batch_size=batch_size, **self._loader_kwargs())
         # as many batches on every rank, or per-step collectives in a user's validation_step would hang
         batches = EvaluationBatches(dataset, self.batch_size, num_replicas=world_size, rank=rank)
-        # a generator of its own: a validation draws nothing from the global one the training step draws from
         generator = torch.Generator().manual_seed(loader_seed(global_seed(), 0, rank))
         return DataLoader(
             BatchedDataset(dataset), batch_size=None, sampler=batches, generator=generator, **self._loader_kwargs()
@@ -103,12 +99,10 @@ class GlobalBatchDataModule(L.LightningDataModule):
 
 
 def own_training_loader(source: Any) -> bool:
-    """Whether ``source`` returns this base's training loader, whose ``batch_size`` is always the global batch."""
     return type(source).train_dataloader is GlobalBatchDataModule.train_dataloader
 
 
 def loader_seed(seed: int, epoch: int, rank: int) -> int:
-    """A seed distinct for every ``(epoch, rank)``, within the 63 bits ``torch.Generator.manual_seed`` takes."""
     return ((seed * 1_000_003 + epoch) * 65_537 + rank) & (2**63 - 1)
 
 

@@ -1,19 +1,5 @@
-"""The engine's sampling put into the training loaders a data module or a model returns (a plain ``DataLoader`` of
-its own, map-style or a stream), where Lightning would put its ``DistributedSampler``; everything else the user set
-(``collate_fn``, workers, persistent workers, pinned memory, the loader's class) is kept.
-
-- A map-style dataset gets an ``EngineSampler``: the global order of ``GlobalBatchSampler`` (the same samples meet in
-  a step at any world size and accumulation), drawn from the loader's own sampler (shuffled, in order, or a sampler of
-  the user's), resumable mid-epoch. Each sample is loaded with the generators seeded from the run's seed, the epoch and
-  the sample's index (``SeededSamples``), so augmentations drawn in ``__getitem__`` are the same at any world size and
-  any number of workers.
-- A stream (``IterableDataset``) that every process reads alike is read by all of them, each keeping its share of
-  every global batch (``StreamShare``), with its generators seeded from the seed and the epoch; a resume skips the
-  micro-batches already trained. A stream that shards itself by rank is kept as it is (its batch is per process).
-
-The loader's ``batch_size`` is the global batch of one optimizer step, as ``GlobalBatchDataModule``'s is, unless the
-run says otherwise (``--batch_size_per_process=true``: Lightning's per-process meaning).
-"""
+"""The engine's sampling for a user's ``DataLoader``, where Lightning would put its ``DistributedSampler``; all else
+the user set is kept (docs/engine.md#your-own-dataloader)."""
 
 from __future__ import annotations
 
@@ -58,14 +44,11 @@ class World:
         return self.replicas * self.accumulate
 
     def global_batch(self, batch_size: int) -> int:
-        """The global batch a loader's ``batch_size`` makes."""
         return batch_size * self.shares() if self.per_process else batch_size
 
 
 class EngineSampler(GlobalBatchSampler):
-    """``GlobalBatchSampler``'s order over a user's loader: the permutation of ``seed + epoch`` where the loader
-    shuffles, the dataset's order where it does not, or the order of the user's own ``sampler`` (iterated on every
-    rank with the generators seeded from the seed and the epoch). Yields ``(index, epoch)`` for ``SeededSamples``."""
+    """``GlobalBatchSampler``'s order over a user's loader; yields ``(index, epoch)`` for ``SeededSamples``."""
 
     def __init__(self, dataset: Sized, global_batch_size: int, world: World, source: Any = None, **kwargs: Any):
         self.source = source
@@ -95,8 +78,6 @@ class EngineSampler(GlobalBatchSampler):
 
 
 class _Length(Sized):
-    """A stand-in of ``n`` samples for the sampler's counts (a user's sampler may cover part of the dataset)."""
-
     def __init__(self, n: int) -> None:
         self.n = n
 
@@ -105,21 +86,19 @@ class _Length(Sized):
 
 
 class SeededSamples(Dataset):
-    """The user's dataset, each sample loaded with the generators seeded from the run's seed, the epoch and its
-    index; other attributes are the dataset's own."""
+    """The user's dataset, each sample loaded with generators seeded from the run's seed, the epoch and its index."""
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset = dataset
         self.seed = seed
-        self.in_use = GeneratorsInUse()  # each worker probes its own copy
+        self.in_use = GeneratorsInUse()
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         return self.__getitems__([key])[0]
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
-        """The samples of one batch (torch's loader asks for a batch at once): in the training process the
-        generators' states are saved before the batch and put back after it, not around each sample."""
-        if in_worker():  # the worker's generators are its own: seeded in place
+        # the generators' states saved once per batch, not around each sample
+        if in_worker():  # a worker's generators are its own
             return [self._load(key) for key in keys]
         in_use = self.in_use
         with isolated(in_use.python or in_use.probing(), in_use.numpy or in_use.probing()):
@@ -143,13 +122,8 @@ class SeededSamples(Dataset):
 
 
 class StreamShare(IterableDataset):
-    """This process's share of every global batch of a stream that all processes read alike: every process (and
-    every loader worker) reads the whole stream, seeded from the run's seed and the epoch, and keeps the samples of
-    its own micro-batches, whole global batches only (a short last one is left out, so every rank runs as many
-    steps); worker ``w`` of ``W`` keeps every ``W``-th micro-batch, the order a loader delivers them in.
-
-    ``position`` (shared with the workers): the epoch and the micro-batches of it already trained, skipped.
-    """
+    """This process's micro-batches of every whole global batch of a stream all processes read alike; worker ``w`` of
+    ``W`` keeps every ``W``-th, the order a loader delivers them in."""
 
     def __init__(self, stream: IterableDataset, global_batch_size: int, world: World) -> None:
         self.stream = stream
@@ -157,7 +131,7 @@ class StreamShare(IterableDataset):
         self.global_batch_size = global_batch_size
         self.micro = per_process(global_batch_size, world, f"stream {type(stream).__name__}")
         self.meaning = PER_PROCESS_MEANING if world.per_process else GLOBAL_MEANING
-        self.position = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.position = torch.zeros(2, dtype=torch.int64).share_memory_()  # (epoch, skip), read by the workers
 
     def set_position(self, epoch: int, skip: int) -> None:
         self.position[0], self.position[1] = epoch, skip
@@ -177,21 +151,18 @@ class StreamShare(IterableDataset):
             slot, in_slot = divmod(within, world.replicas * micro)
             if in_slot // micro == world.rank:
                 mine.append((step * world.accumulate + slot, sample))
-            if within == size - 1:  # a whole global batch read: this process's micro-batches of it
+            if within == size - 1:
                 yield from (s for k, s in mine if k >= skip and (k - skip) % workers == worker)
                 mine = []
 
 
 class SizedStreamShare(StreamShare):
-    """A ``StreamShare`` of a stream with a length: this process's samples per epoch."""
-
     def __len__(self) -> int:
         steps = len(self.stream) // self.global_batch_size  # type: ignore[arg-type]
         return steps * self.world.accumulate * self.micro
 
 
 def per_process(global_batch_size: int, world: World, what: str) -> int:
-    """The micro-batch one process loads, or one paragraph naming ``what`` and its batch size."""
     shares = world.shares()
     if global_batch_size < 1 or global_batch_size % shares:
         example = shares * max(1, global_batch_size // shares)
@@ -215,15 +186,14 @@ def per_process(global_batch_size: int, world: World, what: str) -> int:
 
 
 def digest(sample: Any) -> str:
-    """A fingerprint of a sample, to tell whether processes read the same one: its tensors by their values (a
-    pickled tensor holds more than its values), anything else pickled."""
+    """A fingerprint of a sample: tensors by their values (a pickled tensor holds more), anything else pickled."""
     hasher = hashlib.sha256()
 
     def walk(value: Any) -> None:
         if isinstance(value, torch.Tensor):
             tensor = value.detach().cpu()
             hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-            # flat first: a 0-dim tensor (a sample's label, x[i] of a 1-D tensor) cannot be viewed as bytes
+            # flat first: a 0-dim tensor cannot be viewed as bytes
             hasher.update(tensor.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
         elif isinstance(value, Mapping):
             for key in value:
@@ -241,8 +211,6 @@ def digest(sample: Any) -> str:
 
 
 def first_sample(stream: Any, seed: int) -> str:
-    """The fingerprint of the first sample ``stream`` yields in this process, seeded as ``StreamShare`` seeds it
-    (empty for an empty stream); the training process's generators are left as they were."""
     with isolated():
         seed_generators(seed)
         sample = next(iter(stream), None)
@@ -250,14 +218,11 @@ def first_sample(stream: Any, seed: int) -> str:
 
 
 def plain_batching(loader: DataLoader) -> bool:
-    """Whether the loader makes its batches from ``batch_size=`` (its own batch sampler, torch's or a loader class's
-    such as torchdata's ``StatefulDataLoader``), which the engine's sampling replaces; a ``batch_sampler=`` of the
-    user's own (``batch_size`` then None) decides the batches itself."""
+    """Whether the batches come from ``batch_size=``, not from a ``batch_sampler=`` of the user's own."""
     return loader.batch_size is not None
 
 
 def order_source(loader: DataLoader) -> tuple[bool, Any]:
-    """(shuffle, the user's own sampler or None) of a map-style loader."""
     sampler = loader.sampler
     # torchdata's StatefulDataLoader(shuffle=True) makes a RandomSampler of its own, not a subclass of torch's
     stateful = type(sampler).__module__.startswith("torchdata.") and type(sampler).__name__ == "RandomSampler"
@@ -273,7 +238,6 @@ def order_source(loader: DataLoader) -> tuple[bool, Any]:
 
 
 def engine_sampler(loader: DataLoader, world: World, name: str) -> EngineSampler:
-    """The engine's sampler for a map-style loader, its batch size checked first."""
     global_batch = world.global_batch(int(loader.batch_size))
     per_process(global_batch, world, name)
     shuffle, source = order_source(loader)
@@ -290,17 +254,14 @@ def engine_sampler(loader: DataLoader, world: World, name: str) -> EngineSampler
 
 
 def is_engine_sampled(loader: Any) -> bool:
-    """Whether a loader's order is already one that does not depend on the world size (a ``DistributedSampler``
-    of the user's own, ``GlobalBatchDataModule``'s evaluation batches), which the engine leaves as Lightning
-    leaves it."""
+    """Whether a ``DistributedSampler`` (the user's, or ``EvaluationBatches``) already shares the loader's order."""
     return isinstance(getattr(loader, "sampler", None), DistributedSampler)
 
 
 def mark_origin(error: BaseException, where: str) -> None:
-    """Say where an error of the user's own code came from, in the line that heads its traceback."""
     if not hasattr(error, "multigpu_origin"):
         error.multigpu_origin = where  # type: ignore[attr-defined]
-        error.add_note(f"(raised in {where})")  # kept in a loader worker's traceback, which torch re-raises
+        error.add_note(f"(raised in {where})")  # a note survives in the traceback torch re-raises from a worker
 
 
 def one_line(error: BaseException) -> str:
@@ -308,14 +269,12 @@ def one_line(error: BaseException) -> str:
 
 
 class TorchRefusal(ValueError):
-    """torch's ``DataLoader`` (or the sampler it made) refused an argument it was given."""
+    """torch's ``DataLoader`` refused an argument."""
 
 
 @contextmanager
 def torch_refusals() -> Iterator[None]:
-    """While a data module makes its loaders, an error of ``DataLoader.__init__`` is raised as a ``TorchRefusal``, so
-    that the option torch refused is told apart from an error of the user's own code by its type. ``__init__`` is put
-    back on leaving, whatever happened."""
+    """Raise an error of ``DataLoader.__init__`` as a ``TorchRefusal``, to tell it apart from the user's code's."""
     init = DataLoader.__init__
 
     @wraps(init)
@@ -333,8 +292,6 @@ def torch_refusals() -> Iterator[None]:
 
 
 def loader_refusal(error: BaseException, owner: str) -> ConfigurationError | None:
-    """One paragraph for an option torch's ``DataLoader`` refused (a ``TorchRefusal``, raised in ``torch_refusals``)
-    that ``owner`` gave it; None for an error of the user's own code."""
     if isinstance(error, ConfigurationError) or not isinstance(error, TorchRefusal):
         return error if isinstance(error, ConfigurationError) else None
     option = next((word.split("=")[0] for word in str(error).split() if "=" in word), None)
@@ -346,14 +303,11 @@ def loader_refusal(error: BaseException, owner: str) -> ConfigurationError | Non
 
 
 def workers_differ(stream: Any, seed: int) -> bool:
-    """Whether two loader workers, seeded alike, start ``stream`` with different samples: it shards itself among
-    workers (``torch.utils.data.get_worker_info``)."""
     probe = DataLoader(stream, batch_size=None, num_workers=2, worker_init_fn=partial(seed_worker, seed))
     return len({digest(sample) for sample in _first(probe, 2)}) > 1
 
 
 def seed_worker(seed: int, worker_id: int) -> None:
-    """A probe's ``worker_init_fn``: every worker seeded alike."""
     seed_generators(seed)
 
 

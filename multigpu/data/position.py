@@ -1,11 +1,4 @@
-"""Where the training loaders stand in their epoch: one position, saved with every checkpoint and given back on a
-resume (``EngineLoaders``, ``multigpu/callbacks/loaders.py``).
-
-The position is the training loop's count of the batches trained, not the loaders' own (prefetching and workers read
-ahead of what was trained). A loader with a state of its own (``state_dict``/``load_state_dict``: LitData's,
-torchdata's ``StatefulDataLoader``), or a stream read through ``StatePerBatch``, adds its state at that point, for
-every rank: a rank's place in a loader that shards itself is its own.
-"""
+"""The training loaders' position in their epoch: the batches trained (workers read ahead), and each rank's states."""
 
 from __future__ import annotations
 
@@ -23,8 +16,7 @@ from multigpu.data.train_batches import TrainBatches
 
 @dataclass(frozen=True)
 class Position:
-    """``batches_done`` of the ``epoch_length`` batches of ``epoch`` trained; ``states``: every rank's states of its
-    loaders that have one (``{"world_size": n, "ranks": [[state, ...], ...]}``), or None."""
+    """``states``: ``{"world_size": n, "ranks": [[state, ...], ...]}``, or None."""
 
     epoch: int
     batches_done: int
@@ -32,31 +24,26 @@ class Position:
     states: dict[str, Any] | None = None
 
     def start(self) -> tuple[int, int]:
-        """(epoch, batches to skip) where the next pass starts: past what was trained, or at the next epoch."""
         if self.batches_done >= self.epoch_length:
             return self.epoch + 1, 0
         return self.epoch, self.batches_done
 
     def entry(self) -> dict[str, Any]:
-        """The checkpoint entry."""
         counts = {"epoch": self.epoch, "batches_done": self.batches_done, "epoch_length": self.epoch_length}
         return counts if self.states is None else {**counts, "loaders": self.states}
 
 
 def training_position(trainer: L.Trainer) -> Position:
-    """Where the training loop stands in its epoch, as a checkpoint saved now resumes it."""
     return Position(
         epoch=trainer.current_epoch,
-        # `processed` counts the batch whose step just finished, which `completed` does not yet count while
-        # `on_train_batch_end` callbacks (ModelCheckpoint, preemption) are saving.
+        # `completed` does not yet count the batch just trained while `on_train_batch_end` callbacks save
         batches_done=batch_progress(trainer).current.processed,
         epoch_length=int(min(trainer.num_training_batches, 2**62)),
     )
 
 
 def saved_position(trainer: L.Trainer, batches: TrainBatches | None = None) -> Position:
-    """The training position with every rank's states of the training loaders that have one (a collective where
-    there are any: a save runs on every rank); ``batches``: the ``TrainBatches`` they are drawn through, if any."""
+    """The training position with every rank's loader states (a collective where there are any)."""
     position = training_position(trainer)
     loaders = stateful_loaders(trainer.train_dataloader)
     if not loaders:
@@ -66,9 +53,6 @@ def saved_position(trainer: L.Trainer, batches: TrainBatches | None = None) -> P
 
 
 def read_position(entry: dict[str, Any]) -> Position | None:
-    """The position a checkpoint entry holds (None for an empty one). A checkpoint written before
-    ``GlobalBatchDataModule`` returned plain loaders holds its loader's state as the position itself: left out,
-    since the position now places that loader."""
     if not entry:
         return None
     position = Position(int(entry["epoch"]), int(entry["batches_done"]), int(entry["epoch_length"]))
@@ -76,6 +60,7 @@ def read_position(entry: dict[str, Any]) -> Position | None:
     if states is None:
         return position
     counts = position.entry()
+    # a state equal to the counts (GlobalBatchDataModule's loader, in older checkpoints) is left: the counts place it
     ranks = [[state for state in rank if state != counts] for rank in states["ranks"]]
     if not any(ranks):
         return position
@@ -83,8 +68,6 @@ def read_position(entry: dict[str, Any]) -> Position | None:
 
 
 def stateful_loaders(loaders: Any) -> list[Any]:
-    """The training loaders (one, or a ``CombinedLoader``) that have a state of their own, or whose stream has
-    (``StatePerBatch``), in order."""
     if loaders is None:
         return []
     flattened = loaders.flattened if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders).flattened
@@ -92,8 +75,6 @@ def stateful_loaders(loaders: Any) -> list[Any]:
 
 
 def restores_itself(loader: Any) -> bool:
-    """Whether the loader keeps its own position (``state_dict``/``load_state_dict``, as torchdata's
-    ``StatefulDataLoader`` has): the engine then does not skip in it a second time."""
     return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
@@ -102,8 +83,6 @@ def positioned(loader: Any) -> bool:
 
 
 def loader_state(loader: Any, batches_done: int, batches: TrainBatches | None = None) -> Any:
-    """A loader's state after ``batches_done`` batches of the epoch trained (its stream's, for ``StatePerBatch``;
-    the one ``batches`` kept, for a loader Lightning draws ahead from)."""
     if positioned(loader):
         return loader.dataset.state_after(batches_done)
     if batches is not None and any(loader is drawn for drawn in batches.positioned()):
@@ -119,7 +98,6 @@ def load_loader_state(loader: Any, state: Any, batches_done: int) -> None:
 
 
 def gathered(value: Any) -> list[Any]:
-    """``value`` of every process, in rank order (this process's alone without a process group)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [value]
     values: list[Any] = [None] * dist.get_world_size()

@@ -1,6 +1,5 @@
-"""Data order that does not depend on the number of processes: each process takes a fixed slice of every global
-batch, so one process sees, step for step, what N see together (docs/data.md). The samplers subclass
-``DistributedSampler`` because Lightning leaves one it finds alone and replaces any other sampler under DDP."""
+"""Data order that does not depend on the number of processes: each takes a fixed slice of every global batch. The
+samplers subclass ``DistributedSampler`` because Lightning leaves one it finds alone and replaces any other."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def global_seed() -> int:
 
 
 class GlobalBatchSampler(DistributedSampler):
-    """This process's slice of every micro-batch of every global batch, in an order shared by all world sizes; a
-    short last global batch is dropped, so that every step averages as many samples."""
+    """This process's slice of every micro-batch of every global batch; a short last global batch is dropped."""
 
     meaning = "global batch of one optimizer step (--data.batch_size)"
 
@@ -73,8 +71,7 @@ class GlobalBatchSampler(DistributedSampler):
         return self.num_global_batches * self.accumulate_grad_batches
 
     def resume_from(self, epoch: int, batches_done: int, epoch_length: int | None = None) -> None:
-        """Start the next pass at micro-batch ``batches_done`` of ``epoch``, or at the next epoch if that one was
-        complete (``epoch_length``: fewer with ``limit_train_batches``)."""
+        """Start the next pass at micro-batch ``batches_done`` of ``epoch``, or at the next epoch if it was done."""
         if batches_done >= (epoch_length or self.batches_per_epoch):
             epoch, batches_done = epoch + 1, 0
         self.set_epoch(epoch)
@@ -107,8 +104,7 @@ class GlobalBatchSampler(DistributedSampler):
 
 
 def global_evaluation_batches(total: int, global_batch_size: int, world_size: int = 1) -> list[range]:
-    """The global evaluation batches of ``total`` samples, in order; a last batch with fewer samples than processes
-    joins the one before it, so that no process gets an empty batch."""
+    # a last batch with fewer samples than processes joins the one before: no process gets an empty batch
     starts = list(range(0, total, global_batch_size))
     if len(starts) > 1 and total - starts[-1] < world_size:
         starts.pop()
@@ -116,8 +112,7 @@ def global_evaluation_batches(total: int, global_batch_size: int, world_size: in
 
 
 def rank_share(batch: range, world_size: int, rank: int, total: int) -> list[int]:
-    """Rank ``rank``'s consecutive slice of a global batch, sizes within one; a set smaller than the world repeats a
-    sample rather than leave a rank without one."""
+    # a set smaller than the world repeats a sample rather than leave a rank without one
     base, extra = divmod(len(batch), world_size)
     start = batch.start + rank * base + min(rank, extra)
     share = list(range(start, start + base + (1 if rank < extra else 0)))
@@ -125,8 +120,7 @@ def rank_share(batch: range, world_size: int, rank: int, total: int) -> list[int
 
 
 class EvaluationBatches(DistributedSampler):
-    """This rank's slice of each global evaluation batch, as index lists for ``BatchedDataset``: each sample counted
-    once, the ranks' ``k``-th predictions in rank order global batch ``k``, as many batches on every rank."""
+    """This rank's slice of each global evaluation batch, as index lists: every sample once, as many batches a rank."""
 
     def __init__(self, dataset: Sized, global_batch_size: int, num_replicas: int = 1, rank: int = 0) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)

@@ -1,6 +1,5 @@
-"""A dataset's random draws while it loads a sample (a crop, a shuffle buffer), made a function of the run's seed,
-the epoch and the sample: the same at any world size and worker count, and on resume. In the training process the
-training step draws from the same generators, so their states are saved and restored around each sample."""
+"""A dataset's random draws while it loads a sample, made a function of the run's seed, the epoch and the sample; in
+the training process, kept apart from the training step's draws."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def put_back(states: tuple[Any, ...]) -> None:
 
 
 class GeneratorsInUse:
-    """Which of Python's and numpy's generators a dataset draws from, found on its first ``PROBED`` samples: seeding
-    them costs more than loading a small sample (numpy's state alone is 2.5 kB)."""
+    """Which of Python's and numpy's generators a dataset draws from: seeding both costs more than a small sample."""
 
     PROBED = 16
 
@@ -80,7 +78,6 @@ def in_worker() -> bool:
 
 @contextmanager
 def isolated(python: bool = True, numpy: bool = True) -> Iterator[None]:
-    """Within the block, draws do not change the training process's generators."""
     if in_worker():
         yield
         return
