@@ -65,7 +65,7 @@ from benchmarks.workloads import (
     user_workload,
     with_model,
 )
-from multigpu.callbacks.throughput import compute_kind, dense_peak_flops
+from multigpu.observe.throughput import compute_kind, dense_peak_flops
 
 PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 
@@ -262,7 +262,7 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]
     name, peak = torch.cuda.get_device_name(device), dense_peak_flops(device, precision)
     if not peak:
         return None, f"{name}: unknown"
-    return peak, f"{name}: dense {compute_kind(precision)} peak (multigpu/callbacks/throughput.py)"
+    return peak, f"{name}: dense {compute_kind(precision)} peak (multigpu/observe/throughput.py)"
 
 
 def chosen_accelerator(requested: str) -> str:

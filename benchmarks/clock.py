@@ -6,7 +6,7 @@ callbacks), wherever in the loop it happens. The main thread's CPU time per step
 machine shared with other jobs it shows the work a step costs, where the wall time also holds the waiting. On a
 GPU the step ends are CUDA events read after training, so no host synchronisation is added inside the timed
 window. Peak memory is the template's own probe, the one every training run logs (``peak_memory`` of
-``multigpu/callbacks/throughput.py``). Each process writes its own file (``rank_path``); the launcher reads them all.
+``multigpu/observe/throughput.py``). Each process writes its own file (``rank_path``); the launcher reads them all.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class StepClock:
     def result(self, **extra: Any) -> dict[str, Any]:
         # the template's own probe, as every training run logs it (imported here: it imports Lightning, which the
         # launcher of plain DDP does not need)
-        from multigpu.callbacks.throughput import peak_memory
+        from multigpu.observe.throughput import peak_memory
 
         return {
             "step_times_s": self.step_times(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-#: the per-device figure of the template's memory probe (``multigpu.callbacks.throughput.peak_memory``), in the order
+#: the per-device figure of the template's memory probe (``multigpu.observe.throughput.peak_memory``), in the order
 #: looked for: PyTorch's allocator peak on a GPU, the process's peak resident set on a CPU
 MEMORY_FIGURES = ("perf/memory_allocated_gb", "perf/memory_rss_gb")
 

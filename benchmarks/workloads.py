@@ -158,7 +158,7 @@ def with_model(workload: Workload, cli: Any) -> Workload:
     pipeline stages."""
     from lightning.pytorch.utilities.model_helpers import is_overridden  # as the tensor_parallel strategy checks
 
-    from multigpu.hook_readers import missing_pipeline_hooks
+    from multigpu.hooks.readers import missing_pipeline_hooks
 
     model = cli.model
     return replace(
@@ -221,12 +221,12 @@ def training_flops(cli: Any, workload: Workload) -> dict[str, float]:
     """``{"flops_per_sample": x}`` or ``{"flops_per_batch": y}`` (one micro-batch of one process), or ``{}``.
 
     The built-in language model counts per sequence of the configured length; a user's module is read as the
-    throughput monitor reads it (``multigpu/callbacks/throughput.py``).
+    throughput monitor reads it (``multigpu/observe/throughput.py``).
     """
     if workload.builtin:
         flops = flops_per_sample(cli)
         return {"flops_per_sample": flops} if flops else {}
-    from multigpu.callbacks.throughput import module_flops
+    from multigpu.observe.throughput import module_flops
 
     found = module_flops(cli.model)
     return {found[0]: found[1]} if found else {}

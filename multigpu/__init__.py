@@ -11,8 +11,8 @@ __version__ = "1.1.0"
 
 #: imported when first used, so that ``import multigpu`` stays cheap
 _PUBLIC = {
-    "TemplateCLI": "multigpu.cli",
-    "run_cli": "multigpu.cli",
+    "TemplateCLI": "multigpu.run.cli",
+    "run_cli": "multigpu.run.cli",
     "TemplateModule": "multigpu.models.base",
     "Classifier": "multigpu.models.base",
     "WeightedMean": "multigpu.models.base",
@@ -23,10 +23,10 @@ _PUBLIC = {
     "per_process_batch_size": "multigpu.data.sampling",
     "ConfigurationError": "multigpu.errors",
     "EnvironmentFailure": "multigpu.errors",
-    "FILE_SYSTEM_ERRNOS": "multigpu.failures",
-    "file_system_failure": "multigpu.failures",
-    "network_failure": "multigpu.failures",
-    "is_network_error": "multigpu.failures",
+    "FILE_SYSTEM_ERRNOS": "multigpu.errors.failures",
+    "file_system_failure": "multigpu.errors.failures",
+    "network_failure": "multigpu.errors.failures",
+    "is_network_error": "multigpu.errors.failures",
 }
 _MODULES = ("hooks", "testing")
 

@@ -11,8 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from multigpu.callbacks.hang_report import format_groups, latest_main_stack
-from multigpu.callbacks.stack_dumps import (
+from multigpu.faults.hang_report import format_groups, latest_main_stack
+from multigpu.faults.stack_dumps import (
     DUMP_SIGNAL,
     STACKS_DIR,
     alive_here,

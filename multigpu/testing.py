@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from multigpu.command import configured
+from multigpu.facts.command import configured
 
 SEED = 42  # a project's seed_everything: true would draw a new one per run
 STEPS = 4  # enough for a difference to show, few enough for seconds on 2 CPU cores
@@ -220,7 +220,7 @@ class Project:
 
 def order_cause(plan: Mapping[str, Any], devices: int) -> str | None:
     """Why ddp on ``devices`` processes cannot train the one-device model, from a run plan, or None."""
-    from multigpu.callbacks.run_plan import ORDER_DEPENDS
+    from multigpu.observe.run_plan import ORDER_DEPENDS
 
     source = plan.get("data") or plan.get("model")
     orders, meanings = _per_loader(plan.get("data_order")), _per_loader(plan.get("batch_size_means"))

@@ -47,7 +47,7 @@ def one_run(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     import torch
 
-    from multigpu.callbacks.checkpoint import RunCheckpoint
+    from multigpu.checkpoints.schedule import RunCheckpoint
     from src.cli import CLI
 
     torch.set_num_threads(args.threads)

@@ -26,7 +26,7 @@ from benchmarks.runner import Row, Settings, baseline_command, run_env, template
 from benchmarks.stats import summarise_run  # noqa: E402
 
 NO_VOTE = (
-    "from multigpu.callbacks import preemption\n"
+    "from multigpu.faults import preemption\n"
     "preemption.PreemptionCheckpoint.on_train_batch_end = lambda *a, **k: None\n"
 )
 PATCHES = {"no preemption vote": NO_VOTE}

@@ -40,7 +40,7 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lightning.pytorch.utilities import CombinedLoader  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from multigpu.callbacks.loaders import EngineLoaders  # noqa: E402
+from multigpu.data.engine_loaders import EngineLoaders  # noqa: E402
 
 
 def sample(index: int, features: int) -> dict[str, Any]:

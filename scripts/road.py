@@ -4,7 +4,7 @@ code runs, in the order the run first reaches it, with how many of its functions
     python scripts/road.py [FIT ARGS ...]      (default: the tests' tiny workload, one step)
 
 Counts code that runs, not modules that are imported: a module whose functions never run on the way is not on the
-road, however many imports name it. ``READING`` is the twelve of them a reader opens to follow the run (docs/engine.md,
+road, however many imports name it. ``READING`` is the eight of them a reader opens to follow the run (docs/engine.md,
 "Reading a run"); the script checks that each is on the road.
 """
 
@@ -20,18 +20,25 @@ ENGINE = REPO / "multigpu"
 #: the files a reader opens to follow a fit to the first training_step, in order (docs/engine.md, "Reading a run")
 READING = [
     "src/cli.py",
-    "multigpu/cli.py",
-    "multigpu/run.py",
-    "multigpu/facts.py",
-    "multigpu/checks.py",
-    "multigpu/run_lock.py",
+    "multigpu/run/cli.py",
+    "multigpu/facts/__init__.py",
+    "multigpu/run/checks.py",
+    "multigpu/run/run_lock.py",
     "multigpu/checkpoints/resume.py",
-    "multigpu/trainer_arguments.py",
-    "multigpu/callbacks/__init__.py",
-    "multigpu/callbacks/loaders.py",
-    "multigpu/data/base.py",
-    "multigpu/models/base.py",
+    "multigpu/run/trainer.py",
+    "multigpu/data/engine_loaders.py",
 ]
+#: each step of the run's construction, by the function that takes it: the trace shows in which file it ran
+STEPS = {
+    "facts": "of",
+    "checks": "check_before_launch",
+    "run directory": "hold_run_dir",
+    "checkpoint": "resolve_checkpoint",
+    "model and data": "instantiate_classes",
+    "callbacks": "run_callbacks",
+    "Trainer": "build_trainer",
+    "training loader": "_build",
+}
 DEFAULT = ["--config", str(REPO / "tests" / "configs" / "tiny.yaml"), "--trainer.max_steps=1", "--progress_bar=none"]
 
 
@@ -80,7 +87,13 @@ def main(argv: list[str]) -> int:
     off_road = [path for path in READING if path.startswith("multigpu/") and path not in road.functions]
     off_road = [path for path in off_road if not path.endswith("__init__.py")]
     print(f"{len(READING)} files a reader opens (docs/engine.md, Reading a run); not on the road: {off_road or 'none'}")
-    return 1 if off_road else 0
+    where = {step: [m for m, functions in road.functions.items() if name in functions] for step, name in STEPS.items()}
+    outside = [step for step, modules in where.items() if not set(modules) & set(READING)]
+    print(
+        "the run's construction, step by step:", "; ".join(f"{step}: {', '.join(where[step]) or '-'}" for step in STEPS)
+    )
+    print(f"steps outside the files a reader opens: {outside or 'none'}")
+    return 1 if off_road or outside else 0
 
 
 if __name__ == "__main__":

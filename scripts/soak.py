@@ -2,7 +2,7 @@
 machine exposes shows here first.
 
     python scripts/soak.py                 # 3 runs of `python -m pytest`, under 2 busy loops
-    python scripts/soak.py --runs 5 --load 4 -- tests/callbacks   # pytest's arguments after --
+    python scripts/soak.py --runs 5 --load 4 -- tests/faults   # pytest's arguments after --
 
 Prints each run's summary line and time, then every test that failed or errored, with its test id and the runs it
 failed in; the output of a run with a failure is kept (its path printed). Exit status 1 if any run failed.

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Measured on 2 cores: the README's bare fit took 137 s of CPU time in the suite with 2 threads, 82 s with one.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
-# Every in-process run sets this (multigpu.cli.run_cli); set from the start, the worker's environment is the same
+# Every in-process run sets this (multigpu.run.cli.run_cli); set from the start, the worker's environment is the same
 # before and after one, so the prewarmed server (started with it) still serves the commands started after it.
 os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -38,7 +38,7 @@ CLI_MODULE = "tests.cli"
 
 @functools.cache
 def project_folder() -> Path:
-    """A folder that is a project to ``multigpu.command``: its ``pyproject.toml`` names the tests' command line
+    """A folder that is a project to ``multigpu.facts.command``: its ``pyproject.toml`` names the tests' command line
     (``[tool.multigpu] cli``), and this repository's ``slurm/`` and ``tests/`` are linked in. A command that reads
     the project's command line from the folder it runs in (``python -m multigpu.sweep``, slurm/sweep.sbatch) runs
     from here, so that its trials run ``python -m tests.cli`` (one folder per process of the tests)."""

@@ -19,8 +19,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from multigpu.callbacks.preemption import PreemptionCheckpoint
 from multigpu.checkpoints.background import wait_for_checkpoints
+from multigpu.faults.preemption import PreemptionCheckpoint
 
 # the engine ships the callback a project's tests stop runs with; the tests' commands name it here too
 from multigpu.testing import SignalAtStep as SignalAtStep

@@ -2,11 +2,8 @@
 its own, and none imports the project (``src/``) (that the project uses only the engine's public interface:
 tests/examples/test_project.py).
 
-Layers of the engine, bottom to top: the libraries' private names, errors, the failures told from them, how they
-are reported, the processes a run started, quiet and the hooks a model may implement (0); what a project's classes
-build on, data, models, strategies and checkpoints (1); the callbacks (2); the checks before launch, the run directory
-and its lock, and ``tune`` (3); the command line (4); the commands built on it (5); the public interface and the test
-helpers (6). A new module of the engine must be given its layer here.
+The engine is layered by folder (``LAYERS``), each folder one concern: a module imports only from its own layer or
+below. A new folder or top-level module must be given its layer here.
 
 The engine's tests mirror its code (docs/development.md, "Where a test goes"): every module of ``multigpu/`` with a
 function or class has its test file. The rule is the engine's: a project's own modules (``src/``) may have their tests
@@ -24,38 +21,26 @@ from tests.conftest import REPO, cli_env
 
 ENGINE = REPO / "multigpu"
 
+#: the engine's folders (and its top-level modules), bottom to top
 LAYERS = {
-    "multigpu.compat": 0,
-    "multigpu.command": 0,
-    "multigpu.errors": 0,
-    "multigpu.failures": 0,
-    "multigpu.reporting": 0,
-    "multigpu.processes": 0,
-    "multigpu.quiet": 0,
-    "multigpu.hooks": 0,
-    "multigpu.hook_readers": 0,
-    "multigpu.environment": 0,
-    "multigpu.facts": 0,
-    "multigpu.argv": 0,
+    "multigpu.compat": 0,  # the libraries' private names
+    "multigpu.errors": 0,  # errors, the failures told from them, how they are reported
+    "multigpu.facts": 0,  # what the run is, before anything is built
+    "multigpu.hooks": 0,  # what a model or data module may implement, and the engine's reads of it
+    "multigpu.steps": 0,  # when per-step work is due
     "multigpu.data": 1,
     "multigpu.models": 1,
-    "multigpu.strategies": 1,
-    "multigpu.topology": 1,
-    "multigpu.checkpoints": 1,
-    "multigpu.callbacks": 2,
-    "multigpu.checks": 3,
-    "multigpu.trainer_arguments": 3,
-    "multigpu.run_dir": 3,
-    "multigpu.run_lock": 3,
-    "multigpu.parser": 3,
-    "multigpu.tuning": 3,
-    "multigpu.cli": 4,
-    "multigpu.run": 4,
-    "multigpu.sweep": 5,
-    "multigpu.consolidate": 5,
-    "multigpu.stacks": 5,
-    "multigpu.docs": 5,
-    "multigpu.testing": 6,
+    "multigpu.checkpoints": 2,
+    "multigpu.strategies": 3,  # they write sharded checkpoints
+    "multigpu.observe": 4,
+    "multigpu.faults": 4,
+    "multigpu.tuning": 4,
+    "multigpu.run": 5,  # the command line to the Trainer
+    "multigpu.sweep": 6,
+    "multigpu.consolidate": 6,
+    "multigpu.stacks": 6,
+    "multigpu.docs": 6,
+    "multigpu.testing": 7,
 }
 
 #: what a project may import from the engine: the public interface (``multigpu/__init__.py``), the hooks, the test
@@ -70,7 +55,7 @@ def module_name(path: Path) -> str:
 
 def layer(module: str) -> int:
     if module == "multigpu":
-        return 6  # the public interface: it names every layer's public classes
+        return 7  # the public interface: it names every layer's public classes
     for prefix, number in LAYERS.items():
         if module == prefix or module.startswith(prefix + "."):
             return number
@@ -84,7 +69,9 @@ def imports_of(folder: Path, package: str) -> dict[str, set[str]]:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-            if names == [package]:  # `from multigpu import checks` imports the module multigpu.checks where it is one
+            if names == [
+                package
+            ]:  # `from multigpu import checks` imports the module multigpu.run.checks where it is one
                 modules = [alias.name for alias in node.names if (folder.parent / package / alias.name).exists()
                            or (folder.parent / package / f"{alias.name}.py").exists()]  # fmt: skip
                 names = [f"{package}.{name}" for name in modules] or names

@@ -16,17 +16,17 @@ def test_every_public_name_resolves_to_what_its_module_defines():
     for name in multigpu.__all__:
         value = getattr(multigpu, name)
         assert value is not None, name
-    assert multigpu.TemplateCLI.__module__ == "multigpu.cli"
+    assert multigpu.TemplateCLI.__module__ == "multigpu.run.cli"
     assert multigpu.ConfigurationError.__module__ == "multigpu.errors"
 
 
 def test_the_failure_helpers_are_the_failures_modules_and_errors_holds_the_errors_alone():
     """2.0 dropped their 1.x path through ``multigpu.errors`` (CHANGELOG.md), which imported ``failures`` back."""
     import multigpu.errors
-    import multigpu.failures
+    import multigpu.errors.failures
 
     for name in ("FILE_SYSTEM_ERRNOS", "file_system_failure", "network_failure", "is_network_error"):
-        assert getattr(multigpu, name) is getattr(multigpu.failures, name)
+        assert getattr(multigpu, name) is getattr(multigpu.errors.failures, name)
         assert not hasattr(multigpu.errors, name), name
 
 

@@ -1,7 +1,7 @@
 """``python -m multigpu.stacks RUN_DIR`` (multigpu/stacks.py): every rank's latest stack, ranks with the same stack
 together,
 and why a rank has none. On real faulthandler dumps; the command on a live two-process run (signalling the ranks)
-is in tests/callbacks/test_stack_dumps.py, whose run also proves the dumps."""
+is in tests/faults/test_stack_dumps.py, whose run also proves the dumps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import socket
 from pathlib import Path
 
-from multigpu.processes import process_start
+from multigpu.faults.processes import process_start
 from multigpu.stacks import main, stacks_of
 
 HERE = str(Path(__file__).resolve())

@@ -68,7 +68,7 @@ def test_assert_same_model_under_ddp_fails_on_a_batch_per_process_before_running
 
 
 def test_the_ddp_proofs_reason_names_the_loader_whose_order_depends_on_the_processes():
-    from multigpu.callbacks.run_plan import SAME_ORDER
+    from multigpu.observe.run_plan import SAME_ORDER
 
     litdata = "depends on the number of processes: LitData stripes its samples among the processes"
     plan = {

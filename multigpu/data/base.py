@@ -14,7 +14,7 @@ from multigpu.data.sampling import (
     global_seed,
     per_process_batch_size,
 )
-from multigpu.topology import data_parallel_world
+from multigpu.data.topology import data_parallel_world
 
 
 class GlobalBatchDataModule(L.LightningDataModule):

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from optuna.trial import TrialState
 
-from multigpu.command import module
+from multigpu.facts.command import module
 from multigpu.sweep.spec import SweepError, SweepSpec, flag
 from multigpu.sweep.study import Sweep, bind, check_same_sweep, is_sweep_dir, running_elsewhere
 from multigpu.sweep.worker import STOPPED, Worker, say
@@ -48,7 +48,7 @@ def dry_run(spec: SweepSpec, sweep_dir: Path, extra: list[str]) -> dict[str, Any
 
 def trial_devices(trainer: dict[str, Any]) -> tuple[str, int, int]:
     """(accelerator, devices one trial uses on this machine, devices the machine has), counted as ``fit`` does."""
-    from multigpu import environment  # imports torch: only once the sweep file is known to be right
+    from multigpu.facts import environment
 
     accelerator = environment.resolve_accelerator(trainer.get("accelerator", "auto"))
     per_trial = environment.requested_devices(trainer.get("devices", "auto"), accelerator) or 1

@@ -15,7 +15,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from multigpu.command import module
+from multigpu.facts.command import module
 from multigpu.sweep.spec import flag
 from multigpu.sweep.study import (
     ERROR_ATTR,
@@ -31,7 +31,7 @@ from multigpu.sweep.study import (
 )
 
 STOPPED = {75: "preempted (SIGUSR1)", 143: "stopped by SIGTERM", 130: "stopped by SIGINT"}
-NON_FINITE_LOSS = 65  # multigpu/callbacks/nan_guard.py
+NON_FINITE_LOSS = 65  # multigpu/faults/nan_guard.py
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 SIGNAL_EXIT = {signal.SIGUSR1: 75, signal.SIGTERM: 143, signal.SIGINT: 130}
 ERROR_LINES = 12  # of the run's output, kept as a failed trial's message when it printed no "error:" line

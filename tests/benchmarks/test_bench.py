@@ -43,7 +43,7 @@ def test_summary_leaves_out_warm_up_and_epoch_boundaries():
         "cpu_times_s": [9.0, 0.010, 0.010, 5.0, 0.010],
         "steps": 6,
         "first_step_s": 3.0,
-        "peak_memory": {"perf/memory_rss_gb": 0.25},  # what multigpu.callbacks.throughput.peak_memory returns on a CPU
+        "peak_memory": {"perf/memory_rss_gb": 0.25},  # what multigpu.observe.throughput.peak_memory returns on a CPU
         "threads": 1,
         "device": "cpu",
     }

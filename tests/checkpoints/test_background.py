@@ -1,6 +1,6 @@
 """``multigpu/checkpoints/background.py``: a save returns after a host copy; the file appears whole, one writer at a
 time, in the order of the saves, removals and links; a failed write is the synchronous save's error (a run killed
-mid-write is tested in tests/callbacks/test_checkpoint.py)."""
+mid-write is tested in tests/checkpoints/test_schedule.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 from multigpu.checkpoints import background, files, sharded
 from multigpu.checkpoints.background import BackgroundCheckpointIO
-from multigpu.failures import user_error_of
+from multigpu.errors.failures import user_error_of
 from tests.test_failures import FullDisk
 
 

@@ -1,5 +1,5 @@
 """``multigpu/checkpoints/files.py``: atomic single-file checkpoints and the one definition of intact (the kill during a
-real run's write is tested in tests/callbacks/test_preemption.py)."""
+real run's write is tested in tests/faults/test_preemption.py)."""
 
 import pickle
 

@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from multigpu import compat
-from multigpu.callbacks.continuation import uncount_epoch_end
+from multigpu.checkpoints.continuation import uncount_epoch_end
 from multigpu.strategies import DataParallelStrategy
 from multigpu.strategies.dp import ParallelForward
 from tests.compat.conftest import BATCHES, Hooks, tiny_data, trainer
@@ -139,7 +139,7 @@ RESUME_WARNING = "You're resuming from a checkpoint that ended before the epoch 
 
 def test_the_mid_epoch_resume_warning_comes_from_the_module_compat_names(mid_epoch_checkpoint):
     _, messages = resumed_positions(mid_epoch_checkpoint)
-    assert any(RESUME_WARNING in message for message in messages)  # multigpu/quiet.py's filter still has a job
+    assert any(RESUME_WARNING in message for message in messages)  # multigpu/errors/quiet.py's filter still has a job
 
     def ignore() -> None:
         warnings.filterwarnings("ignore", message=RESUME_WARNING, module=compat.mid_epoch_resume_warning_module())
@@ -150,7 +150,7 @@ def test_the_mid_epoch_resume_warning_comes_from_the_module_compat_names(mid_epo
 
 def test_the_pytree_warning_comes_from_the_module_compat_names():
     """If the first half fails, Lightning no longer calls torch's deprecated check: delete the filter in
-    ``multigpu/quiet.py`` and ``compat.pytree_warning_module``."""
+    ``multigpu/errors/quiet.py`` and ``compat.pytree_warning_module``."""
 
     def warned(*filters: str) -> bool:
         with warnings.catch_warnings(record=True) as caught:

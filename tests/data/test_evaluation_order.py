@@ -3,8 +3,8 @@
 ``limit_val_batches=k`` / ``limit_test_batches=k`` mean the first ``k`` global batches of the set in order, on one
 process as under ``ddp``; every sample is counted once and every rank runs as many batches. Under ``ddp_spawn``
 each worker has its own metric states (they arrive in shared memory; the copying is tested in
-tests/callbacks/test_ranks.py), so the first validation after a resume is the one an uninterrupted run logs
-(``tests/callbacks/test_preemption.py``) and ``validate`` equals the single-device result (here, on this module's
+tests/faults/test_ranks.py), so the first validation after a resume is the one an uninterrupted run logs
+(``tests/faults/test_preemption.py``) and ``validate`` equals the single-device result (here, on this module's
 checkpoint). Under ``ddp`` one launch per stage: ``validate`` on its first 2 batches, ``test`` on the whole set
 (the limit and the short last batch go through the same sampler for either stage); one process checks all four
 against the numbers computed by hand.

@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from multigpu import hook_readers, hooks
+from multigpu import hooks
 from multigpu.errors import ConfigurationError
+from multigpu.hooks import readers as hook_readers
 from src.cli import main
 from src.data import TextDataModule
 from src.data.text import TokenWindows, decode, encode

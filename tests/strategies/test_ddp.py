@@ -1,6 +1,6 @@
 """The engine's ``DDPStrategy`` (multigpu/strategies/ddp.py): its process group waits for the ranks to join as long
 as ``START_TIMEOUT``, and its ``timeout`` in every collective; a ``ddp`` name with ``--collective_timeout`` builds it.
-Two ranks stuck past a short collective timeout: tests/callbacks/test_stack_dumps.py."""
+Two ranks stuck past a short collective timeout: tests/faults/test_stack_dumps.py."""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def test_dp_on_cpu_runs_as_one_device_with_a_warning_and_the_same_result():
         assert torch.equal(single[key], dp[key]), key
 
 
-# -- precision (16-mixed on a CPU, bf16 said once under ddp: tests/test_quiet.py) -----------------------------------
+# -- precision (16-mixed on a CPU, bf16 said once under ddp: tests/errors/test_quiet.py) ---------------------------
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("bf16-true", torch.bfloat16), ("64-true", torch.float64)])

@@ -1,5 +1,5 @@
 """The scripts in slurm/, submitted with sbatch to a real SLURM cluster (``bash slurm/ci/start_cluster.sh``),
-and the launch checks of multigpu/checks.py with the environments SLURM 22.05 really sets.
+and the launch checks of multigpu/run/checks.py with the environments SLURM 22.05 really sets.
 
 The job tests (marked ``slurm``) run only against that cluster (ClusterName=ci, nodes ``hostname`` and
 ``localhost`` on this machine) and skip, with the reason, where there is none; with ``CI=true`` a missing or
@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import torch
 
-from multigpu import checks, environment
 from multigpu.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from multigpu.errors import ConfigurationError
-from multigpu.facts import RunFacts
+from multigpu.facts import RunFacts, environment
+from multigpu.run.trainer import checks
 from tests.conftest import CLI_MODULE, REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
 from tests.helpers import hold_at, wait_for
 from tests.zoo import stuck

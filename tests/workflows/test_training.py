@@ -1,5 +1,5 @@
 """A stopped and resumed fp32 run ends with the same weights as an uninterrupted one, dropout on (fp64 and every
-stop point: tests/callbacks/test_preemption.py; the examples' learning tests are in tests/examples/)."""
+stop point: tests/faults/test_preemption.py; the examples' learning tests are in tests/examples/)."""
 
 import pytest
 import torch

@@ -13,11 +13,11 @@ import torch
 import yaml
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
-from multigpu.callbacks.compile import CompileModel
-from multigpu.callbacks.run_plan import batch_norm_note
-from multigpu.checks import check_sync_batchnorm
 from multigpu.errors import ConfigurationError
+from multigpu.observe.run_plan import batch_norm_note
+from multigpu.run.checks import check_sync_batchnorm
 from multigpu.strategies import DataParallelStrategy
+from multigpu.strategies.compile import CompileModel
 from tests.cli import main
 from tests.conftest import REPO, TINY, load_state, relative_difference
 from tests.fixtures.batchnorm import BatchNormClassifier

@@ -11,7 +11,7 @@ preemption signal (exit 75, ``last.ckpt``) and resumed with ``--ckpt_path=last``
 proves ``ddp`` training, exact resume and equality with one device at once. The others train once, uninterrupted:
 ``regression`` (a plain shuffled loader stopped at an epoch's end, as ``ema``'s with loader workers is), ``text``
 (dict batches and two validation loaders are no state) and ``global_batch`` (the template's loader stopped
-mid-epoch under ddp: tests/callbacks/test_preemption.py, whose workload's data module is one too).
+mid-epoch under ddp: tests/faults/test_preemption.py, whose workload's data module is one too).
 ``ddp_spawn`` pickles the model and data module into its workers: it runs the workloads with something of their
 own to pickle (the GAN's two optimizers and its IterableDataset; the template's data module, with a rank that
 has no validation sample).

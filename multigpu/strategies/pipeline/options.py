@@ -9,7 +9,7 @@ from typing import Any, Literal
 from torch import nn
 
 from multigpu.errors import ConfigurationError
-from multigpu.hook_readers import missing_pipeline_hooks
+from multigpu.hooks.readers import missing_pipeline_hooks
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
 MULTI_STAGE = ("interleaved_1f1b",)

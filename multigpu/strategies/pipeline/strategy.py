@@ -19,7 +19,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from multigpu.compat import set_device_mesh, set_mesh_sizes
 from multigpu.errors import ConfigurationError
-from multigpu.hook_readers import missing_pipeline_hooks, stage_layer_count
+from multigpu.hooks.readers import missing_pipeline_hooks, stage_layer_count
 from multigpu.strategies.model_parallel import LIGHTNING_TIMEOUT, _ModelParallelMixin, clip_grad_norm
 from multigpu.strategies.pipeline.exchange import forward_through_stages, sum_tied_gradients
 from multigpu.strategies.pipeline.options import MULTI_STAGE, SCHEDULES, PipelineOptions, pipeline_refusal, split_plan

@@ -1,1 +1,0 @@
-"""The callbacks the engine adds to a run; their order: ``run_callbacks`` in ``multigpu/run.py``."""

@@ -1,0 +1,128 @@
+"""The facts of one run, derived once from its parsed options and its launch before anything is built; every step
+after ``TemplateCLI.parse_arguments`` (``cli.py``) reads them from here, not from the options."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.strategies import Strategy
+
+from multigpu.compat import registered_strategy
+from multigpu.facts.argv import import_class
+from multigpu.facts.environment import MULTIPROCESS_PREFIXES, launch, requested_devices, resolve_accelerator, world_size
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run is, as its options and launch say it (``RunFacts.of``); ``checks.py`` refuses what cannot run."""
+
+    #: ``fit``, ``validate``, ``test``, ``predict``, ``tune``; None where the command line runs no subcommand
+    subcommand: str | None
+    #: ``cuda`` (for ``gpu``, and ``auto`` on a machine with a GPU), ``cpu``, another name, or ``custom`` (an object)
+    accelerator: str
+    #: the devices of one node; None where that cannot be told before the Trainer
+    devices: int | None
+    num_nodes: int
+    #: ``--trainer.strategy`` as a lowercase name; None where it is a class or an object
+    strategy: str | None
+    #: ``auto`` named ``ddp`` where Lightning would pick ddp, so that it gets the engine's ddp options too
+    trainer_strategy: Any
+    #: the class ``--trainer.strategy`` names; None for ``auto`` and a name not registered
+    strategy_class: type[Strategy] | None
+    #: one process per device for the multi-process strategies (and ``auto``), else one (single device, dp)
+    processes: int
+    #: how the processes were started (``environment.launch``): torchrun, srun, interactive_srun, sbatch, plain
+    launch: str
+    run_dir: Path
+    accumulate_grad_batches: int = 1
+    compile: bool = False
+    sync_batchnorm: bool = False
+    #: ``--trainer.accelerator`` and ``--trainer.devices`` as written, for the messages that quote them
+    accelerator_option: Any = "auto"
+    devices_option: Any = "auto"
+    model_class: str | None = None
+    data_class: str | None = None
+    #: the checkpoint file ``--ckpt_path`` resolved to (``multigpu/checkpoints/resume.py``)
+    checkpoint: Path | None = None
+
+    @classmethod
+    def of(cls, options: Any, subcommand: str | None = None) -> RunFacts:
+        """The facts of a subcommand's parsed options (or of a ``trainer`` mapping alone, for its launch facts)."""
+        whole = "trainer" in options
+        trainer = (options.get("trainer") if whole else options) or {}
+        given = trainer.get("strategy", "auto")
+        strategy = given.lower() if isinstance(given, str) else None
+        accelerator = resolve_accelerator(trainer.get("accelerator", "auto"))
+        devices = requested_devices(trainer.get("devices", "auto"), accelerator)
+        num_nodes = int(trainer.get("num_nodes") or 1)
+        # a notebook forks the processes of `auto` itself: there Lightning's own choice stands
+        interactive = hasattr(sys, "ps1") or sys.flags.interactive
+        several = (devices or 1) > 1 or num_nodes > 1
+        return cls(
+            subcommand=subcommand,
+            accelerator=accelerator,
+            devices=devices,
+            num_nodes=num_nodes,
+            strategy=strategy,
+            trainer_strategy="ddp" if given == "auto" and several and not interactive else given,
+            strategy_class=strategy_class_of(given),
+            processes=world_size(strategy, devices or 1, num_nodes),
+            launch=launch(),
+            run_dir=Path(trainer.get("default_root_dir") or os.getcwd()),
+            accumulate_grad_batches=int(trainer.get("accumulate_grad_batches") or 1),
+            compile=bool(options.get("compile")) if whole else False,
+            sync_batchnorm=bool(trainer.get("sync_batchnorm")),
+            accelerator_option=trainer.get("accelerator", "auto"),
+            devices_option=trainer.get("devices", "auto"),
+            model_class=class_path(options.get("model")) if whole else None,
+            data_class=class_path(options.get("data")) if whole else None,
+        )
+
+    def resuming(self, checkpoint: Path | None) -> RunFacts:
+        """These facts with the checkpoint the run resumes (or evaluates) from."""
+        return dataclasses.replace(self, checkpoint=checkpoint)
+
+    @property
+    def several_cuda_processes(self) -> bool:
+        """Whether NCCL joins several processes: ``dp`` on several GPUs is one process."""
+        return self.accelerator == "cuda" and self.processes > 1
+
+    @property
+    def one_process_strategy(self) -> bool:
+        """Whether the strategy runs one process whatever the devices (single device, dp)."""
+        named = self.strategy not in (None, "auto")
+        return named and not str(self.strategy).startswith(MULTIPROCESS_PREFIXES)
+
+    @property
+    def strategy_option(self) -> str:
+        """``--trainer.strategy`` as the user gave it, for a message."""
+        given = self.trainer_strategy
+        if isinstance(given, Strategy):
+            return f"--trainer.strategy={type(given).__name__}()"
+        named = class_path(given) if not isinstance(given, str) else None
+        return f"--trainer.strategy.class_path={named}" if named else f"--trainer.strategy={given}"
+
+
+def strategy_class_of(strategy: Any) -> type[Strategy] | None:
+    """The class a ``--trainer.strategy`` value names: a registered name's, a ``class_path``'s or an object's."""
+    if isinstance(strategy, str):
+        registered = registered_strategy(strategy.lower())
+        return registered[0] if registered else None
+    if isinstance(strategy, Strategy):
+        return type(strategy)
+    named = class_path(strategy)
+    return import_class(named) if named else None
+
+
+def class_path(section: Any) -> str | None:
+    """The class a ``model``, ``data`` or ``strategy`` section of the options names."""
+    if isinstance(section, Mapping) or hasattr(section, "get"):
+        named = section.get("class_path")
+        return named if isinstance(named, str) else None
+    return section if isinstance(section, str) else None

@@ -1,0 +1,82 @@
+"""What each rank of a multi-process run needs beyond Lightning, one callback each, acting only where there are
+several processes."""
+
+from __future__ import annotations
+
+import atexit
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from multigpu.compat import release_started_processes
+from multigpu.errors import TrainingStopped
+from multigpu.errors.reporting import speak_for_the_run
+from multigpu.faults.processes import wait_for_exit
+
+
+def unshare_module_tensors(module: nn.Module) -> int:
+    """Replace every CPU tensor attribute in shared memory with a private copy; return how many were copied. Aliases
+    stay aliases (a ``MetricCollection``'s compute groups share states) and a list state keeps its identity."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def private(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type != "cpu" or not tensor.is_shared():
+            return tensor
+        if id(tensor) not in copies:
+            copies[id(tensor)] = tensor.detach().clone()
+        return copies[id(tensor)]
+
+    for submodule in module.modules():
+        # torchmetrics keeps a metric's states as plain attributes of the instance (neither parameters nor buffers)
+        for name, value in list(vars(submodule).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(submodule, name, private(value))
+            elif isinstance(value, list):
+                value[:] = [private(v) if isinstance(v, torch.Tensor) else v for v in value]
+    return len(copies)
+
+
+class UnshareSpawnedTensors(L.Callback):
+    """Private metric states in each ``ddp_spawn`` worker: torch.multiprocessing shares CPU tensors, and Lightning
+    un-shares parameters and buffers but not torchmetrics' states, so every worker added into the same tensors."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.world_size > 1:
+            unshare_module_tensors(pl_module)
+
+
+#: how long the first process waits at exit for the ranks it started to finish an agreed stop
+STOPPED_RANKS_GRACE_S = 60.0
+
+
+class StopOtherRanksOnError(L.Callback):
+    """When the first process fails, stop the ranks it started before it reports, or they would wait in their next
+    collective until the timeout. SIGKILL, as Lightning uses on Ctrl-C: a rank inside a collective ignores SIGTERM.
+    """
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if trainer.world_size == 1:
+            return
+        if isinstance(exception, TrainingStopped):
+            # every rank agreed to stop and saves: exit after them, so the job's status is this one's
+            atexit.register(wait_for_exit, release_started_processes(trainer), STOPPED_RANKS_GRACE_S)
+            return
+        speak_for_the_run(trainer)
+        for process in release_started_processes(trainer):
+            process.kill()
+
+
+def destroy_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class DestroyProcessGroupAtExit(L.Callback):
+    """The process group destroyed at exit, which neither torch nor Lightning does: a process that exits with its gloo
+    group alive can abort while the interpreter finalises (gloo's threads hold tensors that need the GIL)."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        atexit.unregister(destroy_process_group)  # a second run in the same process registers it once
+        atexit.register(destroy_process_group)
