@@ -7,7 +7,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "1.1.0"
+from multigpu import moved
+
+moved.install()  # the 1.x module names, through 2.x
+
+__version__ = "2.0.0"
 
 #: imported when first used, so that ``import multigpu`` stays cheap
 _PUBLIC = {

@@ -343,8 +343,9 @@ class EngineLoaders(Callback):
         self._position = read_position(state_dict)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        if self.state_key in checkpoint.get("callbacks", {}) and "loaders" in checkpoint["callbacks"][self.state_key]:
-            # this callback restores every rank's own; Lightning would give every rank rank 0's, or none
+        if self.state_key in checkpoint.get("callbacks", {}):
+            # this callback restores every rank's own; Lightning would give every rank rank 0's, or none (1.x
+            # saved GlobalBatchDataModule's position there too, for a loader that now keeps none)
             drop_saved_loader_states(checkpoint)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

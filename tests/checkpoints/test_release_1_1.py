@@ -1,10 +1,12 @@
 """A run stopped on release 1.1.0 resumes on this release and ends as its uninterrupted run ended on 1.1.0, bit for
-bit: the checkpoint's entries (the engine's loader position, random state, checkpoint callback) and the run's saved
-``config.yaml`` are read as 1.1.0 wrote them.
+bit, resumed as a user resumes it, with ``--config`` the ``config.yaml`` 1.1.0 saved (class paths under ``multigpu.``
+included) and ``--ckpt_path=last``: the checkpoint's entries (the loader position, random state, checkpoint callback)
+are read as 1.1.0 wrote them.
 
-``tests/fixtures/release_1_1/`` holds what 1.1.0 (commit 05dc338) wrote for ``python -m tests.cli fit`` with
-``ARGS``: ``stopped/``, the run directory of a run sent SIGTERM after step 2 (``multigpu.testing.SignalAtStep``),
-and ``uninterrupted.ckpt``, the ``last.ckpt`` of the same run never stopped."""
+``tests/fixtures/release_1_1/`` holds what release 1.1.0 (commit 0a9882c, with this repository's ``tests/cli.py``
+and ``tests/configs/default.yaml`` beside it) wrote for ``python -m tests.cli fit`` with ``ARGS``: ``stopped/``, the
+run directory of a run sent SIGTERM after step 2 (``multigpu.testing.SignalAtStep``), and ``uninterrupted.ckpt``, the
+``last.ckpt`` of the same run never stopped."""
 
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ def test_a_run_stopped_on_release_1_1_resumes_here_and_ends_as_it_would_have_on_
     stopped = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert stopped["global_step"] == 2
     resumed = subprocess.run(
-        [sys.executable, "-m", "tests.cli", "fit", *ARGS, "--ckpt_path=last", f"--trainer.default_root_dir={run_dir}"],
+        [sys.executable, "-m", "tests.cli", "fit", f"--config={run_dir / 'logs' / 'version_0' / 'config.yaml'}",
+         "--ckpt_path=last", f"--trainer.default_root_dir={run_dir}"],
         cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]

@@ -88,7 +88,7 @@ def test_an_update_keeps_the_users_edits_and_brings_the_templates_changes(templa
 
 
 #: the commit of release 1.1.0, the last of 1.x, in this repository's history
-RELEASE_1_1 = "05dc338"
+RELEASE_1_1 = "0a9882c"
 
 
 @pytest.mark.slow
