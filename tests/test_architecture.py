@@ -70,9 +70,7 @@ def imports_of(folder: Path, package: str) -> dict[str, set[str]]:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-            if names == [
-                package
-            ]:  # `from multigpu import checks` imports the module multigpu.run.checks where it is one
+            if names == [package]:  # `from multigpu import moved` imports the module multigpu.moved where it is one
                 modules = [alias.name for alias in node.names if (folder.parent / package / alias.name).exists()
                            or (folder.parent / package / f"{alias.name}.py").exists()]  # fmt: skip
                 names = [f"{package}.{name}" for name in modules] or names

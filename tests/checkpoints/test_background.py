@@ -21,7 +21,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from multigpu.checkpoints import background, files, sharded
 from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.errors.failures import user_error_of
-from tests.test_failures import FullDisk
+from tests.errors.test_failures import FullDisk
 
 
 def test_a_save_writes_the_state_of_its_call_while_the_caller_goes_on(tmp_path, monkeypatch):

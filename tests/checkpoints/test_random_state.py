@@ -19,9 +19,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from multigpu.checkpoints.random_state import collect, derived_seed, restore
-from tests.callbacks.test_preemption import validation_rows
 from tests.cli import main
 from tests.conftest import TINY
+from tests.faults.test_preemption import validation_rows
 from tests.fixtures.workload import gaussian_clusters
 
 RUN = [
@@ -105,7 +105,7 @@ def test_a_users_plain_loader_resumed_at_an_epoch_start_continues_exactly(tmp_pa
     where the uninterrupted run did."""
     args = [
         *RUN,
-        "--data=tests.callbacks.test_random_state.PlainData",
+        "--data=tests.checkpoints.test_random_state.PlainData",
         "--trainer.max_steps=-1",
         "--trainer.val_check_interval=null",
         "--trainer.check_val_every_n_epoch=1",

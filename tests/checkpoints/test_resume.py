@@ -8,7 +8,7 @@ from multigpu.checkpoints.files import atomic_torch_save
 from multigpu.checkpoints.resume import checkpoint_dir, resolve_checkpoint
 from multigpu.errors import ConfigurationError
 from tests.conftest import TINY_RUN
-from tests.test_errors import fails_cleanly
+from tests.errors.test_errors import fails_cleanly
 
 
 def config(run_dir, ckpt_path=None) -> Namespace:

@@ -26,8 +26,8 @@ from multigpu.errors import ConfigurationError
 from tests import prewarmed
 from tests.cli import main
 from tests.conftest import REPO, TINY, TINY_RUN, cli_env
+from tests.errors.test_errors import fails_cleanly, resume
 from tests.helpers import RUNS_COMMAND_GLOBAL, RunsCommand, entry_runs_code
-from tests.test_errors import fails_cleanly, resume
 
 SHARD = "__0_0.distcp"  # the one shard of a one-process fsdp2 run
 #: the tests share one saved run: one worker saves it once

@@ -17,9 +17,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from multigpu.checkpoints.schedule import interval_due
-from tests.callbacks.test_preemption import COMMON, best_checkpoint, start, validation_rows
 from tests.cli import main
 from tests.conftest import TINY, load_state
+from tests.faults.test_preemption import COMMON, best_checkpoint, start, validation_rows
 from tests.helpers import hold_at, lines, wait_for
 
 #: a user's model that logs ``val/mse``, not the default monitor ``val/loss``; 16 optimizer steps per epoch

@@ -129,7 +129,7 @@ def data_args(tmp_path: Path, failure: str, *extra: str) -> list[str]:
     return [
         "fit",
         *TINY,
-        "--data=tests.test_failures.FailingData",
+        "--data=tests.errors.test_failures.FailingData",
         f"--data.init_args.failure={failure}",
         f"--trainer.default_root_dir={tmp_path / 'run'}",
         *extra,
@@ -162,7 +162,7 @@ def test_a_constructor_that_downloads_is_no_network_not_a_bad_option(tmp_path, c
     args = [
         "fit",
         *TINY,
-        "--model=tests.test_failures.DownloadingModel",
+        "--model=tests.errors.test_failures.DownloadingModel",
         f"--trainer.default_root_dir={tmp_path}",
     ]
     message = fails_with(capsys, args, "no network", "URLError")

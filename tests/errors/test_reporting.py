@@ -18,7 +18,7 @@ from multigpu.errors import DEBUG_ENV, ConfigurationError, reporting
 from multigpu.errors.reporting import COLLECTIVE_FAILURE_EXIT_CODE, REPORT_DESK_ENV, hand_over, report
 from tests import prewarmed
 from tests.conftest import REPO, cli_env
-from tests.test_failures import GLOO_TIMEOUT
+from tests.errors.test_failures import GLOO_TIMEOUT
 
 
 def test_a_failed_collective_is_reported_as_one_paragraph_with_exit_status_70(capsys):

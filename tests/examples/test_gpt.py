@@ -20,10 +20,10 @@ from src.data import TextDataModule
 from src.data.text import TokenWindows, decode, encode
 from src.models import CausalLanguageModel
 from tests import prewarmed
-from tests.callbacks.test_throughput import logged
 from tests.conftest import REPO, cli_env, read_metrics
+from tests.errors.test_errors import fails_cleanly
 from tests.examples.conftest import TINY_GPT
-from tests.test_errors import fails_cleanly
+from tests.observe.test_throughput import logged
 
 TINY_TEXT = [*TINY_GPT, "--data.init_args.corpus_chars=4000", "--trainer.max_steps=1", "--trainer.limit_val_batches=1"]
 

@@ -23,9 +23,9 @@ from src.data.images import (
     synthetic_images,
 )
 from src.models import ImageClassifier
-from tests.conftest import cli_env, last_value, load_state, read_metrics, relative_difference
+from tests.conftest import cli_env, last_value, load_state, read_metrics, relative_difference, tree_digest
+from tests.errors.test_errors import fails_cleanly
 from tests.examples.conftest import TINY_IMAGE, write_cifar10
-from tests.test_errors import fails_cleanly, tree_digest
 
 TINY_IMAGE_RUN = [*TINY_IMAGE, "--trainer.limit_val_batches=1"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TINY
-from tests.test_failures import fails_with
+from tests.errors.test_failures import fails_with
 
 TEXT_WORKLOAD = ["--model=src.models.CausalLanguageModel", "--data=src.data.TextDataModule"]
 

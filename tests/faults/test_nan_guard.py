@@ -47,7 +47,7 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(check_every,
         main([
             "fit", *TINY, "--trainer.limit_train_batches=8", "--trainer.limit_val_batches=1",
             "--trainer.max_epochs=2", "--progress_bar=none", f"--nan_guard.check_every_n_steps={check_every}",
-            "--trainer.callbacks+=tests.callbacks.test_nan_guard.NaNInputsAtStep",
+            "--trainer.callbacks+=tests.faults.test_nan_guard.NaNInputsAtStep",
             f"--trainer.callbacks.step={CORRUPT_STEP}",
             f"--trainer.default_root_dir={run_dir}",
         ])  # fmt: skip
@@ -68,7 +68,7 @@ def test_training_through_nan_with_the_guard_switched_off(tmp_path):
     main([
         "fit", *TINY, "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1",
         "--trainer.max_epochs=1", "--progress_bar=none", "--callbacks_off=[nan_guard]",
-        "--trainer.callbacks+=tests.callbacks.test_nan_guard.NaNInputsAtStep", "--trainer.callbacks.step=2",
+        "--trainer.callbacks+=tests.faults.test_nan_guard.NaNInputsAtStep", "--trainer.callbacks.step=2",
         f"--trainer.default_root_dir={run_dir}",
     ])  # fmt: skip
     weights = load_state(run_dir / "checkpoints" / "last.ckpt")
@@ -81,7 +81,7 @@ def test_nan_on_one_ddp_rank_stops_every_rank_at_the_next_logging_step(tmp_path,
     result = run_cli(
         "fit", *TINY, "--config=configs/trainer/ddp_cpu.yaml", "--trainer.limit_train_batches=8",
         "--trainer.limit_val_batches=1", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=5",
-        "--progress_bar=none", "--trainer.callbacks+=tests.callbacks.test_nan_guard.NaNInputsAtStep",
+        "--progress_bar=none", "--trainer.callbacks+=tests.faults.test_nan_guard.NaNInputsAtStep",
         f"--trainer.callbacks.step={CORRUPT_STEP}", "--trainer.callbacks.rank=1",
         f"--trainer.default_root_dir={run_dir}", check=False, timeout=300,
     )  # fmt: skip

@@ -25,11 +25,11 @@ from multigpu.checkpoints.files import is_intact
 from multigpu.faults.preemption import SAME_KEY_PRESS_S
 from multigpu.run.run_lock import LOCK_FILE
 from tests import prewarmed
-from tests.callbacks.test_continuation import assert_same_run as assert_same_continuation
+from tests.checkpoints.test_continuation import assert_same_run as assert_same_continuation
 from tests.cli import main
 from tests.conftest import REPO, TINY, cli_env, load_state, read_metrics
+from tests.errors.test_quiet import assert_no_noise, newcomer_env_in
 from tests.helpers import hold_at, lines, wait_for
-from tests.test_quiet import assert_no_noise, newcomer_env_in
 
 #: the uninterrupted runs are shared by the tests: one worker trains them once
 pytestmark = pytest.mark.xdist_group("test_preemption")

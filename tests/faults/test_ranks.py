@@ -24,7 +24,7 @@ from multigpu.faults import ranks as ranks_module
 from multigpu.faults.ranks import STOPPED_RANKS_GRACE_S, StopOtherRanksOnError, unshare_module_tensors
 from tests import prewarmed
 from tests.conftest import REPO, cli_env
-from tests.test_errors import TINY_RUN, run_cli
+from tests.errors.test_errors import TINY_RUN, run_cli
 
 # -- ddp_spawn: private metric states ----------------------------------------------------------------------------------
 
@@ -141,7 +141,7 @@ def test_a_failing_rank_stops_every_process_promptly(tmp_path, strategy, rank, h
         "--trainer.devices=2",
         f"--trainer.default_root_dir={tmp_path}",
         "--trainer.max_steps=20",
-        "--trainer.callbacks+=tests.callbacks.test_ranks.FailAtStep",
+        "--trainer.callbacks+=tests.faults.test_ranks.FailAtStep",
         f"--trainer.callbacks.rank={rank}",
         f"--trainer.callbacks.how={how}",
     )

@@ -69,7 +69,7 @@ def logged(rows: list[dict[str, str]], key: str) -> list[float]:
 def test_user_module_gets_throughput_mfu_memory_and_data_wait(tmp_path, capsys):
     run_dir = tmp_path / "run"
     main([
-        "fit", "--model=tests.callbacks.test_throughput.UserModule", "--data=tests.callbacks.test_throughput.UserData",
+        "fit", "--model=tests.observe.test_throughput.UserModule", "--data=tests.observe.test_throughput.UserData",
         "--trainer.accelerator=cpu", "--trainer.max_epochs=1", "--trainer.log_every_n_steps=2",
         "--trainer.limit_val_batches=1", "--throughput.peak_tflops=2.0", "--progress_bar=plain",
         f"--trainer.default_root_dir={run_dir}",

@@ -24,8 +24,8 @@ from multigpu.run.checks import (
 )
 from multigpu.strategies import register_strategies
 from tests.conftest import TINY_RUN
+from tests.errors.test_errors import fails_cleanly
 from tests.fixtures.workload import TinyClassifier
-from tests.test_errors import fails_cleanly
 
 
 def test_run_dir_must_be_a_folder(tmp_path):
@@ -113,13 +113,13 @@ class OtherClassifier(TinyClassifier):
 
 def test_checkpoint_of_another_model(capsys, untouched, tmp_path):
     ckpt = untouched / "checkpoints" / "last.ckpt"
-    other = ["--model=tests.test_checks.OtherClassifier", f"--trainer.default_root_dir={tmp_path / 'other'}"]
+    other = ["--model=tests.run.test_checks.OtherClassifier", f"--trainer.default_root_dir={tmp_path / 'other'}"]
     err = fails_cleanly(
         capsys,
         ["fit", *TINY_RUN, *other, f"--ckpt_path={ckpt}"],
         f"--ckpt_path={ckpt}",
         "holds a tests.fixtures.workload.TinyClassifier",
-        "builds a tests.test_checks.OtherClassifier",
+        "builds a tests.run.test_checks.OtherClassifier",
     )
     assert len(err) < 1200
 

@@ -21,8 +21,8 @@ import torch
 
 from multigpu.errors import ConfigurationError
 from multigpu.faults.processes import process_start
+from multigpu.run import run_lock
 from multigpu.run.run_lock import LOCK_FILE, TOKEN_ENV, Launch, hold_run_dir, read_lock, release_run_dir
-from multigpu.run.trainer import run_lock
 from tests import prewarmed
 from tests.cli import main
 from tests.conftest import REPO, TINY, cli_env, read_metrics

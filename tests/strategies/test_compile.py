@@ -59,8 +59,8 @@ class TinyRegressionData(GlobalBatchDataModule):
 
 
 TINY_USER = [
-    "--model=tests.callbacks.test_compile.TinyRegression",
-    "--data=tests.callbacks.test_compile.TinyRegressionData",
+    "--model=tests.strategies.test_compile.TinyRegression",
+    "--data=tests.strategies.test_compile.TinyRegressionData",
     "--trainer.accelerator=cpu",
     "--trainer.precision=64-true",  # compiled and eager agree to rounding, which fp64 keeps far below 1e-10
     "--trainer.enable_model_summary=false",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from multigpu.strategies.precision import metrics_in_float64
-from tests.callbacks.test_ranks import TwoMetrics
+from tests.faults.test_ranks import TwoMetrics
 
 
 def test_64_true_keeps_floating_metric_states_in_float64_and_counts_as_integers():

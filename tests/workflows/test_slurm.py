@@ -27,7 +27,7 @@ import torch
 from multigpu.checkpoints.sharded import is_sharded_checkpoint, load_sharded_checkpoint
 from multigpu.errors import ConfigurationError
 from multigpu.facts import RunFacts, environment
-from multigpu.run.trainer import checks
+from multigpu.run import checks
 from tests.conftest import CLI_MODULE, REPO, TINY, TINY_CONFIG, cli_env, load_state, read_metrics, relative_difference
 from tests.helpers import hold_at, wait_for
 from tests.zoo import stuck
