@@ -1,6 +1,5 @@
 """Checkpoints written in the background: a save costs the training loop a host copy of the state, not a write
-(docs/checkpoints.md). Not Lightning's ``AsyncCheckpointIO``: it clones tensors on the GPU, queues any number of
-copies, removes a replaced checkpoint before its successor is written, and reports a failed write a save late."""
+(docs/checkpoints.md). Lightning's ``AsyncCheckpointIO`` clones on the GPU, queues without bound, removes early."""
 
 from __future__ import annotations
 
@@ -93,8 +92,7 @@ class HostSnapshot:
 
 
 class SnapshotStager:
-    """``dcp.async_save``'s host copy of the shards by ``HostSnapshot``, which keeps each DTensor's layout: torch's
-    ``DefaultStager`` deep-copies them, 60% of a save's stall on the CPU."""
+    """``dcp.async_save``'s host copy by ``HostSnapshot``: torch's ``DefaultStager`` deep-copies (60% of the stall)."""
 
     def __init__(self, snapshot: HostSnapshot) -> None:
         self.snapshot = snapshot
@@ -156,14 +154,14 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
             raise failure
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        self.wait()  # never two writers; the host copy is free again
+        self.wait()  # never two writers
         if storage_options is not None or "://" in str(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         self.clean_once(Path(path).parent)
         try:
             copied = self._snapshot.take(checkpoint)
-        except (MemoryError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
+        except (MemoryError, RuntimeError) as error:
             self._snapshot.free()
             self._note_synchronous(error)
             atomic_torch_save(checkpoint, path)
@@ -183,8 +181,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         then: Callable[[], None] | None = None,
         timeout: timedelta | None = None,
     ) -> None:
-        """Write this rank's part of a sharded checkpoint into ``folder`` in the background; return once it is copied.
-        Every rank calls it at the same save; ``then`` runs on the writer once every rank's shards are written."""
+        """Write this rank's shards into ``folder`` in the background (every rank calls it); return once copied."""
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
@@ -192,7 +189,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         if self._shard_group is None:
             self._shard_group = dist.new_group(backend="gloo", timeout=timeout)
         if self._shard_stager is None:
-            self._shard_stager = SnapshotStager(self._snapshot)  # a run saves files or shards, never both
+            self._shard_stager = SnapshotStager(self._snapshot)
         group = self._shard_group
         try:
             written = dcp.async_save(
@@ -216,10 +213,10 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         self._submit(finish)
 
     def remove_checkpoint(self, path: Any) -> None:
-        self._submit(super().remove_checkpoint, path)  # after the write that replaces it is on disk
+        self._submit(super().remove_checkpoint, path)
 
     def link_checkpoint(self, source: str | os.PathLike, path: str | os.PathLike) -> None:
-        self._submit(link_checkpoint, source, path)  # once the source is written
+        self._submit(link_checkpoint, source, path)
 
     def teardown(self) -> None:
         try:

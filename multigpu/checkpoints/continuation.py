@@ -1,6 +1,5 @@
-"""Continue a finished run with larger limits, exactly: ``--ckpt_path=last`` with a larger ``max_steps``,
-``max_epochs`` or ``max_time`` trains on as if the run had never stopped. Lightning counts the epoch a fit ended in
-as finished, also mid-epoch (``FitLoop.on_advance_end``), so a continued run would skip the rest of it."""
+"""Continue a finished run with larger limits exactly. Lightning counts the epoch a fit ended in as finished, also
+mid-epoch (``FitLoop.on_advance_end``), so a continued run would skip the rest of it."""
 
 from __future__ import annotations
 
@@ -30,15 +29,14 @@ from multigpu.steps import EveryNSteps
 
 
 def epoch_interrupted(trainer: L.Trainer) -> bool:
-    """Whether the training epoch in progress stopped before its last batch (``max_steps``, ``max_time``, a
-    callback's ``should_stop``), as opposed to running out of batches."""
+    """Whether the training epoch in progress stopped before its last batch, not by running out of batches."""
     batches = batch_progress(trainer)
     return not batches.is_last_batch and batches.current.completed < trainer.num_training_batches
 
 
 def save_as_mid_epoch(trainer: L.Trainer) -> bool:
-    """Undo what Lightning counts after training stopped mid-epoch (the epoch completed, the last batch completed
-    and its step logged), as in a checkpoint saved in ``on_train_batch_end``. Returns whether anything changed."""
+    """Undo what Lightning counts after training stopped mid-epoch, as in a checkpoint saved in
+    ``on_train_batch_end``; whether anything changed."""
     epochs, batches = epoch_progress(trainer), batch_progress(trainer)
     if not _all_equal(epochs.current):
         return False
@@ -50,9 +48,7 @@ def save_as_mid_epoch(trainer: L.Trainer) -> bool:
 
 
 def uncount_epoch_end(trainer: L.Trainer) -> None:
-    """Take back what Lightning counts after a fit stopped mid-epoch (the epoch processed and completed, its last
-    batch completed), so that the loops read as in a checkpoint saved in ``on_train_batch_end``: a resume continues
-    that epoch."""
+    """Take back the epoch's and last batch's completion Lightning counts after a fit stopped mid-epoch."""
     epochs, batches = epoch_progress(trainer), batch_progress(trainer)
     for tracker in (epochs.total, epochs.current):
         tracker.processed -= 1
@@ -66,14 +62,12 @@ def _all_equal(counts: Any) -> bool:
 
 
 def save_as_next_epoch_start(trainer: L.Trainer) -> None:
-    """After an epoch that ran to its end, save the batch position as the next epoch's start (Lightning's own
-    ``reset_on_run`` at that start), not the end of an epoch that ``current_epoch`` already counts."""
+    """After an epoch that ran to its end, save the batch position as the next epoch's start."""
     reset_batch_position(trainer)
 
 
 def restarts_a_finished_epoch(trainer: L.Trainer) -> bool:
-    """Whether Lightning (under ``max_steps``, which restarts the loops on every resume) is about to treat a new
-    epoch as the continuation of one that has already ended."""
+    """Whether Lightning (under ``max_steps``) is about to treat a new epoch as continuing one that ended."""
     batches = batch_progress(trainer)
     at_epoch_end = batches.current.ready == 0 or batches.is_last_batch
     return (
@@ -94,7 +88,7 @@ class ExactContinuation(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if restarts_a_finished_epoch(trainer):
-            start_next_epoch_afresh(trainer)  # as without max_steps
+            start_next_epoch_afresh(trainer)
         if restarted_mid_epoch(trainer) and not samples_training_loaders(trainer):
             plain = [
                 type(loader).__name__
@@ -113,7 +107,7 @@ class ExactContinuation(Callback):
                 )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # runs before ModelCheckpoint's on_train_end (Lightning calls checkpoint callbacks last), which saves last.ckpt
+        # before ModelCheckpoint's on_train_end (Lightning calls checkpoint callbacks last), which saves last.ckpt
         if trainer.num_training_batches == 0 or trainer.global_step == 0:
             return
         if epoch_interrupted(trainer):
@@ -123,9 +117,8 @@ class ExactContinuation(Callback):
 
 
 class RunTimer(Timer):
-    """``--trainer.max_time``: Lightning's ``Timer`` (and its state key), stopping the way ``max_steps`` stops: at
-    optimizer-step boundaries only, and without the extra validation Lightning runs when ``should_stop`` is set
-    mid-epoch (the validations the schedule asks for still run)."""
+    """``--trainer.max_time`` as Lightning's ``Timer``, stopping as ``max_steps`` does: at an optimizer step, without
+    the extra validation Lightning runs when ``should_stop`` is set mid-epoch."""
 
     def __init__(self, duration: str | timedelta | dict[str, int] | None = None, verbose: bool = True) -> None:
         super().__init__(duration=duration, interval="step", verbose=verbose)
@@ -141,7 +134,7 @@ class RunTimer(Timer):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         if not self._new_step.due(trainer.global_step):
-            return  # between the micro-batches of one optimizer step
+            return
         stopping = trainer.should_stop
         scheduled = validation_follows(trainer)  # asked before should_stop adds a validation of its own
         super().on_train_batch_end(trainer, *args, **kwargs)

@@ -1,7 +1,5 @@
 """Every rank's random-number generators in every checkpoint, so that a resumed run draws the dropout masks the
-uninterrupted run draws; Lightning saves none (Fabric's private ``_collect_rng_states`` saves one process's). Each
-rank's own are put back at ``on_train_start``: after the loader's iterator drew its worker seed, before the first
-batch, where the uninterrupted run stood when it saved."""
+uninterrupted run draws (Lightning saves none); put back at ``on_train_start``, after the loader drew its seed."""
 
 from __future__ import annotations
 
@@ -21,11 +19,10 @@ from multigpu.errors import notice
 
 try:
     import numpy as np
-except ImportError:  # numpy is optional for torch; without it there is no numpy generator to keep
+except ImportError:
     np = None  # type: ignore[assignment]
 
-#: how the states are kept in a checkpoint: only tensors, numbers, strings and containers, so that a checkpoint
-#: still loads with ``torch.load(weights_only=True)``
+#: only tensors, numbers, strings and containers: the checkpoint still loads with ``weights_only=True``
 FORMAT = 1
 
 
@@ -75,8 +72,7 @@ def restore(state: dict[str, Any]) -> None:
 
 
 def derived_seed(saved: list[dict[str, Any]], seed: int, rank: int) -> int:
-    """A seed for ``rank`` of a run resumed at another world size: a function of every saved state, the run's seed
-    and the rank, so that ranks differ from each other and a second resume of the same checkpoint draws the same."""
+    """A seed for ``rank`` of a run resumed at another world size: ranks differ, and a second resume draws the same."""
     digest = hashlib.sha256(f"{seed}:{rank}".encode())
     for state in saved:
         digest.update(state["torch"].numpy().tobytes())
@@ -84,16 +80,15 @@ def derived_seed(saved: list[dict[str, Any]], seed: int, rank: int) -> int:
 
 
 def seed_all(seed: int) -> None:
-    """Seed every generator ``collect`` saves (not ``seed_everything``: it would also change PL_GLOBAL_SEED, which
-    fixes the data order)."""
-    torch.manual_seed(seed)  # the CUDA generators too
+    """Seed every generator ``collect`` saves (``seed_everything`` would change PL_GLOBAL_SEED, the data order)."""
+    torch.manual_seed(seed)
     random.seed(seed)
     if np is not None:
         np.random.seed(seed % 2**32)
 
 
 def gather(state: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
-    """Every rank's ``state``, in rank order (a collective: ``state_dict`` runs on every rank at a save)."""
+    """Every rank's ``state``, in rank order (a collective)."""
     if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
         return [state]
     states: list[Any] = [None] * dist.get_world_size()
@@ -102,10 +97,10 @@ def gather(state: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
 
 
 def redraw_worker_seeds(trainer: L.Trainer) -> None:
-    """Draw what starting the epoch's loader iterators draws from the global generator, where a resumed fit starts
-    a new epoch: Lightning made them before the restore, where the uninterrupted run made them at that start."""
+    """Draw what starting the epoch's loader iterators draws, where a resumed fit starts a new epoch: Lightning made
+    them before the restore."""
     if trainer.current_epoch == 0 or batch_progress(trainer).current.ready != 0:
-        return  # in the middle of an epoch: the uninterrupted run made no iterator after its save either
+        return
     for loader in CombinedLoader(trainer.train_dataloader).flattened:
         if isinstance(loader, DataLoader) and loader.generator is None:
             draw_loader_base_seed()
@@ -115,7 +110,7 @@ class RandomState(Callback):
     """Save every rank's generators with each checkpoint; put each rank's own back when a fit resumes."""
 
     def __init__(self) -> None:
-        self._saved: dict[str, Any] | None = None  # what the checkpoint being resumed holds
+        self._saved: dict[str, Any] | None = None
         self._resuming = False
 
     def state_dict(self) -> dict[str, Any]:
@@ -146,7 +141,7 @@ class RandomState(Callback):
             restore(saved["ranks"][trainer.global_rank])
             redraw_worker_seeds(trainer)
             return
-        seed = int(torch.initial_seed())  # what seed_everything (or torch) set at this launch's start
+        seed = int(torch.initial_seed())
         seed_all(derived_seed(saved["ranks"], seed, trainer.global_rank))
         if trainer.is_global_zero:
             notice(

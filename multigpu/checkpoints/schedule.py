@@ -1,6 +1,5 @@
-"""``ModelCheckpoint`` that works with any model: ``last.ckpt`` at every interval of its schedule and at the final
-step of a fit, one file's bytes under both names where ``best-<step>.ckpt`` and ``last.ckpt`` are one save, and a
-monitored metric the model does not log reported once instead of stopping the run."""
+"""``ModelCheckpoint`` that works with any model: ``last.ckpt`` at every interval and at a fit's end, one file under
+both names where best and last are one save, and a monitored metric the model does not log reported once."""
 
 from __future__ import annotations
 
@@ -55,12 +54,12 @@ class RunCheckpoint(ModelCheckpoint):
 
     def __init__(self, *args: Any, async_save: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.async_save = async_save  # read by multigpu/run/trainer.py, which picks the checkpoint IO
+        self.async_save = async_save
         self._link_source: str | None = None  # the top-k file of this save, which last.ckpt may name
         self._save_after_validation = False
         self._missing_monitor_reported = False
         self._logged_before_validation: set[str] = set()
-        self._validated = False  # not the sanity check: the validation metrics are known
+        self._validated = False  # not the sanity check
         self._last_just_saved = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -70,7 +69,7 @@ class RunCheckpoint(ModelCheckpoint):
             compat.save_last_checkpoint(self, trainer, compat.monitor_candidates(self, trainer))
         else:
             super().on_train_end(trainer, pl_module)
-        wait_for_checkpoints(trainer)  # the final checkpoint is on disk when fit returns
+        wait_for_checkpoints(trainer)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -108,7 +107,7 @@ class RunCheckpoint(ModelCheckpoint):
         super().on_validation_end(trainer, pl_module)
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
-        # ModelCheckpoint's one place that decides on the monitored metric (protected: compat's OVERRIDDEN_HOOKS)
+        # protected: compat's OVERRIDDEN_HOOKS
         self._link_source = None
         last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
         # the state the top-k file holds names last.ckpt as the last checkpoint, so it can be last.ckpt's second name
@@ -156,7 +155,7 @@ class RunCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             io = trainer.strategy.checkpoint_io
             if isinstance(io, BackgroundCheckpointIO):
-                io.link_checkpoint(source, filepath)  # once the file is written
+                io.link_checkpoint(source, filepath)
             else:
                 link_checkpoint(source, filepath)
         trainer.strategy.barrier("RunCheckpoint.link")

@@ -1,7 +1,5 @@
-"""Every name of Lightning and torch the engine relies on that they do not document as public, each a small function
-with its reason; nothing else reaches into a library's internals but the overrides of ``OVERRIDDEN_HOOKS``.
-``tests/compat/`` runs each on real objects, and fails on a private name used anywhere else: run it after an upgrade.
-"""
+"""Every undocumented name of Lightning and torch the engine relies on, each a small function; nothing else reaches
+into a library's internals but ``OVERRIDDEN_HOOKS``. ``tests/compat/`` runs each on real objects."""
 
 from __future__ import annotations
 
@@ -31,8 +29,6 @@ OVERRIDDEN_HOOKS = {
     " dp puts its parallel forward on the module there instead of wrapping it",
 }
 
-# -- Lightning: the fit loop's counters and switches --------------------------------------------------------
-
 
 def attached_trainer(module: L.LightningModule) -> L.Trainer | None:
     """The Trainer a module is attached to, or None (``module.trainer`` raises)."""
@@ -40,7 +36,7 @@ def attached_trainer(module: L.LightningModule) -> L.Trainer | None:
 
 
 def batch_progress(trainer: L.Trainer) -> Any:
-    """The training epoch loop's batch counters (``current``/``total`` ready, started, processed, completed)."""
+    """The training epoch loop's batch counters."""
     return trainer.fit_loop.epoch_loop.batch_progress
 
 
@@ -87,8 +83,7 @@ def set_logging_step(trainer: L.Trainer, step: int) -> None:
 
 
 def validation_follows(trainer: L.Trainer) -> bool:
-    """Whether Lightning validates right after the training batch that just ended, by the loop's own decision
-    (every schedule, an epoch's last batch and iterable datasets as the loop decides them)."""
+    """Whether Lightning validates right after the training batch that just ended, by the loop's own decision."""
     loop = trainer.fit_loop.epoch_loop
     return not loop._skip_next_val and bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
 
@@ -99,16 +94,12 @@ def skip_next_validation(trainer: L.Trainer) -> None:
 
 
 def skip_per_step_sigterm_broadcast(trainer: L.Trainer) -> bool:
-    """Stop the blocking broadcast of Lightning's SIGTERM flag at every ddp step (2 to 3 ms with gloo, a host-device
-    sync with NCCL): only its SIGTERM handler, which ``PreemptionCheckpoint`` replaces, sets it. Whether replaced."""
+    """Stop the blocking broadcast of Lightning's SIGTERM flag at every ddp step (only its replaced handler sets it)."""
     loop = trainer.fit_loop.epoch_loop
     if not callable(getattr(type(loop), "_broadcast_sigterm_tensor", None)):
         return False
-    loop._broadcast_sigterm_tensor = lambda: None  # this loop only: its class keeps the method
+    loop._broadcast_sigterm_tensor = lambda: None
     return True
-
-
-# -- Lightning: strategies, launchers, callbacks ---------------------------------------------
 
 
 def registered_strategy(name: str) -> tuple[type[Strategy], dict[str, Any]] | None:
@@ -121,8 +112,7 @@ def registered_strategy(name: str) -> tuple[type[Strategy], dict[str, Any]] | No
 
 @contextlib.contextmanager
 def registered_with(name: Any, options: dict[str, Any], strategy_class: type | None = None) -> Iterator[None]:
-    """Within the block ``Trainer(strategy=name)`` builds it with ``options``, as ``strategy_class`` where given:
-    built from the registry, it keeps ``64-true`` (Lightning checks the precision of a strategy object only)."""
+    """``Trainer(strategy=name)`` builds it with ``options`` within: from the registry, it keeps ``64-true``."""
     if not options:
         yield
         return
@@ -137,8 +127,8 @@ def registered_with(name: Any, options: dict[str, Any], strategy_class: type | N
 
 
 def release_started_processes(trainer: L.Trainer) -> list[subprocess.Popen]:
-    """Take the ddp ranks this process started out of the launcher's watch; every one released so far. Lightning's
-    observer SIGKILLs this process when one exits non-zero, wrong where every rank stops on purpose or one reports."""
+    """Take the ddp ranks this process started out of the watch of Lightning's observer, which SIGKILLs this process
+    when one exits non-zero; every one released so far."""
     launcher = trainer.strategy.launcher
     if not isinstance(launcher, _SubprocessScriptLauncher):
         return []
@@ -177,8 +167,7 @@ def collective_timeout(strategy: Any) -> timedelta | None:
 
 @contextlib.contextmanager
 def ranks_join_within(strategy: Any, start: timedelta) -> Iterator[None]:
-    """Within the block (``setup_environment``) the ranks may take ``start`` to join, however short the collective
-    timeout: the rendezvous waits as long as the collectives, set apart only through torch's ``_set_pg_timeout``."""
+    """The ranks may take ``start`` to join within, however short the collective timeout."""
     collective = strategy._timeout
     if collective is None or collective >= start or torch.distributed.is_initialized():
         yield
@@ -213,8 +202,7 @@ def mid_epoch_resume_warning_module() -> str:
 
 
 def optimizer_count(model: L.LightningModule) -> int | None:
-    """How many optimizers ``configure_optimizers()`` returns, in any form Lightning reads; None where it cannot run
-    before the Trainer exists."""
+    """How many optimizers ``configure_optimizers()`` returns; None where it cannot run before the Trainer exists."""
     from lightning.pytorch.core.optimizer import _configure_optimizers
 
     try:
@@ -222,9 +210,6 @@ def optimizer_count(model: L.LightningModule) -> int | None:
         return len(_configure_optimizers(configured)[0]) if configured is not None else None
     except Exception:
         return None
-
-
-# -- Lightning: the training loaders ------------------------------------------------------------------------
 
 
 def uses_distributed_sampler(trainer: L.Trainer) -> bool:
@@ -245,15 +230,13 @@ def request_train_loaders(trainer: L.Trainer) -> Any:
 
 
 def drop_saved_loader_states(checkpoint: dict[str, Any]) -> None:
-    """Take the training loaders' states (rank 0's only, under a key of the fit loop's) out of a checkpoint before
-    Lightning restores its loops."""
+    """Take the training loaders' states (rank 0's only) out of a checkpoint before Lightning restores its loops."""
     loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
     loop.pop("combined_loader", None)
 
 
 def loader_arguments(loader: Any, sampler: Any) -> tuple[tuple, dict[str, Any]]:
-    """The arguments ``loader`` was made with, ``sampler`` in place of its own, as Lightning reads them; positional
-    ones by name where known, so that a change of one reaches it."""
+    """The arguments ``loader`` was made with, ``sampler`` in place of its own, positional ones by name where known."""
     from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
 
     args, kwargs = _get_dataloader_init_args_and_kwargs(loader, sampler)
@@ -270,7 +253,6 @@ def remade_loader(loader: Any, *args: Any, **kwargs: Any) -> Any:
     return _reinstantiate_wrapped_cls(loader, *args, **kwargs)
 
 
-# -- ModelCheckpoint's, torch's and torch.distributed.checkpoint's, each in a module of its own -----------------
 from multigpu.compat.checkpoint_index import (  # noqa: E402
     CHECKPOINT_INDEX_GLOBALS,
     CheckpointIndexUnpickler,

@@ -11,8 +11,7 @@ from typing import IO, Any
 
 import torch
 
-#: the globals a folder's ``.metadata`` refers to, by module (torch pickles ``torch.strided`` as a call of its private
-#: ``_get_layout``); a dtype is ``torch.<name>`` (``index_global_allowed``)
+#: the globals a folder's ``.metadata`` refers to, by module (``torch.strided`` pickles as a call of ``_get_layout``)
 CHECKPOINT_INDEX_GLOBALS: dict[str, frozenset[str]] = {
     "torch.distributed.checkpoint.metadata": frozenset(
         {
@@ -39,15 +38,14 @@ CHECKPOINT_INDEX_GLOBALS: dict[str, frozenset[str]] = {
 
 
 def index_global_allowed(module: str, name: str) -> bool:
-    """Whether ``module.name`` may be built while an index is unpickled: a name of ``CHECKPOINT_INDEX_GLOBALS`` or a
-    dtype (``torch.float32``), looked up in torch's own namespace (``getattr`` would import lazy submodules)."""
+    """Whether ``module.name`` may be built while an index is unpickled (``getattr`` would import lazy submodules)."""
     if name in CHECKPOINT_INDEX_GLOBALS.get(module, ()):
         return True
     return module == "torch" and isinstance(vars(torch).get(name), torch.dtype)
 
 
 class RefusedGlobal(pickle.UnpicklingError):
-    """A global that ``CheckpointIndexUnpickler`` refused, before looking it up; ``name`` is ``module.name``."""
+    """A global that ``CheckpointIndexUnpickler`` refused, before looking it up."""
 
     def __init__(self, name: str) -> None:
         super().__init__(f"global {name} is not one of torch's checkpoint metadata classes")
@@ -55,8 +53,8 @@ class RefusedGlobal(pickle.UnpicklingError):
 
 
 class CheckpointIndexUnpickler(pickle.Unpickler):
-    """An unpickler that builds only what an index of ``torch.distributed.checkpoint`` holds (``find_class``
-    is the one place a pickle names a callable: any other global is refused before it is imported)."""
+    """An unpickler that builds only what an index of ``torch.distributed.checkpoint`` holds, refusing any other
+    global before it is imported (``find_class`` is the one place a pickle names a callable)."""
 
     def find_class(self, module: str, name: str) -> Any:
         if not index_global_allowed(module, name):
@@ -71,8 +69,7 @@ def read_checkpoint_index(file: str | Path) -> Any:
 
 
 def is_checkpoint_index(index: Any) -> bool:
-    """Whether ``index`` has the layout torch's file reader relies on: a ``Metadata`` whose entries map to
-    ``MetadataIndex`` keys, each stored at ``(relative_path, offset, length)`` of a ``_StorageInfo``."""
+    """Whether ``index`` has the layout torch's file reader relies on."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 
@@ -99,9 +96,8 @@ def shard_extents(index: Any) -> dict[str, int]:
 
 
 def non_tensor_entries(folder: str | Path, index: Any) -> list[tuple[str, str, bytes]]:
-    """``(entry, shard file, bytes)`` of every entry of a checked index that is no tensor (``torch.save`` bytes of
-    an optimizer's settings, for one), read as torch's file reader reads them (its slice of the file, through the
-    transforms the index names), without building them."""
+    """``(entry, shard file, bytes)`` of every entry of a checked index that is no tensor, read as torch's file reader
+    reads them, without building them."""
     from torch.distributed.checkpoint import FileSystemReader, LoadPlan, ReadItem
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
     from torch.distributed.checkpoint.planner import LoadItemType
@@ -125,9 +121,7 @@ def non_tensor_entries(folder: str | Path, index: Any) -> list[tuple[str, str, b
 
 
 class WeightsOnlyEntries:
-    """A load planner's stand-in for torch's file reader: each entry that is no tensor is read with
-    ``weights_only=True`` (torch's planners read them with ``weights_only=False``) and handed on re-saved; the
-    tensors, which the reader reads with ``weights_only=True`` itself, pass through."""
+    """A load planner that reads each entry that is no tensor with ``weights_only=True`` (torch's planners do not)."""
 
     def __init__(self, planner: Any) -> None:
         self.planner = planner
@@ -145,10 +139,8 @@ class WeightsOnlyEntries:
 
 @functools.cache
 def checked_reader_class() -> type:
-    """``FileSystemReader`` given an index already read and checked: ``read_metadata`` hands torch that object
-    instead of unpickling the file, ``read_data`` reads the entries that are no tensor with ``weights_only``.
-    Relied on: torch reads an index through ``read_metadata`` only, and hands every entry that is no tensor to
-    the planner's ``load_bytes``. Defined when first used: ``torch.distributed.checkpoint`` is imported late."""
+    """``FileSystemReader`` given an index already read and checked, which ``read_metadata`` hands torch instead of
+    unpickling the file. Defined when first used: ``torch.distributed.checkpoint`` is imported late."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -175,9 +167,8 @@ def checked_reader(folder: str | Path, index: Any) -> Any:
 
 
 def read_whole_checkpoint(reader: Any) -> dict[str, Any]:
-    """Every entry of a folder of shards in one nested dict, in this process (no process group): what torch's
-    ``dcp_to_torch_save`` writes to a file, read through ``reader``. Its public ``load`` fills only the keys
-    given, so this is its private loader and planner, as ``dcp_to_torch_save`` calls them."""
+    """Every entry of a folder of shards in one nested dict, without a process group, as ``dcp_to_torch_save`` reads
+    them (the public ``load`` fills only the keys given)."""
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 

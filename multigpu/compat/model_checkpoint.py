@@ -1,5 +1,4 @@
-"""The names of Lightning's ``ModelCheckpoint`` the engine relies on that Lightning does not document as public
-(re-exported by ``compat``)."""
+"""The undocumented names of Lightning's ``ModelCheckpoint`` the engine relies on (re-exported by ``compat``)."""
 
 from __future__ import annotations
 

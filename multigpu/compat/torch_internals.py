@@ -18,8 +18,7 @@ def compiled_by_torch(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def only_children(module: nn.Module, names: Collection[str]) -> Iterator[None]:
-    """Within the block ``module`` has only the children ``names``, so that ``nn.parallel.replicate`` copies only
-    those; the registry is swapped, not rebuilt, so identities stay."""
+    """``module`` has only the children ``names`` within, so that ``nn.parallel.replicate`` copies only those."""
     children = module._modules
     module._modules = {name: child for name, child in children.items() if name in names or child is None}
     try:
@@ -40,8 +39,6 @@ def draw_loader_base_seed() -> None:
     torch.empty((), dtype=torch.int64).random_()
 
 
-# -- torch.distributed.pipelining: a stage's work -------------------------------------------------------------
-
 #: a stage's own work on one micro-batch: the schedule's waits for its neighbours lie between these calls
 STAGE_WORK = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
@@ -52,12 +49,8 @@ def wrap_stage_work(stage: Any, wrap: Callable[[Callable[..., Any]], Callable[..
         setattr(stage, name, wrap(getattr(stage, name)))
 
 
-# -- torch.distributed.tensor ------------------------------------------------------------------------------------
-
-
 def dtensor_of_local(like: Any, local: Tensor) -> Any:
-    """A DTensor of ``like``'s layout whose local shard is ``local`` where it lies (a host copy for an asynchronous
-    checkpoint): ``DTensor.from_local`` would move it back to the GPU and check the layout with collectives."""
+    """A DTensor of ``like``'s layout on ``local`` where it lies: ``DTensor.from_local`` would move it and sync."""
     from torch.distributed.tensor import DTensor
 
     return DTensor(local, like._spec, requires_grad=False)

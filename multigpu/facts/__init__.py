@@ -1,5 +1,4 @@
-"""The facts of one run, derived once from its parsed options and its launch before anything is built; every step
-after ``TemplateCLI.parse_arguments`` (``cli.py``) reads them from here, not from the options."""
+"""The facts of one run, derived once from its parsed options and launch; every later step reads them from here."""
 
 from __future__ import annotations
 
@@ -20,13 +19,13 @@ from multigpu.facts.environment import MULTIPROCESS_PREFIXES, launch, requested_
 
 @dataclass(frozen=True)
 class RunFacts:
-    """What a run is, as its options and launch say it (``RunFacts.of``); ``checks.py`` refuses what cannot run."""
+    """What a run is, as its options and launch say it (``RunFacts.of``)."""
 
-    #: ``fit``, ``validate``, ``test``, ``predict``, ``tune``; None where the command line runs no subcommand
+    #: None where the command line runs no subcommand
     subcommand: str | None
     #: ``cuda`` (for ``gpu``, and ``auto`` on a machine with a GPU), ``cpu``, another name, or ``custom`` (an object)
     accelerator: str
-    #: the devices of one node; None where that cannot be told before the Trainer
+    #: the devices of one node
     devices: int | None
     num_nodes: int
     #: ``--trainer.strategy`` as a lowercase name; None where it is a class or an object
@@ -37,23 +36,22 @@ class RunFacts:
     strategy_class: type[Strategy] | None
     #: one process per device for the multi-process strategies (and ``auto``), else one (single device, dp)
     processes: int
-    #: how the processes were started (``environment.launch``): torchrun, srun, interactive_srun, sbatch, plain
     launch: str
     run_dir: Path
     accumulate_grad_batches: int = 1
     compile: bool = False
     sync_batchnorm: bool = False
-    #: ``--trainer.accelerator`` and ``--trainer.devices`` as written, for the messages that quote them
+    #: as written, for the messages that quote them
     accelerator_option: Any = "auto"
     devices_option: Any = "auto"
     model_class: str | None = None
     data_class: str | None = None
-    #: the checkpoint file ``--ckpt_path`` resolved to (``multigpu/checkpoints/resume.py``)
+    #: the file ``--ckpt_path`` resolved to
     checkpoint: Path | None = None
 
     @classmethod
     def of(cls, options: Any, subcommand: str | None = None) -> RunFacts:
-        """The facts of a subcommand's parsed options (or of a ``trainer`` mapping alone, for its launch facts)."""
+        """The facts of a subcommand's parsed options, or of a ``trainer`` mapping alone."""
         whole = "trainer" in options
         trainer = (options.get("trainer") if whole else options) or {}
         given = trainer.get("strategy", "auto")
@@ -85,7 +83,6 @@ class RunFacts:
         )
 
     def resuming(self, checkpoint: Path | None) -> RunFacts:
-        """These facts with the checkpoint the run resumes (or evaluates) from."""
         return dataclasses.replace(self, checkpoint=checkpoint)
 
     @property
@@ -101,7 +98,6 @@ class RunFacts:
 
     @property
     def strategy_option(self) -> str:
-        """``--trainer.strategy`` as the user gave it, for a message."""
         given = self.trainer_strategy
         if isinstance(given, Strategy):
             return f"--trainer.strategy={type(given).__name__}()"

@@ -1,6 +1,5 @@
-"""The command line read as written, where the parsed config cannot say it: which ``--config`` file set an option
-(jsonargparse keeps no record of where a value came from), the files' YAML read once and checked, and the class a
-``class_path`` names, the subcommand named. Every reading of the raw arguments is here."""
+"""The command line read as written, where the parsed config cannot say it (which ``--config`` set an option, the
+classes and subcommand named). Every reading of the raw arguments is here."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import yaml
 
 #: the config sections whose class a command line may change
 CLASSES = ("model", "data")
-#: the subcommands of the command line: Lightning's and ``tune``
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "tune")
 
 
@@ -25,8 +23,7 @@ def named_subcommand(args: Sequence[Any]) -> str | None:
 
 
 def option_origin(args: Sequence[Any] | None, key: str) -> tuple[str | None, list[str]]:
-    """``(file, earlier flags it overrides)`` when a ``--config`` file sets ``trainer.<key>`` last, else
-    ``(None, [])``; jsonargparse keeps no record of where a value came from, so the arguments are read again."""
+    """``(file, earlier flags it overrides)`` where a ``--config`` file sets ``trainer.<key>`` last."""
     if not isinstance(args, (list, tuple)):
         return None, []
     origin: str | None = None
@@ -57,8 +54,7 @@ def trainer_section(path: str) -> dict[str, Any]:
 
 
 def given_as(args: Sequence[Any] | None, key: str, value: Any, also: str = "") -> str:
-    """``--trainer.<key>=<value>``, followed by ``(set by FILE ...)`` when a ``--config`` file set it, naming the
-    earlier flags that file overrides; ``also`` adds to the parenthesis."""
+    """``--trainer.<key>=<value>``, then ``(set by FILE ...)`` when a ``--config`` file set it."""
     origin, overridden = option_origin(args, key)
     shown = f"--trainer.{key}={yaml_value(value)}"
     if origin is None:
@@ -115,7 +111,7 @@ def yaml_problem(args: Any) -> str | None:
         return None
     for name in config_files(args):
         if not Path(name).is_file():
-            continue  # jsonargparse reports a missing file (or a YAML string given in place of a path)
+            continue  # jsonargparse reports a missing file
         try:
             load_config_file(name)
         except yaml.YAMLError as error:
@@ -130,9 +126,7 @@ def yaml_problem(args: Any) -> str | None:
 
 
 def chosen_classes(argv: list[str], subcommand: str | None) -> dict[str, str | None]:
-    """The ``class_path`` of the model and data module that the arguments name (None where they name none), read
-    as jsonargparse reads them: ``--model=X``, ``--model X``, ``--model.class_path=X`` and the sections of
-    ``--config`` files or YAML strings, in order, the last one winning."""
+    """The ``class_path`` of the model and data module the arguments name, read as jsonargparse reads them."""
     chosen: dict[str, str | None] = dict.fromkeys(CLASSES)
     options = argv[argv.index(subcommand) + 1 :] if subcommand is not None else argv
     for index, argument in enumerate(options):
@@ -143,7 +137,7 @@ def chosen_classes(argv: list[str], subcommand: str | None) -> dict[str, str | N
             try:
                 sections = load_config_file(value) if Path(value).is_file() else yaml.safe_load(value)
             except yaml.YAMLError:
-                continue  # the parser says what is wrong with it
+                continue
             for key in CLASSES if isinstance(sections, dict) else ():
                 section = sections.get(key)
                 class_path = section.get("class_path") if isinstance(section, dict) else section
@@ -156,33 +150,29 @@ def chosen_classes(argv: list[str], subcommand: str | None) -> dict[str, str | N
 
 
 def unresolved(chosen: dict[str, str | None]) -> bool:
-    """Whether the classes of the run may show only in the parsed config: one given by a short name (which
-    jsonargparse resolves) or an environment variable (``PL_FIT__MODEL``, ...)."""
+    """Whether the classes may show only in the parsed config: a short name, or an environment variable."""
     environment = any(key.startswith("PL_") and key.endswith(("__MODEL", "__DATA")) for key in os.environ)
     return environment or any(name and import_class(name) is None for name in chosen.values())
 
 
 def changes_class(chosen: str, default: Any) -> bool:
-    """Whether the class path ``chosen`` names another class than ``default`` does. Paths are compared first, then
-    the class names, so that the default's class (an example the user replaced) is imported only where it may be
-    the chosen class under another path (``src.models.ImageClassifier`` for ``src.models.image_classifier.``...)."""
+    """Whether ``chosen`` names another class than ``default``; the default's class (an example the user replaced) is
+    imported only where it may be the chosen class under another path."""
     if chosen == default:
         return False
     named = import_class(chosen)
     if named is None:
-        return False  # not importable as given: the parser resolves it (a short name) or says why not
+        return False  # the parser resolves it (a short name) or says why not
     if not isinstance(default, str) or named.__name__ != default.rpartition(".")[2]:
         return True
     return named is not import_class(default)
 
 
 def rebased_defaults(chosen: dict[str, Any], default_config: Path | None) -> dict[str, Any] | None:
-    """``default_config`` as the parser's defaults where ``chosen`` changes a class: each such section replaced by
-    its class alone (which then starts from its own defaults, not from the init_args jsonargparse would keep from
-    the default class where the names match), every other section kept; None where ``chosen`` changes none. The
-    file is read only where a class is named; the parser then reads no default config file itself."""
+    """``default_config`` with each section whose class ``chosen`` changes replaced by that class alone, which then
+    starts from its own defaults, not the init_args jsonargparse keeps; None where ``chosen`` changes none."""
     if default_config is None or not any(chosen.values()):
-        return None  # no default config, or its classes: configs/default.yaml is the parser's to read
+        return None
     defaults = load_config_file(str(default_config)) or {}
     changed = {
         key: {"class_path": class_path}

@@ -1,5 +1,5 @@
-"""The project's command line as its users type it, ``python -m <module>``: the module whose ``TemplateCLI`` runs,
-else the one the project's ``pyproject.toml`` names (``[tool.multigpu] cli = "myproj.cli"``), else ``src.cli``."""
+"""The project's command line as its users type it: ``python -m`` the module whose ``TemplateCLI`` runs, else the one
+``pyproject.toml`` names (``[tool.multigpu] cli``), else ``src.cli``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 if sys.version_info >= (3, 11):
     import tomllib
-else:  # the same parser, before it joined the standard library
+else:
     import tomli as tomllib
 
 DEFAULT = "src.cli"
@@ -22,7 +22,7 @@ def started_by(cli_class: type) -> None:
     name: str | None = cli_class.__module__
     if name in ("__main__", "__mp_main__"):
         spec = getattr(sys.modules.get(name), "__spec__", None)
-        name = spec.name if spec is not None else None  # a script run by its path: no module to name
+        name = spec.name if spec is not None else None
     if name and not name.startswith("multigpu."):
         _running = name
 
@@ -48,8 +48,7 @@ def prog() -> str:
 
 
 def running_program(main: Callable[..., object], default: str) -> str:
-    """The command that runs ``main`` in this process, as users typed it: ``python -m`` and the module run as
-    ``__main__`` where that module's ``main`` is this one (a project's ``python -m myproj.consolidate`` re-exports the
+    """``python -m`` the module run as ``__main__`` where its ``main`` is this one (a project's may re-export the
     engine's), else ``default``."""
     running = sys.modules.get("__main__")
     spec = getattr(running, "__spec__", None)

@@ -1,5 +1,4 @@
-"""How this process was launched (srun, an sbatch script, torchrun, an interactive job) and which devices it has
-and was asked for, known before anything is built."""
+"""How this process was launched and which devices it has and was asked for, known before anything is built."""
 
 from __future__ import annotations
 
@@ -41,9 +40,8 @@ def in_slurm_batch_script() -> bool:
 
 
 def launch() -> str:
-    """How this process was started: ``torchrun`` (which wins inside SLURM too), ``srun`` (a step whose ranks
-    Lightning takes from SLURM), ``interactive_srun`` (srun in a job where Lightning ignores SLURM), ``sbatch`` (a
-    job's batch script, not srun) or ``plain``."""
+    """``torchrun`` (which wins inside SLURM too), ``srun``, ``interactive_srun`` (a job where Lightning ignores
+    SLURM), ``sbatch`` (the batch script, not srun) or ``plain``."""
     if launched_by_torchrun():
         return "torchrun"
     if in_slurm_step():
@@ -90,4 +88,4 @@ def requested_devices(devices: Any, accelerator: str) -> int | None:
 def world_size(strategy: str | None, devices: int, num_nodes: int) -> int:
     if strategy is None or strategy == "auto" or strategy.startswith(MULTIPROCESS_PREFIXES):
         return devices * num_nodes
-    return 1  # single_device, dp
+    return 1

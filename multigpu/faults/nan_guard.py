@@ -1,7 +1,5 @@
-"""Stop training at a NaN or infinite loss, before the bad weights reach a checkpoint.
-
-Reading the loss waits for the device, so the first non-finite step is recorded on the device and read only when
-the logger waits anyway, or before a checkpoint is written."""
+"""Stop training at a NaN or infinite loss, before the bad weights reach a checkpoint. The first non-finite step is
+recorded on the device and read only when the logger waits anyway, or before a checkpoint is written."""
 
 from __future__ import annotations
 
@@ -47,7 +45,7 @@ class NonFiniteLossGuard(Callback):
     def __init__(self, check_every_n_steps: int = 0) -> None:
         super().__init__()
         self.check_every_n_steps = check_every_n_steps
-        self._first_bad: torch.Tensor | None = None  # optimizer step of the first non-finite loss, -1 if none
+        self._first_bad: torch.Tensor | None = None  # -1 if none
         self._every = EveryNSteps()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -63,10 +61,9 @@ class NonFiniteLossGuard(Callback):
             # one CPU process reads every step: a Python float is ten times cheaper than the tensor ops below
             if not math.isfinite(loss.item()):
                 self._first_bad.fill_(trainer.global_step + 1)
-                self._check(trainer)  # before backward and the optimizer touch the weights
+                self._check(trainer)
             return
         bad = ~torch.isfinite(loss.detach()).all()
-        # the earliest, without a host sync
         self._first_bad = torch.where(bad & (self._first_bad < 0), trainer.global_step + 1, self._first_bad)
         if self._every.n == 1 and trainer.world_size == 1:
             self._check(trainer)

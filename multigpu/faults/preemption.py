@@ -1,6 +1,5 @@
-"""Stop cleanly on a signal: save ``last.ckpt`` at a step boundary on every rank, exit non-zero, requeue on SLURM
-(docs/checkpoints.md). Unlike Lightning's, the handler only sets a flag (saving inside it could land mid-step while
-other ranks sit in a collective); the ranks agree at a step boundary, so a resumed run neither skips nor repeats it."""
+"""Stop cleanly on a signal: save ``last.ckpt`` at a step boundary the ranks agree on, exit non-zero, requeue on SLURM
+(docs/checkpoints.md). The handler only sets a flag: saving inside it could land mid-step, mid-collective."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ RESUME_HINT = "--ckpt_path=last (same --trainer.default_root_dir)."
 
 
 class AnyRankVote:
-    """The largest value any rank has raised, agreed at the same step without stalling training: each step starts
-    an asynchronous all-reduce on a gloo group and reads the previous step's (a blocking one syncs with the device)."""
+    """The largest value any rank raised, agreed one step late by an asynchronous gloo all-reduce (no device sync)."""
 
     def __init__(self) -> None:
         self.group: Any = None
@@ -71,10 +69,9 @@ class AnyRankVote:
 
 @contextlib.contextmanager
 def forward_stop_signals_to_workers(strategy: str | None) -> Iterator[None]:
-    """While ``ddp_spawn`` trains, pass the stop signals that reach the launching process on to its workers, which
-    save and stop; it would otherwise die on ``SIGTERM`` (leaving them running) or stop them unsaved on Ctrl-C."""
+    """Pass stop signals on to ``ddp_spawn``'s workers, which save and stop, rather than leave or kill them unsaved."""
     spawns = isinstance(strategy, str) and strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook"))
-    if not spawns or threading.current_thread() is not threading.main_thread():  # only the main thread has signals
+    if not spawns or threading.current_thread() is not threading.main_thread():
         yield
         return
 
@@ -168,14 +165,13 @@ class PreemptionCheckpoint(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._stop_signal or not self._new_step.due(trainer.global_step):
-            return  # already stopping, or mid-accumulation (no optimizer step since the last check)
-        agreed = self._vote.poll(self.received)  # any rank's signal, seen one step later under ddp
+            return
+        agreed = self._vote.poll(self.received)
         if not agreed or training_ends_now(trainer):
-            return  # no signal, or the run ends at this step anyway: let it finish and save as usual
+            return
         self._stop_signal = agreed
         if validation_follows(trainer):
             return  # save once that validation and ModelCheckpoint are done, or it would never run on resume
-        # stopped at the next hook, once Lightning has logged this step's row (the resume starts at the next step)
         self._save(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -194,7 +190,7 @@ class PreemptionCheckpoint(Callback):
 
     def _save(self, trainer: L.Trainer) -> None:
         self._saved_path = self.checkpoint_path(trainer)
-        # weights_only=False said explicitly: left unset, Lightning logs that it defaulted to it at every save
+        # weights_only given: left unset, Lightning logs at every save that it defaulted to it
         trainer.save_checkpoint(self._saved_path, weights_only=False)
         wait_for_checkpoints(trainer)
         trainer.strategy.barrier("preemption")  # every rank is done before a requeue can end the job step
@@ -202,7 +198,7 @@ class PreemptionCheckpoint(Callback):
     @staticmethod
     def _requeue(trainer: L.Trainer, job_id: str, saved: str) -> str:
         """``scontrol requeue`` from rank 0; the message to stop with."""
-        # the requeue ends the job step at once: the logs and the saved line go out first
+        # the requeue ends the job step at once
         for logger in trainer.loggers:
             logger.save()
         print(
@@ -217,7 +213,7 @@ class PreemptionCheckpoint(Callback):
         return f"scontrol requeue {job_id} failed, the job is not requeued; resume with {RESUME_HINT}"
 
     def _stop(self, trainer: L.Trainer) -> None:
-        wait_for_checkpoints(trainer)  # ModelCheckpoint's save of the same step too
+        wait_for_checkpoints(trainer)
         preempted = self._stop_signal == self.signal_number
         job_id = os.environ.get("SLURM_JOB_ID")
         if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:

@@ -7,16 +7,13 @@ import subprocess
 import time
 from pathlib import Path
 
-#: how often a live process shows it runs (a lock's holder touches it, a rank rewrites its state)
 HEARTBEAT_S = 30.0
-#: the kernel's flag of a process that has begun to exit (``PF_EXITING`` of ``/proc/<pid>/stat``'s flags)
 PF_EXITING = 0x4
 
 
 def start_if_running(stat: str) -> str | None:
-    """The start time a ``/proc/<pid>/stat`` line gives, None for a zombie or a process that has begun to exit: a
-    rank killed outright closes its connections while it exits, and its peer must not find it running."""
-    fields = stat.rsplit(")", 1)[-1].split()  # field 3 on, counted after the command name
+    """The start time a ``/proc/<pid>/stat`` line gives; None once exiting, when a killed rank's peer sees it go."""
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces
     exiting = fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING
     return None if exiting else fields[19]
 
@@ -30,18 +27,17 @@ def process_start(pid: int) -> str | None:
 
 
 def process_gone(pid: int, started: str | int | None = None, seen: str = "it was seen") -> str | None:
-    """Why process ``pid`` of this host runs no more (gone, exiting, or its pid another program's since ``started``);
-    None while it runs or where this host cannot tell."""
+    """Why process ``pid`` of this host runs no more; None while it runs or where this host cannot tell."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return f"no process {pid} runs on this host"
     except PermissionError:
-        pass  # another user's process: it exists
+        pass
     try:
         now = start_if_running(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
-        return None  # it exists, which is all a host without /proc tells
+        return None
     if now is None:
         return f"process {pid} has exited"
     if started is not None and now != str(started):

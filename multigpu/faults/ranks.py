@@ -1,5 +1,4 @@
-"""What each rank of a multi-process run needs beyond Lightning, one callback each, acting only where there are
-several processes."""
+"""What each rank of a multi-process run needs beyond Lightning, one callback each."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from multigpu.faults.processes import wait_for_exit
 
 
 def unshare_module_tensors(module: nn.Module) -> int:
-    """Replace every CPU tensor attribute in shared memory with a private copy; return how many were copied. Aliases
-    stay aliases (a ``MetricCollection``'s compute groups share states) and a list state keeps its identity."""
+    """Replace every shared CPU tensor attribute with a private copy, aliases kept aliases; return how many."""
     copies: dict[int, torch.Tensor] = {}
 
     def private(tensor: torch.Tensor) -> torch.Tensor:
@@ -29,7 +27,7 @@ def unshare_module_tensors(module: nn.Module) -> int:
         return copies[id(tensor)]
 
     for submodule in module.modules():
-        # torchmetrics keeps a metric's states as plain attributes of the instance (neither parameters nor buffers)
+        # torchmetrics' states are plain attributes, neither parameters nor buffers
         for name, value in list(vars(submodule).items()):
             if isinstance(value, torch.Tensor):
                 setattr(submodule, name, private(value))
@@ -39,22 +37,18 @@ def unshare_module_tensors(module: nn.Module) -> int:
 
 
 class UnshareSpawnedTensors(L.Callback):
-    """Private metric states in each ``ddp_spawn`` worker: torch.multiprocessing shares CPU tensors, and Lightning
-    un-shares parameters and buffers but not torchmetrics' states, so every worker added into the same tensors."""
+    """Private metric states in each ``ddp_spawn`` worker: Lightning un-shares parameters and buffers, not these."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.world_size > 1:
             unshare_module_tensors(pl_module)
 
 
-#: how long the first process waits at exit for the ranks it started to finish an agreed stop
 STOPPED_RANKS_GRACE_S = 60.0
 
 
 class StopOtherRanksOnError(L.Callback):
-    """When the first process fails, stop the ranks it started before it reports, or they would wait in their next
-    collective until the timeout. SIGKILL, as Lightning uses on Ctrl-C: a rank inside a collective ignores SIGTERM.
-    """
+    """When the first process fails, SIGKILL the ranks it started (one in a collective ignores SIGTERM)."""
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if trainer.world_size == 1:
@@ -74,9 +68,8 @@ def destroy_process_group() -> None:
 
 
 class DestroyProcessGroupAtExit(L.Callback):
-    """The process group destroyed at exit, which neither torch nor Lightning does: a process that exits with its gloo
-    group alive can abort while the interpreter finalises (gloo's threads hold tensors that need the GIL)."""
+    """Destroy the process group at exit: a live gloo group can abort the interpreter's finalisation."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        atexit.unregister(destroy_process_group)  # a second run in the same process registers it once
+        atexit.unregister(destroy_process_group)
         atexit.register(destroy_process_group)

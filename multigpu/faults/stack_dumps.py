@@ -1,10 +1,5 @@
-"""Where every rank is when a multi-process run hangs: each rank's Python stacks on ``SIGUSR2``, and, when a
-collective times out or loses its connection, a report naming the rank that did not arrive and its line.
-
-``faulthandler`` writes the stacks from the C signal handler, so a rank blocked in a C collective, a sleep or a read
-answers too. ``rank-<N>.json`` holds the rank's pid, host, step and phase, written by a daemon thread from attributes
-the hooks set (no file I/O and no host sync in the step). The report is made in ``hang_report.py``.
-"""
+"""Where every rank is when a multi-process run hangs: each rank's stacks on ``SIGUSR2`` (``faulthandler``, so a rank
+blocked in C answers too), and a report naming the rank a failed collective waited for (``hang_report.py``)."""
 
 from __future__ import annotations
 
@@ -44,20 +39,13 @@ from multigpu.faults.processes import HEARTBEAT_S, process_gone, process_start
 
 #: the signal every rank dumps its stacks on (SIGUSR1 is the preemption notice)
 DUMP_SIGNAL = signal.SIGUSR2
-#: how long the reporting rank waits at most for the other ranks' dumps after signalling them
 DUMP_WAIT_S = 2.0
-#: how often a wait for the dumps looks at the stack files and at the signalled processes in ``/proc``
 POLL_S = 0.01
-#: how often the daemon thread may rewrite ``rank-<N>.json`` (where the step or phase changed)
 STATE_EVERY_S = 1.0
 STACKS_DIR = "stacks"
-#: the phase of a rank whose collective failed, while it reports
 FAILED = "failed in a collective"
-#: the phase of a rank whose training ended (it answers the dump signal no more)
+#: a finished rank answers the dump signal no more
 FINISHED = "finished"
-
-
-# -- the files of a run (shared with ``python -m multigpu.stacks``) -------------------------------------------------
 
 
 def stacks_folder(run_dir: str | os.PathLike) -> Path:
@@ -73,7 +61,7 @@ def run_dir_of(trainer: L.Trainer) -> Path:
 
 
 def read_states(folder: Path) -> dict[int, dict[str, Any]]:
-    """Every rank's ``rank-<N>.json`` in ``folder``, by rank (a file being replaced is skipped)."""
+    """Every rank's ``rank-<N>.json`` in ``folder``, by rank."""
     states: dict[int, dict[str, Any]] = {}
     for path in folder.glob("rank-*.json"):
         with contextlib.suppress(OSError, ValueError):
@@ -86,13 +74,13 @@ def alive_here(state: dict[str, Any]) -> bool:
     """Whether the state file's process runs on this host and is the same process (not a reused pid)."""
     if state.get("hostname") != socket.gethostname() or not state.get("pid"):
         return False
-    started = state.get("started")  # None where /proc could not tell: no live process to signal
+    started = state.get("started")
     return started is not None and process_gone(int(state["pid"]), started) is None
 
 
 @dataclass(frozen=True)
 class DumpMark:
-    """A live rank's process and the size of its stack file before a dump: its dump is what follows."""
+    """A live rank's process and the size of its stack file before a dump."""
 
     pid: int
     size: int
@@ -120,7 +108,6 @@ def signal_ranks(folder: Path, states: dict[int, dict[str, Any]], skip: int | No
 
 
 def _signal_masks(status: Path) -> dict[str, int]:
-    """The signal sets of a ``/proc`` status file (``SigPnd``, ``ShdPnd``, ``SigBlk``, ``SigIgn``), as integers."""
     masks = {}
     for line in status.read_text().splitlines():
         name, _, value = line.partition(":")
@@ -149,9 +136,8 @@ def dump_state(pid: int) -> str:
 
 
 def wait_for_dumps(folder: Path, marks: dict[int, DumpMark], timeout_s: float = DUMP_WAIT_S) -> dict[int, str]:
-    """The dump each rank of ``marks`` appended to its stack file, read once whole: the file grew, and then the
-    process neither holds the signal nor runs its handler. A rank that ignores the signal reports a failed collective
-    itself, or has finished: it is waited for until its state file says so. ``timeout_s`` bounds a silent rank."""
+    """The dump each rank of ``marks`` appended, read once the file grew and the process is done with the signal; a
+    rank that ignores it is waited for until its state file says it failed or finished."""
     deadline = time.monotonic() + timeout_s
     dumps: dict[int, str] = {}
     waiting = dict(marks)
@@ -176,7 +162,6 @@ def wait_for_dumps(folder: Path, marks: dict[int, DumpMark], timeout_s: float = 
 
 
 def _phase(folder: Path, rank: int) -> str | None:
-    # None: no file yet, or one being replaced
     try:
         return json.loads((folder / f"rank-{rank}.json").read_text()).get("phase")
     except (OSError, ValueError):
@@ -208,12 +193,8 @@ def first_failure(folder: Path, ranks: Iterable[int], since: float) -> dict[str,
     return min(failures, key=lambda f: f["time"], default=None)
 
 
-# -- the callback -----------------------------------------------------------------------------------------------------
-
-
 class StackDumps(Callback):
-    """Every rank dumps its stacks on ``SIGUSR2``; a collective that fails is reported with every rank's place.
-    Does nothing in a run of one process."""
+    """Every rank dumps its stacks on ``SIGUSR2``; a collective that fails is reported with every rank's place."""
 
     def __init__(self) -> None:
         self.folder: Path | None = None
@@ -225,7 +206,7 @@ class StackDumps(Callback):
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._state: dict[str, Any] = {}
-        self._since = 0.0  # when this process set up: older error files are an earlier run's
+        self._since = 0.0  # older error files are an earlier run's
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.world_size == 1 or self._file is not None:
@@ -259,10 +240,10 @@ class StackDumps(Callback):
         assert self.folder is not None
         path = self.folder / f"rank-{self.rank}.json"
         state = {**self._state, "step": self.step, "phase": self.phase, "updated": time.time()}
-        with contextlib.suppress(OSError):  # a full disk must not stop training; the report says what it lacks
+        with contextlib.suppress(OSError):  # a full disk must not stop training
             temporary = path.with_name(f".{path.name}.tmp")
             temporary.write_text(json.dumps(state))
-            os.replace(temporary, path)  # readers never see half a file
+            os.replace(temporary, path)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._file is not None and multiprocessing.parent_process() is not None:
@@ -270,7 +251,7 @@ class StackDumps(Callback):
             # fails, and each dumps first (registered after Lightning's signal handlers, which would replace it)
             faulthandler.register(signal.SIGTERM, file=self._file, all_threads=True, chain=True)
 
-    # the phase, set by the hooks as plain attributes: the daemon thread writes it
+    # plain attributes: no file I/O and no host sync in the step, the daemon thread writes them
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         self.step, self.phase = trainer.global_step, "training_step"
 
@@ -294,11 +275,11 @@ class StackDumps(Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if self.folder is None:
-            if spawned_collective_failure(exception):  # the process that launched ddp_spawn workers
+            if spawned_collective_failure(exception):
                 self._report_spawned(trainer, exception)
             return
         if not collective_failure(exception):
-            if not isinstance(exception, TrainingStopped):  # an agreed stop is no failure
+            if not isinstance(exception, TrainingStopped):
                 record_failure(self.folder, self.rank, exception)
             return
         # the ranks this process started leave Lightning's watch: its observer thread would SIGKILL this process as
@@ -354,7 +335,7 @@ class StackDumps(Callback):
         waits = zero is not None and (
             zero.state.get("phase") == FAILED or (zero.frames is not None and collective_of(zero.frames) is not None)
         )
-        attach_collective_report(exception, text, rank_zero_reports=waits)  # multigpu/errors/reporting.py prints it
+        attach_collective_report(exception, text, rank_zero_reports=waits)
         # a rank stuck in its own code never times out: under srun (which leaves the other tasks running when one
         # fails) it would hold the job until its time limit; its stacks are taken, so end it (this host only)
         stuck = [
@@ -392,9 +373,9 @@ class StackDumps(Callback):
         self.phase = FINISHED
         self._write_state()
         faulthandler.unregister(DUMP_SIGNAL)
-        faulthandler.unregister(signal.SIGTERM)  # where registered; puts back the handler it chained to
+        faulthandler.unregister(signal.SIGTERM)
         if threading.current_thread() is threading.main_thread():
-            # a late `pkill -USR2` (after training, while the rank exits) must not kill it: SIGUSR2's default action
+            # a late `pkill -USR2` must not kill the exiting rank (SIGUSR2's default action)
             signal.signal(DUMP_SIGNAL, signal.SIG_IGN)
         self._file.close()
         self._file = None

@@ -127,7 +127,7 @@ class Classifier(TemplateModule):
         accuracy = (preds == labels).to(loss.dtype).mean()
         self.train_means.update(torch.stack([loss.detach(), accuracy]), weight=len(labels))
         if self.should_log_step():
-            self.log("train/loss", loss.detach(), sync_dist=True)  # the progress output shows it: not prog_bar
+            self.log("train/loss", loss.detach(), sync_dist=True)
         return loss
 
     def on_train_epoch_end(self) -> None:

@@ -1,6 +1,5 @@
-"""Throughput, TFLOP/s, MFU, peak memory and the data-wait share of every training run (docs/engine.md). Not
-Lightning's ``ThroughputMonitor``: it syncs after every batch and its table holds sparse peaks, twice the dense ones
-MFU is quoted against."""
+"""Throughput, TFLOP/s, MFU, peak memory and the data-wait share of every run (docs/engine.md). Lightning's
+``ThroughputMonitor`` syncs after every batch and its table holds sparse peaks, twice the dense ones."""
 
 from __future__ import annotations
 
@@ -207,7 +206,7 @@ class SpeedMonitor(Callback):
             if self._peak_flops:
                 metrics["perf/mfu"] = flops_per_device / self._peak_flops
         metrics.update(peak_memory(trainer.strategy.root_device))
-        held = memory_per_rank(pl_module, trainer.optimizers)  # this rank's shards under fsdp2 / tensor_parallel
+        held = memory_per_rank(pl_module, trainer.optimizers)
         metrics.update({f"perf/{name}_bytes_per_rank": float(value) for name, value in held.items()})
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and scaler.is_enabled():
@@ -222,4 +221,4 @@ class SpeedMonitor(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         self._reset_interval()
-        self._batch_start = now  # the rest of this step counts towards the next interval
+        self._batch_start = now

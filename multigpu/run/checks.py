@@ -1,6 +1,5 @@
-"""Checks that run before any process starts, so that a bad launch (a device count SLURM's allocation does not
-match) fails in a second, not as a process group waiting forever. The command line runs the last section's three:
-on the facts and options, on the checkpoint read, and on the built objects. They take nothing and write nothing."""
+"""Checks before any process starts, so that a bad launch fails in a second, not as a process group waiting forever.
+They take nothing and write nothing."""
 
 from __future__ import annotations
 
@@ -95,8 +94,7 @@ def check_devices(facts: RunFacts, args: Sequence[Any] | None = None) -> None:
         )
 
 
-#: set where something other than SLURM or torchrun starts the processes of every node (Lightning's own
-#: environment reads NODE_RANK and MASTER_ADDR; LSF, MPI and Kubeflow jobs set these)
+#: set where another launcher than SLURM or torchrun starts every node's processes (Lightning's own, LSF, MPI, Kubeflow)
 NODE_LAUNCH_ENV = ("NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
@@ -184,8 +182,7 @@ def check_run_dir(run_dir: Any) -> None:
 
 
 def check_launch(facts: RunFacts, batch_size: Any = None, args: Sequence[Any] | None = None) -> None:
-    """Check the launch the run's ``facts`` ask for before anything starts; ``args`` (the command's arguments) let a
-    message name the ``--config`` file that set a value."""
+    """Check the launch the run's ``facts`` ask for; ``args`` let a message name the ``--config`` that set a value."""
     check_strategy(facts.strategy)
     check_devices(facts, args)
     if facts.launch != "torchrun":
@@ -200,20 +197,15 @@ def check_launch(facts: RunFacts, batch_size: Any = None, args: Sequence[Any] | 
 
 
 def check_compile(facts: RunFacts) -> None:
-    """``--compile=true`` only under the strategies it supports (single device, ddp, ddp_spawn): refused here, in one
-    paragraph, rather than by every process after the launch (``auto`` is one device or ddp)."""
+    """``--compile=true`` only under the strategies it supports, refused here rather than by every process."""
     kind = facts.strategy_class
     refusal = compile_refusal(kind, facts.strategy_option) if kind is not None else None
     if refusal is not None:
         raise ConfigurationError(refusal)
 
 
-# -- checks of the built objects, before any process starts ---------------------------------------------------
-
-
 def check_optimizer(model: Any) -> None:
-    """Build the model's optimizer and scheduler (``TemplateModule``'s factories) on a stand-in parameter, so a
-    bad option fails now, not as a traceback from every rank in ``configure_optimizers``."""
+    """Build the model's optimizer and scheduler on a stand-in parameter: a bad option fails now, not on every rank."""
     optimizer_factory = getattr(model, "optimizer_factory", None)
     if not callable(optimizer_factory):
         return
@@ -240,8 +232,7 @@ def check_optimizer(model: Any) -> None:
 
 
 def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_class_path: Any) -> None:
-    """The checkpoint must hold the configured model class: LightningCLI rebuilds the model from the checkpoint's
-    hyperparameters, so another model would silently replace ``--model``."""
+    """The checkpoint must hold the configured model class, else its hyperparameters silently replace ``--model``."""
     hparams = checkpoint.get("hyper_parameters") or {}
     trained = trained_class_path(hparams) if isinstance(hparams, Mapping) else None
     if trained is None or not isinstance(model_class_path, str) or trained == model_class_path:
@@ -257,8 +248,7 @@ def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_clas
 
 
 def check_model_flags(args: Any, init_args: Any, checkpoint: Mapping[str, Any], path: Path) -> None:
-    """Refuse a ``--model.*`` flag that differs from the checkpoint's hyperparameters, which LightningCLI
-    rebuilds the model from: the flag would be dropped without a word."""
+    """Refuse a ``--model.*`` flag that differs from the checkpoint's hyperparameters: it would be silently dropped."""
     if not isinstance(args, (list, tuple)) or not isinstance(init_args, Namespace):
         return
     hparams = checkpoint.get("hyper_parameters") or {}
@@ -281,11 +271,10 @@ def _plain(value: Any) -> Any:
 
 
 def check_checkpoint_fits(model: Any, checkpoint: Mapping[str, Any], path: Path) -> None:
-    """The checkpoint's weights must have the model's names and shapes (else ``load_state_dict`` fails with one
-    line per tensor)."""
+    """The checkpoint's weights must have the model's names and shapes."""
     saved = checkpoint.get("state_dict")
     if not getattr(model, "strict_loading", True) or not isinstance(saved, Mapping):
-        return  # the model itself allows a partial match, or there are no weights to compare
+        return
     expected = model.state_dict()
     missing = [name for name in expected if name not in saved]
     unexpected = [name for name in saved if name not in expected]
@@ -311,8 +300,7 @@ def check_checkpoint_fits(model: Any, checkpoint: Mapping[str, Any], path: Path)
 
 
 def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: bool) -> None:
-    """``--trainer.sync_batchnorm=true`` must do what it says: DDP refuses it on CPU processes (a traceback per
-    rank), and under ``dp`` (one process) Lightning silently ignores it."""
+    """``--trainer.sync_batchnorm=true``: DDP refuses it on CPU processes, and Lightning ignores it under ``dp``."""
     layers = batch_norm_layers(model) if sync_batchnorm else []
     if not layers:
         return
@@ -325,16 +313,13 @@ def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: b
             " process then normalises its own part of the batch, which the run plan reports), train in one CPU"
             " process (--trainer.devices=1), whose statistics cover the whole batch, or run on GPUs."
         )
-    if getattr(strategy, "parallel_forward_active", False):  # the template's dp over several GPUs
+    if getattr(strategy, "parallel_forward_active", False):
         raise ConfigurationError(
             f"--trainer.sync_batchnorm=true has no effect under --trainer.strategy=dp: it synchronises processes and dp"
             f" is one process, whose {example} normalise each GPU's chunk of the batch. Fix: use"
             " --trainer.strategy=ddp with --trainer.sync_batchnorm=true for statistics over the whole batch, or drop"
             " --trainer.sync_batchnorm."
         )
-
-
-# -- the two checks of the command line ------------------------------------------------------------------------
 
 
 def configured_global_batch(config: Namespace) -> int | None:
@@ -344,14 +329,12 @@ def configured_global_batch(config: Namespace) -> int | None:
         return None
     data_class = import_class(data.class_path)
     if data_class is None or not issubclass(data_class, GlobalBatchDataModule):
-        return None  # only our data modules promise a global batch size
+        return None
     return data.get("init_args", Namespace()).get("batch_size")
 
 
 def check_before_launch(facts: RunFacts, config: Namespace, args: Sequence[Any] | None) -> None:
-    """Every check of a run's facts and parsed options (``config``) before anything is built: the launch, the
-    pipeline's layout, ``--compile``; ``args``: the command's arguments. Nothing is taken or read here: the run then
-    holds its directory and reads the checkpoint (``multigpu/run/trainer.py``), and ``check_resumed`` checks it."""
+    """Every check of a run's facts and parsed options before anything is taken, read or built."""
     batch_size = configured_global_batch(config)
     check_launch(facts, batch_size=batch_size, args=args)
     if facts.compile:  # before the strategy's own checks: what it refuses is the strategy itself
@@ -365,8 +348,7 @@ def check_before_launch(facts: RunFacts, config: Namespace, args: Sequence[Any] 
 def check_resumed(
     resumed: tuple[Path, dict[str, Any] | None] | None, facts: RunFacts, config: Namespace, args: Sequence[Any] | None
 ) -> None:
-    """The ``--ckpt_path`` checkpoint (its path and contents, read once) against the model class of the facts and the
-    model options the command gives, before LightningCLI rebuilds the model from the checkpoint's hyperparameters."""
+    """The ``--ckpt_path`` checkpoint against the configured model class and ``--model`` options."""
     if resumed is not None and resumed[1] is not None:
         check_checkpoint_model(resumed[1], resumed[0], facts.model_class)
         init_args = (config.get("model") or Namespace()).get("init_args")
@@ -374,11 +356,10 @@ def check_resumed(
 
 
 def check_built(facts: RunFacts, model: Any, datamodule: Any, trainer: Any, resumed: tuple[Path, Any] | None) -> None:
-    """Every check of the built objects before the subcommand runs: the optimizer, the sequence length, sync
-    batchnorm (Lightning converts BatchNorm for fitting only) and the resumed checkpoint's weights."""
+    """Every check of the built objects before the subcommand runs (Lightning converts BatchNorm for fit only)."""
     check_optimizer(model)
-    check_datamodule(model, datamodule)  # the model's own check of its data (multigpu.hooks)
-    if isinstance(trainer.strategy, PipelineStrategy):  # the split, on the model every process builds
+    check_datamodule(model, datamodule)
+    if isinstance(trainer.strategy, PipelineStrategy):
         check_stages(model, trainer.strategy.stage_count)
     if facts.subcommand == "fit":
         check_sync_batchnorm(model, trainer, facts.sync_batchnorm)

@@ -1,7 +1,5 @@
-"""The command line a project runs as ``python -m src.cli {fit,validate,test,predict,tune} [--config FILE ...]
-[--key=value ...]``: ``TemplateCLI``, a ``LightningCLI`` that owns the run. LightningCLI's ``__init__`` calls its
-``parse_arguments`` (the facts, then ``take_run``), ``instantiate_classes`` (what the options build), then the
-subcommand (docs/engine.md, "Reading a run")."""
+"""``TemplateCLI``, the ``LightningCLI`` that owns a project's run: its ``parse_arguments``, ``instantiate_classes``,
+then the subcommand (docs/engine.md, "Reading a run")."""
 
 from __future__ import annotations
 
@@ -16,8 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# The imports below create ~360,000 objects that live as long as the process: collection waits for them, then
-# freezes them, and `fit --help` takes 2.8 CPU-s instead of 4.4 on 2 cores (docs/benchmarks.md, "Start-up").
+# the imports' ~360,000 lifelong objects, frozen: `fit --help` 2.8 CPU-s, not 4.4 (docs/benchmarks.md, "Start-up")
 _COLLECTING = gc.isenabled()
 gc.disable()
 
@@ -50,14 +47,13 @@ from multigpu.run.trainer import (
 )
 from multigpu.strategies import register_strategies
 
-gc.freeze()  # what the imports created stays: no later collection walks it again
+gc.freeze()
 if _COLLECTING:
     gc.enable()
 
 
 def _thaw_for_nanobind() -> None:
-    """Where a nanobind extension is loaded, return the frozen objects to the collector at exit: nanobind prints
-    every object still alive then as leaked (30 lines after each command where torch's CUDA build imports triton)."""
+    """Unfreeze at exit where a nanobind extension is loaded: nanobind prints every live object as leaked."""
     for module in list(sys.modules.values()):
         origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
         if origin.endswith((".so", ".pyd")) and any(
@@ -73,8 +69,7 @@ __all__ = ["TemplateCLI", "run_cli", "shared_random_seed"]
 
 
 class TemplateCLI(LightningCLI):
-    """LightningCLI's command line with the engine's options and the project's default config, owning the run: its
-    facts, the checkpoint it resumes, and the model, data module and Trainer it builds."""
+    """LightningCLI with the engine's options and the project's default config, owning the run and what it builds."""
 
     #: the project's ``configs/default.yaml``, read first by every subcommand
     default_config: Path | None = None
@@ -92,16 +87,14 @@ class TemplateCLI(LightningCLI):
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         started_by(type(self))  # the project's module: what --help, the errors and the subprocesses name
-        listed = isinstance(args, (list, tuple, type(None)))  # else a dict or Namespace, parsed as an object
+        listed = isinstance(args, (list, tuple, type(None)))
         self.argv = list(sys.argv[1:] if args is None else args) if listed else None
         self.named = named_subcommand(self.argv) if run and listed else None
-        #: only the named subcommand's parser is built where the arguments start with it (an option of the main
-        #: parser may come first: --help listing every subcommand, a --config with sections of several)
+        #: only the named subcommand's parser is built, where the arguments start with it
         self.alone = bool(self.argv) and self.argv[0] == self.named
         self.rebasing = self.argv is not None and (self.named is not None or not run)
         self.classes = chosen_classes(self.argv, self.named) if self.rebasing else {}
-        #: configs/default.yaml with the sections of the classes the arguments change replaced by those classes, so
-        #: that a class starts from its own defaults, not those the default config's class shares with it
+        #: configs/default.yaml with the classes the arguments change replaced, each starting from its own defaults
         self.rebased = rebased_defaults(self.classes, self.default_config) if self.rebasing else None
         self.option_parsers: dict[str | None, LightningArgumentParser] = {}
         self.facts: RunFacts | None = None
@@ -123,17 +116,16 @@ class TemplateCLI(LightningCLI):
                 datamodule_class=L.LightningDataModule,
                 subclass_mode_model=True,
                 subclass_mode_data=True,
-                # run=False (a script or notebook) builds one parser without subcommands: it reads the defaults
                 parser_kwargs={"prog": prog(), **(defaults if not run else {"default_env": True})}
                 | {name: {**defaults, "options_of": name} for name in self.subcommands()},
                 parser_class=TemplateArgumentParser,
-                auto_configure_optimizers=False,  # models take their optimizer as an argument (TemplateModule)
+                auto_configure_optimizers=False,
                 args=args,
                 run=run,
                 **kwargs,
             )
         finally:
-            if run:  # the run directory the checks took is free again, however the command ended
+            if run:
                 release_run_dir()
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
@@ -142,32 +134,26 @@ class TemplateCLI(LightningCLI):
         return {self.named: every[self.named]} if self.alone else every
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        """LightningCLI's parser, kept under the subcommand whose options it reads."""
         subcommand = kwargs.pop("options_of", None)
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={L.__version__}"])
         parser = self.parser_class(**kwargs)
-        parser.default_config = self.default_config  # its errors name the file a key came from
+        parser.default_config = self.default_config
         add_config_option(parser)
         self.option_parsers[subcommand] = parser
         return parser
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Lightning's ``--trainer``, ``--model`` and ``--data``, then the engine's options: here, since
-        ``add_arguments_to_parser`` is the project's to override, with or without ``super()``."""
+        """The engine's options here: ``add_arguments_to_parser`` is the project's to override, maybe without super."""
         super().add_core_arguments_to_parser(parser)
         add_template_options(parser)
 
-    # -- the parse, the facts, and the run taken before LightningCLI reads the checkpoint ------------------------
-
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse once, derive the run's facts and, where a subcommand runs, take the run, before LightningCLI reads
-        the model options of the ``--ckpt_path`` file and seeds."""
+        """Parse, derive the facts and take the run, before LightningCLI reads the ``--ckpt_path`` file and seeds."""
         with warnings.catch_warnings():
-            # the arguments are sys.argv's, passed on explicitly where --print_config waits for the last parse
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
             self._parse_once(parser, args)
         if self.config.get("subcommand") != "tune" and not self.own_trainer_class:
-            self.trainer_class = L.Trainer  # every subcommand's parser was built: fit, ... run on Lightning's own
+            self.trainer_class = L.Trainer
         strategy_as_class(self.chosen().trainer)
         self.facts = RunFacts.of(self.chosen(), self.config.get("subcommand"))
         if self.facts.subcommand is not None:
@@ -185,11 +171,8 @@ class TemplateCLI(LightningCLI):
         if options.get("seed_everything") is True:
             options["seed_everything"] = shared_random_seed()  # the same on every process of one launch
 
-    # -- what the options build, in order ------------------------------------------------------------------------
-
     def instantiate_classes(self) -> None:
-        """The objects the options name (an exception is a bad value in the options), then the Trainer with the
-        run's callbacks, then the checks of what was built."""
+        """The objects the options name, then the Trainer, then the checks of what was built."""
         facts, options = self.facts, self.chosen()
         place_loggers(options.trainer, facts.run_dir)
         try:
@@ -208,7 +191,7 @@ class TemplateCLI(LightningCLI):
         """The Trainer with the run's callbacks, strategy options and plugins, through ``instantiate_trainer``."""
         callbacks, switches, off = run_callbacks(self.facts, options, built)
         arguments, strategy_settings, plugins = trainer_settings(self.facts, options, built, self.model, off)
-        flight_recorder_defaults(self.facts)  # NCCL's variables, before the process group exists
+        flight_recorder_defaults(self.facts)  # before the process group exists
         strategy = arguments.get("strategy")
         try:
             # a strategy given by name is built from Lightning's registry, which keeps its precision handling
@@ -217,11 +200,8 @@ class TemplateCLI(LightningCLI):
         except Exception as error:
             raise building_error(error, self.facts, objects_built=True) from error
 
-    # -- the parse of the arguments, once ------------------------------------------------------------------------
-
     def _parse_once(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse once, from ``self.rebased``. A class the arguments do not name plainly (an environment variable, a
-        short class name) shows only in the parsed config: where it changes the default's, parse again, rebased."""
+        """Parse from ``self.rebased``; again, rebased, where a class shows only in the parsed config."""
         if self.rebased is not None:
             self._start_from(self.rebased)
         late = self.rebasing and unresolved(self.classes)
@@ -234,19 +214,16 @@ class TemplateCLI(LightningCLI):
         rebased = rebased_defaults(named, self.default_config)
         if rebased != self.rebased or printing:
             if rebased is not None:
-                self.option_parsers[self.named].default_config_files = []  # replaced by the same file, rebased
+                self.option_parsers[self.named].default_config_files = []
                 self._start_from(rebased)
             super().parse_arguments(parser, args)
 
     def _start_from(self, defaults: dict[str, Any]) -> None:
-        """``defaults`` (configs/default.yaml, rebased) as the subcommand parser's; what it refuses is that file's
-        error."""
+        """The rebased default config as the subcommand parser's; what it refuses is that file's error."""
         try:
             self.option_parsers[self.named].set_defaults(defaults)
         except Exception as error:
             self.parser.error(f"{self.default_config}: {error.args[0] if error.args else error}")
-
-    # -- the subcommand, which LightningCLI runs between its before_ and after_ hooks -------------------------------
 
     def fit(self, **kwargs: Any) -> None:
         """The ``fit`` subcommand, ``trainer.fit`` (a subclass that overrides it calls ``super().fit(**kwargs)``)."""
@@ -271,8 +248,7 @@ class TemplateCLI(LightningCLI):
 
     @contextlib.contextmanager
     def speaking_for_ranks(self) -> Iterator[None]:
-        """Under ddp_spawn the launching process passes stop signals on to its workers; under ddp from one command
-        this process speaks for the ranks it starts (multigpu/errors/reporting.py)."""
+        """Stop signals forwarded to ddp_spawn's workers; under ddp this process speaks for the ranks it starts."""
         fitting = self.facts.strategy if self.facts.subcommand == "fit" else None
         speaks = compat.starts_other_ranks(self.trainer)
         desk = report_desk(self.trainer, before_exit=release_run_dir) if speaks else contextlib.nullcontext()
@@ -293,22 +269,21 @@ def tuning_trainer() -> type[L.Trainer]:
 
 
 def run_cli(args: list[str] | None = None, cli_class: type[TemplateCLI] = TemplateCLI) -> None:
-    """A project's command line: ``cli_class`` run on ``args`` (default: ``sys.argv[1:]``); exits with status 2 on a
-    configuration error and with ``TrainingStopped.exit_code`` after a stop."""
+    """Run ``cli_class`` on ``args``; exit 2 on a configuration error, ``TrainingStopped.exit_code`` after a stop."""
     # NCCL: a failed or timed-out collective aborts the process instead of leaving the other ranks waiting
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     try:
         cli_class(args=args)
-    except TrainingStopped as stop:  # a signal (saved, resumable) or a non-finite loss
+    except TrainingStopped as stop:
         rank = rank_zero_only.rank
-        print(f"{stop.label}: {f'(rank {rank}) ' if rank else ''}{stop}", file=sys.stderr)  # each rank's own stop
+        print(f"{stop.label}: {f'(rank {rank}) ' if rank else ''}{stop}", file=sys.stderr)
         sys.exit(stop.exit_code)
     except ProcessExitedException as worker:
         if worker.exit_code not in STOP_EXIT_CODES:
-            sys.exit(report(worker))  # a worker died: one line, not torch.multiprocessing's traceback
-        sys.exit(worker.exit_code)  # ddp_spawn workers saved and stopped on a signal; rank 0 printed why
+            sys.exit(report(worker))  # one line, not torch.multiprocessing's traceback
+        sys.exit(worker.exit_code)  # ddp_spawn workers stopped on a signal; rank 0 printed why
     except Exception as error:
-        sys.exit(report(error))  # one paragraph for a configuration error; other errors keep their traceback
+        sys.exit(report(error))
 
 
 if multiprocessing.parent_process() is not None:

@@ -1,7 +1,4 @@
-"""The command line's options on top of LightningCLI's: the engine's own (``--checkpoint.*``, ``--preemption.*``,
-``--callbacks_off``, ``--progress_bar``, ``--compile``, ``--collective_timeout``, ...), ``--config``'s help, and a
-parser whose errors are one paragraph, naming the default config where a key came from it. What is read from the
-arguments before the parser is built (the model and data classes they name) is ``argv.py``."""
+"""The engine's options on top of LightningCLI's, ``--config``'s help, and a parser whose errors are one paragraph."""
 
 from __future__ import annotations
 
@@ -22,32 +19,29 @@ from multigpu.facts.command import prog
 from multigpu.run.trainer import CALLBACK_OPTIONS, COLLECTIVE_TIMEOUT_S, OPTIONAL_CALLBACKS
 from multigpu.strategies.pipeline import PipelineOptions
 
-#: while the main parser parses, the defaults each parser with default config files computed: jsonargparse
-#: computes a subcommand's twice in one parse (for its own arguments, and again when the main parser merges the
-#: environment), each time reading configs/default.yaml
+#: each parser's defaults during one parse: jsonargparse computes a subcommand's twice, reading the config each time
 _defaults_of_this_parse: ContextVar[dict[int, tuple[Any, Namespace]] | None] = ContextVar("defaults", default=None)
-#: the arguments of the command being parsed: a subcommand's parser, given only its share, judges its errors by them
+#: the whole command's arguments: a subcommand's parser, given only its share, judges its errors by them
 _arguments_of_this_parse: ContextVar[list[str]] = ContextVar("arguments", default=[])  # noqa: B039
 
 
 class TemplateArgumentParser(LightningArgumentParser):
     """LightningCLI's parser with short errors: the message and where to look, not the 150-line usage."""
 
-    #: the project's default config (set by ``TemplateCLI``): an error about a key no argument gave is about it
+    #: the project's default config: an error about a key no argument gave is about it
     default_config: Path | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` must not silently mean max_epochs
-        #: whether this parser reads default config files (a subcommand's: configs/default.yaml)
         self.reads_defaults = bool(kwargs.get("default_config_files"))
         super().__init__(*args, **kwargs)
 
     def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Namespace:
-        if _defaults_of_this_parse.get() is not None:  # a subcommand's, within the main parser's parse
+        if _defaults_of_this_parse.get() is not None:
             return super().parse_args(args, *rest, **kwargs)
-        listed = isinstance(args, (list, tuple, type(None)))  # else a dict or Namespace, parsed as an object
+        listed = isinstance(args, (list, tuple, type(None)))
         _arguments_of_this_parse.set([str(a) for a in (sys.argv[1:] if args is None else args)] if listed else [])
-        # jsonargparse reports a YAML syntax error without the file's name; name it, with the line
+        # jsonargparse reports a YAML syntax error without the file's name
         problem = yaml_problem(sys.argv[1:] if args is None else args)
         if problem is not None and self.exit_on_error and not debug_mode():
             sys.stderr.write(f"error: {problem}\n")
@@ -59,11 +53,11 @@ class TemplateArgumentParser(LightningArgumentParser):
             _defaults_of_this_parse.reset(token)
 
     def get_defaults(self, skip_validation: bool = False, **kwargs: Any) -> Namespace:
-        """jsonargparse's defaults, with the default config files read once per parse of the main parser."""
+        """jsonargparse's defaults, the default config files read once per parse."""
         computed = _defaults_of_this_parse.get()
         if computed is None or not self.reads_defaults:
             return super().get_defaults(skip_validation, **kwargs)
-        if id(self) not in computed:  # the parser itself is kept with its defaults, so that its id stays its own
+        if id(self) not in computed:  # the parser is kept with its defaults, so that its id is not reused
             computed[id(self)] = (self, super().get_defaults(skip_validation, **kwargs))
         return computed[id(self)][1].clone()
 
@@ -100,7 +94,6 @@ class TemplateArgumentParser(LightningArgumentParser):
 
 
 def flat_keys(config: Any, prefix: str = "") -> list[str]:
-    """The dotted keys of a YAML mapping (``trainer.max_epochs``, ...)."""
     if not isinstance(config, dict):
         return []
     keys = []
@@ -112,8 +105,7 @@ def flat_keys(config: Any, prefix: str = "") -> list[str]:
 
 def add_template_options(parser: LightningArgumentParser) -> None:
     """The options the template adds to every subcommand (docs/command_line.md, \"The options the engine adds\")."""
-    # the template's callbacks with options of their own; instantiated by the parser, put in the Trainer's one list
-    # by `run_callbacks` (in the order they run, multigpu/run/trainer.py), not appended by LightningCLI
+    # instantiated by the parser, put in order by `run_callbacks`, not appended by LightningCLI
     for key, callback_class in CALLBACK_OPTIONS.items():
         parser.add_class_arguments(callback_class, key, fail_untyped=False, instantiate=True, sub_configs=True)
     parser.set_defaults(
@@ -157,7 +149,7 @@ def add_template_options(parser: LightningArgumentParser) -> None:
         " GlobalBatchDataModule's --data.batch_size; true, each process's micro-batch (Lightning's meaning, so the"
         " global batch grows with the device count). docs/engine.md, 'Your own DataLoader'.",
     )
-    parser.add_class_arguments(PipelineOptions, "pipeline")  # for --trainer.strategy=pipeline
+    parser.add_class_arguments(PipelineOptions, "pipeline")
     parser.add_argument(
         "--collective_timeout",
         type=float | None,

@@ -28,8 +28,7 @@ def stable_wandb_id(run_dir: str) -> str:
 
 
 def shared_random_seed() -> int:
-    """The seed ``seed_everything: true`` draws, the same on every process of one launch: processes of a SLURM or
-    torchrun job each run the command, so they derive it from the job's id (kept by a requeued job too)."""
+    """The seed ``seed_everything: true`` draws, from the job's id where each process of a launch runs the command."""
     if "PL_GLOBAL_SEED" in os.environ:
         return int(os.environ["PL_GLOBAL_SEED"])
     job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "none")
@@ -39,8 +38,7 @@ def shared_random_seed() -> int:
 
 
 def place_loggers(trainer: Namespace, run_dir: str | os.PathLike) -> None:
-    """Loggers of the ``trainer`` options without a ``save_dir`` write into ``run_dir`` (``RunFacts.run_dir``), and a
-    wandb logger continues the directory's wandb run."""
+    """Loggers without a ``save_dir`` write into ``run_dir``; a wandb logger continues the directory's wandb run."""
     run_dir = str(run_dir)
     loggers = trainer.get("logger")
     for logger in loggers if isinstance(loggers, list) else [loggers]:

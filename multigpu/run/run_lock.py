@@ -1,10 +1,5 @@
-"""One live run per run directory: ``<run dir>/.run.lock`` names the process that holds it, from the checks to its
-exit (docs/checkpoints.md, "One live run per directory", says when a lock is refused or taken over).
-
-The lock is written beside its name and hard-linked to it, which fails where the name exists: two runs starting
-together cannot both take it, and no reader sees it half-written. Only the process that launches the run holds it;
-the other ranks recognise it as their launch's (the token ``TOKEN_ENV`` passes on, or the same job, step and start).
-"""
+"""One live run per run directory: ``<run dir>/.run.lock`` names the process that holds it (docs/checkpoints.md,
+"One live run per directory"). Hard-linked from a draft: two runs cannot both take it, nor a reader see half of it."""
 
 from __future__ import annotations
 
@@ -31,7 +26,7 @@ LOCK_FILE = ".run.lock"
 STALE_AFTER_S = 300.0
 #: how long a rank other than 0 of an srun or torchrun launch waits for rank 0 to take over a lock it cannot judge
 RANK_WAIT_S = 60.0
-#: the token of the lock that the process Lightning's launcher starts the other ranks from holds
+#: the lock's token, inherited by the ranks Lightning's launcher starts
 TOKEN_ENV = "TEMPLATE_RUN_LOCK_TOKEN"
 #: a takeover's guard file older than this was left by a process killed while taking over
 GUARD_STALE_S = 30.0
@@ -42,14 +37,14 @@ LOOK_AGAIN_S = 0.5
 
 @dataclass(frozen=True)
 class Launch:
-    """The launch a process belongs to, as its launcher tells it (``this_launch``); rank 0 holds the directory."""
+    """The launch a process belongs to (``this_launch``); rank 0 holds the directory."""
 
     rank: int = 0
     #: what every rank shares and a requeue keeps (``SLURM job 81``, ``torchrun run x at host:port``)
     job: str | None = None
     step: str | None = None
-    start: int = 0  # the job's restart count
-    trial: str | None = None  # the sweep trial, claimed under the sweep's lock
+    start: int = 0
+    trial: str | None = None
 
 
 class HeldRunDir:
@@ -61,7 +56,7 @@ class HeldRunDir:
         self.inode = os.stat(path).st_ino
         self._stop = threading.Event()
         threading.Thread(target=self._heartbeat, name="run-dir-heartbeat", daemon=True).start()
-        os.environ[TOKEN_ENV] = token  # the ranks Lightning's launcher starts inherit it
+        os.environ[TOKEN_ENV] = token
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -72,10 +67,10 @@ class HeldRunDir:
             except FileNotFoundError:
                 return
             except OSError:
-                continue  # a network file system's passing failure: the next beat tries again
+                continue  # a network file system's passing failure
 
     def release(self) -> None:
-        """Delete the lock (if it is still this one) and the empty folders taking it created; stop the heartbeat."""
+        """Delete the lock (if still this one) and the empty folders taking it created; stop the heartbeat."""
         if os.getpid() != self.pid:
             return  # a forked child (a DataLoader worker) holds nothing
         self._stop.set()
@@ -84,14 +79,14 @@ class HeldRunDir:
         found = read_lock(self.path)
         if found is not None and found[0].get("token") == self.token:
             self.path.unlink(missing_ok=True)
-        _remove_empty(self.created)  # a run that wrote anything keeps its folder
+        _remove_empty(self.created)
 
 
 _held: dict[Path, HeldRunDir] = {}
 
 
 def release_run_dir() -> None:
-    """Let go of every run directory this process holds (at the end of a command, and at exit)."""
+    """Let go of every run directory this process holds."""
     while _held:
         _held.popitem()[1].release()
 
@@ -100,8 +95,7 @@ atexit.register(release_run_dir)
 
 
 def hold_run_dir(run_dir: str | os.PathLike | None, command: str, launch: Launch = Launch()) -> HeldRunDir | None:
-    """Hold ``run_dir`` (the working directory where None) for this run, or refuse naming the live run that holds
-    it. Returns the hold, or None where another process of this launch holds it."""
+    """Hold ``run_dir`` or refuse naming the live run that holds it; None where another process of this launch does."""
     path = Path(run_dir or os.getcwd()).absolute() / LOCK_FILE
     if path in _held:
         return _held[path]
@@ -110,7 +104,7 @@ def hold_run_dir(run_dir: str | os.PathLike | None, command: str, launch: Launch
     if token and found is not None and found[0].get("token") == token:
         return None  # a rank that Lightning's launcher started: the launcher holds the directory for it
     if launch.rank != 0:
-        if launch.job is not None:  # srun's or torchrun's tasks, told apart from other runs by their job
+        if launch.job is not None:
             _wait_for_rank_zero(path, command, launch)
         return None
     return _take(path, command, launch)
@@ -148,17 +142,17 @@ def _take(path: Path, command: str, launch: Launch) -> HeldRunDir:
         "token": token,
     }
     try:
-        for _ in range(TAKE_ATTEMPTS):  # each lost race reads the lock again
+        for _ in range(TAKE_ATTEMPTS):
             if _create(path, record):
                 return _hold(path, token, created)
             found = read_lock(path)
             if found is None:
-                continue  # let go of meanwhile
+                continue
             holder, text = found
             why = gone_because(holder, path, launch)
             if why is None:
                 raise ConfigurationError(refusal(path, holder, command))
-            with _takeover_guard(path):  # after another run's takeover: what it left is read next
+            with _takeover_guard(path):
                 current = read_lock(path)
                 if current is not None and current[1] == text:  # still the lock judged gone, not a new run's
                     _replace(path, record)
@@ -198,8 +192,7 @@ def _create(path: Path, record: Mapping[str, Any]) -> bool:
 
 
 def _replace(path: Path, record: Mapping[str, Any]) -> None:
-    """Put a lock in the place of the one at ``path`` in one step: a run that looks meanwhile finds one of them,
-    never none, which it would take without the guard."""
+    """Replace the lock in one step: a run that looks meanwhile never finds none, which it would take unguarded."""
     os.replace(_draft(path, record), path)
 
 
@@ -211,8 +204,7 @@ def _draft(path: Path, record: Mapping[str, Any]) -> Path:
 
 @contextlib.contextmanager
 def _takeover_guard(path: Path) -> Iterator[None]:
-    """Within the block this process alone may replace the lock: two runs that both found it gone must not both
-    take it, nor the second delete the lock the first has just made."""
+    """This process alone may replace the lock within: two runs that found it gone must not both take it."""
     guard = path.with_name(path.name + ".takeover")
     while True:
         try:
@@ -223,7 +215,7 @@ def _takeover_guard(path: Path) -> Iterator[None]:
             if age is not None and age > GUARD_STALE_S:
                 guard.unlink(missing_ok=True)
             elif age is not None:
-                time.sleep(LOOK_AGAIN_S)  # until the other run lets go of its guard (a file on a shared file system)
+                time.sleep(LOOK_AGAIN_S)
     try:
         yield
     finally:
@@ -231,8 +223,7 @@ def _takeover_guard(path: Path) -> Iterator[None]:
 
 
 def _wait_for_rank_zero(path: Path, command: str, launch: Launch) -> None:
-    """Go on where the lock is this launch's, gone or absent (rank 0 takes it); refuse where another live run still
-    holds it after ``RANK_WAIT_S``, as rank 0 does."""
+    """Go on where the lock is this launch's, gone or absent; refuse where a live run holds it after ``RANK_WAIT_S``."""
     deadline = time.monotonic() + RANK_WAIT_S
     while True:
         found = read_lock(path)
@@ -245,7 +236,7 @@ def _wait_for_rank_zero(path: Path, command: str, launch: Launch) -> None:
             return
         if time.monotonic() >= deadline:
             raise ConfigurationError(refusal(path, holder, command))
-        time.sleep(LOOK_AGAIN_S)  # until rank 0 takes the lock over, or the deadline
+        time.sleep(LOOK_AGAIN_S)
 
 
 def gone_because(holder: Mapping[str, Any], path: Path, launch: Launch) -> str | None:
@@ -284,7 +275,7 @@ def _machine() -> str:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
-        return ""  # not Linux: the host name alone
+        return ""
     return f"{boot} {namespace}"
 
 
@@ -309,7 +300,7 @@ def describe(holder: Mapping[str, Any], age_s: float | None = None) -> str:
 
 
 def refusal(path: Path, holder: Mapping[str, Any], command: str) -> str:
-    """The one paragraph that refuses a run into the directory ``holder`` holds, and says the two ways on."""
+    """The paragraph refusing a run into the directory ``holder`` holds."""
     run_dir = path.parent
     wait = "wait for that run to finish (it lets go of the directory when it exits"
     if not on_this_machine(holder) and isinstance(holder.get("pid"), int):
@@ -325,7 +316,7 @@ def refusal(path: Path, holder: Mapping[str, Any], command: str) -> str:
 
 
 def _make_folder(folder: Path) -> list[Path]:
-    """Make ``folder``; the folders this made, deepest first."""
+    """Make ``folder``; returns the folders made, deepest first."""
     made, probe = [], folder
     while not probe.exists() and probe != probe.parent:
         made.append(probe)
@@ -357,7 +348,7 @@ RANK_VARIABLES = (
 def this_launch() -> Launch:
     """The launch this process belongs to: its rank, and the job, step and restart count every rank shares."""
     env = os.environ
-    sweep, trial = env.get("SWEEP_DIR"), env.get("SWEEP_TRIAL")  # set by the sweep's worker for its trial's run
+    sweep, trial = env.get("SWEEP_DIR"), env.get("SWEEP_TRIAL")
     trial = f"{Path(sweep).resolve()} trial {trial}" if sweep and trial else None
     if launched_by_torchrun():
         job = f"torchrun run {env['TORCHELASTIC_RUN_ID']} at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"

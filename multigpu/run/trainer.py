@@ -1,6 +1,4 @@
-"""What the run's Trainer is built with: the callbacks, one literal list in the order they run; the strategy's class
-and options; the plugins; NCCL's flight recorder; and the paragraph for an exception raised while the options'
-objects are built."""
+"""What the run's Trainer is built with: the callbacks in order, the strategy, the plugins, NCCL's flight recorder."""
 
 from __future__ import annotations
 
@@ -77,8 +75,7 @@ FLIGHT_RECORDER_NAMES = {
 
 
 def flight_recorder_defaults(facts: RunFacts) -> dict[str, str]:
-    """NCCL's flight recorder on for several CUDA processes: each rank writes its last collectives to
-    ``<run dir>/stacks/nccl/`` when one times out, for ``torchfrtrace``. The variables set (none the user set)."""
+    """NCCL's flight recorder to ``<run dir>/stacks/nccl/`` for several CUDA processes; the variables it set."""
     if not facts.several_cuda_processes:
         return {}
     folder = facts.run_dir / STACKS_DIR / "nccl"
@@ -91,13 +88,12 @@ def flight_recorder_defaults(facts: RunFacts) -> dict[str, str]:
     chosen = {name: values[name] for name in unset}
     if "TORCH_FR_DUMP_TEMP_FILE" in chosen:
         folder.mkdir(parents=True, exist_ok=True)  # NCCL writes the files, not the folder
-    os.environ.update(chosen)  # the ranks the launcher starts inherit them
+    os.environ.update(chosen)
     return chosen
 
 
 def strategy_as_class(trainer: Namespace) -> None:
-    """``--trainer.strategy=package.module.Class`` as a ``class_path``: jsonargparse keeps the string, since the option
-    also takes a name, which Lightning would refuse."""
+    """``--trainer.strategy=package.Class`` as a ``class_path``: jsonargparse keeps the string Lightning refuses."""
     strategy = trainer.get("strategy")
     if not isinstance(strategy, str) or "." not in strategy or strategy.lower() in StrategyRegistry:
         return
@@ -107,8 +103,7 @@ def strategy_as_class(trainer: Namespace) -> None:
 
 
 def strategy_options(strategy: Any, seconds: float | None, model: L.LightningModule) -> dict[str, Any]:
-    """What the engine adds to a strategy given by name: ``--collective_timeout``, and ddp's
-    ``find_unused_parameters`` for a model that backpropagates one part at a time."""
+    """What the engine adds to a strategy given by name: the timeout, and ddp's ``find_unused_parameters``."""
     registered = registered_strategy(strategy) if isinstance(strategy, str) else None
     if registered is None:
         return {}
@@ -118,13 +113,12 @@ def strategy_options(strategy: Any, seconds: float | None, model: L.LightningMod
         options["timeout"] = timedelta(seconds=seconds)
     ddp = issubclass(strategy_class, DDPStrategy)
     if ddp and "find_unused_parameters" not in init_params and steps_networks_apart(model):
-        options["find_unused_parameters"] = True  # a GAN backpropagates one network at a time: some get no grad
+        options["find_unused_parameters"] = True
     return options
 
 
 def strategy_class(strategy: Any) -> type[Strategy] | None:
-    """Every ``ddp`` name as the engine's ``DDPStrategy``, whose ranks may take longer to start than a collective
-    may wait; None where the registered class stands."""
+    """The engine's ``DDPStrategy`` for a ``ddp`` name: its ranks may take longer to start than a collective waits."""
     registered = registered_strategy(strategy) if isinstance(strategy, str) else None
     if registered is not None and registered[0] is DDPStrategy:
         return StartBoundedDDPStrategy
@@ -132,9 +126,7 @@ def strategy_class(strategy: Any) -> type[Strategy] | None:
 
 
 def steps_networks_apart(model: L.LightningModule) -> bool:
-    """Whether a backward of ``model`` may leave parameters without a gradient: manual optimization with several
-    optimizers, or uncounted ones. DDP's search costs a graph traversal at every backward and a warning where it
-    finds none."""
+    """Whether a backward may leave parameters without a gradient (DDP's search for them costs every backward)."""
     if model.automatic_optimization:
         return False
     count = optimizer_count(model)
@@ -142,10 +134,9 @@ def steps_networks_apart(model: L.LightningModule) -> bool:
 
 
 def checkpoint_plugins(plugins: Any, slurm_requeue: bool = False, background: bool = False) -> list[Any]:
-    """The user's ``--trainer.plugins`` with atomic checkpoint saving (on a thread with ``background``); under SLURM
-    without Lightning's requeue unless ``slurm_requeue`` (preemption off)."""
+    """The user's plugins with atomic checkpoint saving; under SLURM without Lightning's requeue unless asked."""
     plugins = with_atomic_io(plugins, BackgroundCheckpointIO() if background else None)
-    # the environment Lightning would pick, which detects torchrun first (it also runs inside SLURM jobs)
+    # Lightning detects torchrun first: it also runs inside SLURM jobs
     slurm = SLURMEnvironment.detect() and not TorchElasticEnvironment.detect()
     if not slurm_requeue and slurm and not any(isinstance(p, ClusterEnvironment) for p in plugins):
         plugins.append(SLURMEnvironment(auto_requeue=False))
@@ -155,8 +146,7 @@ def checkpoint_plugins(plugins: Any, slurm_requeue: bool = False, background: bo
 def trainer_settings(
     facts: RunFacts, options: Namespace, built: Namespace, model: Any, off: set[str]
 ) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-    """The Trainer's strategy argument (where the engine adds options to it), those options and the plugins;
-    ``off``: the callbacks left out."""
+    """The Trainer's strategy argument (where the engine adds options to it), those options and the plugins."""
     settings = strategy_options(facts.trainer_strategy, options.get("collective_timeout"), model)
     if facts.trainer_strategy == PipelineStrategy.strategy_name:
         settings.update(options.pipeline.as_dict())
@@ -173,9 +163,7 @@ def trainer_settings(
 def run_callbacks(
     facts: RunFacts, options: Namespace, built: Namespace
 ) -> tuple[list[Callback], dict[str, Any], set[str]]:
-    """The run's callbacks in the order Lightning calls them at each hook (it then appends ``SaveConfigCallback`` and
-    moves the ``ModelCheckpoint`` last), the Trainer switches that go with them, and the names of those left out.
-    One literal list, a comment per line."""
+    """The run's callbacks in the order Lightning calls them, the Trainer switches they need, the names left out."""
     trainer = built.get("trainer") or {}
     off = set(options.get("callbacks_off") or [])
     yours = trainer.get("callbacks") or []
@@ -184,7 +172,7 @@ def run_callbacks(
 
     bar = None if "progress_bar" in off else progress_bar(options.get("progress_bar", "auto"))
     if trainer.get("enable_progress_bar") is False or any(isinstance(c, ProgressBar) for c in yours):
-        bar = None  # none, or yours
+        bar = None
     elif bar is None:
         switches["enable_progress_bar"] = False
     summary = None
@@ -192,18 +180,17 @@ def run_callbacks(
     if "model_summary" in off:
         switches["enable_model_summary"] = False
     elif summarises and not any(isinstance(c, ModelSummary) for c in yours):
-        summary = FlopsAwareModelSummary()  # no column of zero FLOPs
-        switches["enable_model_summary"] = False  # Lightning's own is replaced (else it logs that it skips it)
+        summary = FlopsAwareModelSummary()
+        switches["enable_model_summary"] = False
     timer = None
     if trainer.get("max_time") is not None and not any(isinstance(c, Timer) for c in yours):
-        timer = RunTimer(duration=trainer.get("max_time"))  # the same limit, stopping at a step boundary
+        timer = RunTimer(duration=trainer.get("max_time"))
         switches["max_time"] = None
     if trainer.get("enable_checkpointing") is False:
         off.add("checkpoint")  # the Trainer refuses a ModelCheckpoint when checkpointing is off
     elif "checkpoint" in off:
         switches["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
-    # Lightning's own ModelParallelStrategy clips with torch's clipping, which refuses two meshes; the engine's
-    # model-parallel strategies clip across them themselves
+    # torch's clipping in Lightning's ModelParallelStrategy refuses two meshes; the engine's strategies clip themselves
     strategy = facts.strategy_class
     clip_across_meshes = (
         strategy is not None
@@ -211,7 +198,7 @@ def run_callbacks(
         and not issubclass(strategy, (FSDP2Strategy, TensorParallelStrategy, PipelineStrategy))
     )
 
-    def engine(name: str) -> Callback | None:  # one with options (--<name>.*)
+    def engine(name: str) -> Callback | None:
         return None if name in off else built.get(name)
 
     callbacks = [
@@ -241,7 +228,7 @@ def run_callbacks(
 
 
 def building_error(error: Exception, facts: RunFacts, objects_built: bool) -> ConfigurationError:
-    """One paragraph for an exception raised while the options' objects were built (the classes, then the Trainer)."""
+    """One paragraph for an exception raised while the options' objects were built."""
     known = user_error_of(error)  # e.g. a constructor that downloads: no network, not a wrong option
     if known is not None:
         return known
