@@ -35,7 +35,6 @@ MOVED = {
     "multigpu.callbacks.throughput": "multigpu.observe.throughput",
     "multigpu.checks": "multigpu.run.checks",
     "multigpu.cli": "multigpu.run.cli",
-    "multigpu.command": "multigpu.facts.command",
     "multigpu.environment": "multigpu.facts.environment",
     "multigpu.failures": "multigpu.errors.failures",
     "multigpu.hook_readers": "multigpu.hooks.readers",

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from multigpu.facts.command import configured
+from multigpu.command import configured
 
 SEED = 42  # a project's seed_everything: true would draw a new one per run
 STEPS = 4  # enough for a difference to show, few enough for seconds on 2 CPU cores

@@ -38,7 +38,7 @@ CLI_MODULE = "tests.cli"
 
 @functools.cache
 def project_folder() -> Path:
-    """A folder that is a project to ``multigpu.facts.command``: its ``pyproject.toml`` names the tests' command line
+    """A folder that is a project to ``multigpu.command``: its ``pyproject.toml`` names the tests' command line
     (``[tool.multigpu] cli``), and this repository's ``slurm/`` and ``tests/`` are linked in. A command that reads
     the project's command line from the folder it runs in (``python -m multigpu.sweep``, slurm/sweep.sbatch) runs
     from here, so that its trials run ``python -m tests.cli`` (one folder per process of the tests)."""

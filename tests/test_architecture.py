@@ -29,6 +29,7 @@ LAYERS = {
     "multigpu.hooks": 0,  # what a model or data module may implement, and the engine's reads of it
     "multigpu.steps": 0,  # when per-step work is due
     "multigpu.moved": 0,  # the 1.x module names
+    "multigpu.command": 0,  # the project's command line, as its users type it
     "multigpu.data": 1,
     "multigpu.models": 1,
     "multigpu.checkpoints": 2,

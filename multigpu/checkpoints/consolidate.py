@@ -23,9 +23,9 @@ from pathlib import Path
 
 from multigpu.checkpoints.files import atomic_torch_save
 from multigpu.checkpoints.sharded import load_sharded_checkpoint
+from multigpu.command import running_program
 from multigpu.errors import ConfigurationError
 from multigpu.errors.reporting import report
-from multigpu.facts.command import running_program
 
 
 def consolidate(folder: str | Path, output: str | Path) -> Path:

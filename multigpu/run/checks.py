@@ -12,13 +12,13 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
+from multigpu.command import prog
 from multigpu.compat import trained_class_path
 from multigpu.data.base import GlobalBatchDataModule
 from multigpu.data.sampling import per_process_batch_size
 from multigpu.errors import DEBUG_ENV, ConfigurationError, describe
 from multigpu.facts import RunFacts
 from multigpu.facts.argv import given_as, import_class, option_origin, trainer_section, yaml_value
-from multigpu.facts.command import prog
 from multigpu.facts.environment import (
     available_devices,
 )

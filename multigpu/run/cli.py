@@ -26,12 +26,12 @@ from torch.multiprocessing import ProcessExitedException
 
 from multigpu import compat
 from multigpu.checkpoints.resume import resolve_checkpoint
+from multigpu.command import prog, started_by
 from multigpu.errors import TrainingStopped
 from multigpu.errors.quiet import silence_known_noise
 from multigpu.errors.reporting import report, report_desk
 from multigpu.facts import RunFacts
 from multigpu.facts.argv import CLASSES, chosen_classes, named_subcommand, rebased_defaults, unresolved
-from multigpu.facts.command import prog, started_by
 from multigpu.faults.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
 from multigpu.run.checks import check_before_launch, check_built, check_resumed
 from multigpu.run.parser import TemplateArgumentParser, add_config_option, add_template_options

@@ -13,9 +13,9 @@ from jsonargparse import ActionConfigFile, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
 from multigpu.checkpoints.resume import checkpoint_dir
+from multigpu.command import prog
 from multigpu.errors import debug_mode
 from multigpu.facts.argv import load_config_file, yaml_problem
-from multigpu.facts.command import prog
 from multigpu.run.trainer import CALLBACK_OPTIONS, COLLECTIVE_TIMEOUT_S, OPTIONAL_CALLBACKS
 from multigpu.strategies.pipeline import PipelineOptions
 

@@ -17,13 +17,13 @@ from multigpu.checkpoints.continuation import ExactContinuation, RunTimer
 from multigpu.checkpoints.files import with_atomic_io
 from multigpu.checkpoints.random_state import RandomState
 from multigpu.checkpoints.schedule import RunCheckpoint
+from multigpu.command import prog
 from multigpu.compat import optimizer_count, registered_strategy
 from multigpu.data.engine_loaders import EngineLoaders
 from multigpu.errors import DEBUG_ENV, ConfigurationError, causes, describe
 from multigpu.errors.failures import user_error_of
 from multigpu.facts import RunFacts
 from multigpu.facts.argv import import_class
-from multigpu.facts.command import prog
 from multigpu.faults.nan_guard import NonFiniteLossGuard
 from multigpu.faults.preemption import PreemptionCheckpoint
 from multigpu.faults.ranks import DestroyProcessGroupAtExit, StopOtherRanksOnError, UnshareSpawnedTensors

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from multigpu.facts.command import prog
+from multigpu.command import prog
 from multigpu.sweep.spec import SweepError
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from optuna.trial import TrialState
 
-from multigpu.facts.command import module
+from multigpu.command import module
 from multigpu.sweep.spec import SweepError, SweepSpec, flag
 from multigpu.sweep.study import Sweep, bind, check_same_sweep, is_sweep_dir, running_elsewhere
 from multigpu.sweep.worker import STOPPED, Worker, say

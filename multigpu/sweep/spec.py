@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from multigpu.facts.command import prog
+from multigpu.command import prog
 
 SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "GridSampler"}
 PRUNERS = {

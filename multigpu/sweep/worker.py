@@ -15,7 +15,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from multigpu.facts.command import module
+from multigpu.command import module
 from multigpu.sweep.spec import flag
 from multigpu.sweep.study import (
     ERROR_ATTR,

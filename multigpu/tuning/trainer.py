@@ -15,9 +15,9 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.tuner import Tuner
 
 from multigpu.checkpoints.files import with_atomic_io
+from multigpu.command import prog
 from multigpu.data.base import GlobalBatchDataModule
 from multigpu.errors import ConfigurationError
-from multigpu.facts.command import prog
 from multigpu.hooks import HasBatchSize
 from multigpu.models.base import TemplateModule
 from multigpu.tuning.scaling import LrScaling, global_batch_size, scaled_lr

@@ -107,7 +107,6 @@ def test_train_loader_outside_a_trainer_uses_the_whole_global_batch():
     loader = dm.train_dataloader()
     images, _, _ = next(iter(loader))
     assert images.shape[0] == 32 and len(loader) == 8
-    assert loader.state_dict() == {}  # no trainer: nothing to resume
 
 
 # -- the default run -----------------------------------------------------------------------------------------------

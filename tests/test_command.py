@@ -1,4 +1,4 @@
-"""The project's command line as users type it (``multigpu/facts/command.py``): the module whose ``TemplateCLI`` runs,
+"""The project's command line as users type it (``multigpu/command.py``): the module whose ``TemplateCLI`` runs,
 else the one the project's ``pyproject.toml`` names, else ``src.cli``."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from multigpu import TemplateCLI
-from multigpu.facts import command
+from multigpu import TemplateCLI, command
 
 
 @pytest.fixture(autouse=True)
