@@ -1,19 +1,20 @@
 """Streaming libraries' own loaders through the command line (``tests/zoo/streaming.py``): LitData's
 ``StreamingDataLoader``, which shards itself, is kept as it is and trains; every sample of an epoch is trained once
-under ddp; a run stopped mid-epoch (SIGTERM, or SIGKILL) and resumed ends bit-equal to an uninterrupted one, with
-LitData, torchdata's ``StatefulDataLoader`` (two workers) and Hugging Face ``datasets`` (a map-style ``Dataset``, and
-an ``IterableDataset`` split by node whose state per batch every rank saves); WebDataset, which keeps no position,
-says in one line at a resume that it starts its epoch again. Under ddp, validation reads every sample once; shards
-uneven among the ranks (WebDataset's, Hugging Face's) end the epoch on every rank together with one note, LitData's
-by its own ``drop_last``; LitData and a Hugging Face stream resume exactly under fsdp2, LitData after a SIGKILL
-under ddp, and a Hugging Face stream in torchdata's ``StatefulDataLoader`` with workers under ddp.
+under ddp (WebDataset's also under fsdp2); a run stopped mid-epoch (SIGTERM, or SIGKILL under ddp with a checkpoint
+every step) and resumed ends bit-equal to an uninterrupted one, with LitData (also under fsdp2) and torchdata's
+``StatefulDataLoader`` (two workers); WebDataset, which keeps no position, says in one line at a resume (after
+SIGTERM or SIGKILL) that it starts its epoch again. Under ddp, validation reads every sample once; shards uneven
+among the ranks end the epoch on every rank together with one note, LitData's by its own ``drop_last``. The helpers
+here serve the other libraries' modules (Hugging Face ``datasets``, MosaicML streaming); an uninterrupted run is
+shared by the proofs of a module that compare with it.
 
-Each library's data is written by its own writer in the test's folder (``litdata.optimize``, ``Dataset.from_dict``,
+Each library's data is written by its own writer in the test's folder (``litdata.optimize``,
 ``webdataset.TarWriter``): no download.
 """
 
 from __future__ import annotations
 
+import copy
 import signal
 import subprocess
 import sys
@@ -24,10 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.checkpoints.sharded import load_sharded_checkpoint
-from multigpu.data.libraries import StatePerBatch
 from multigpu.testing import SIGTERM_EXIT, Project, Run, differences
 from tests import prewarmed
 from tests.conftest import CLI_MODULE, REPO, cli_env
@@ -42,14 +41,15 @@ BATCH = 4
 STOP_AT, STEPS = 3, 6
 #: WebDataset's tar files: one for each worker of each of the 2 processes
 SHARDS = 4
-#: samples that do not divide evenly among 2 processes' shards: WebDataset's in 5 tar files, Hugging Face's in 4 shards
-UNEVEN, UNEVEN_HF = 60, 65
+#: samples that do not divide evenly among 2 processes' shards: WebDataset's in 5 tar files
+UNEVEN = 60
 DDP = ("--trainer.strategy=ddp", "--trainer.devices=2")
 FSDP2 = ("--trainer.strategy=fsdp2", "--trainer.devices=2")
 #: one epoch and its whole validation; a collective that waits a minute fails the run with every rank's stacks
 EPOCH = ("--trainer.max_epochs=1", "--trainer.limit_val_batches=1.0", "--collective_timeout=60")
-#: a Hugging Face stream read by torchdata's StatefulDataLoader with 2 workers (2 of its 4 shards each, per rank)
-STATEFUL_WORKERS = ("--data.init_args.stateful=true", "--data.init_args.num_workers=2")
+#: a learning-rate schedule that reads estimated_stepping_batches before the loops are restored (max_epochs set, so
+#: Lightning sets up the data to count): a StatefulDataLoader's state must still come back
+SCHEDULED = ("--trainer.max_epochs=1", "--model.init_args.decay=true")
 MODEL = ("--model=tests.zoo.streaming.IdRegressor", "--model.init_args.dropout=0.1")
 
 
@@ -83,13 +83,13 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def project(tmp_path: Path, *args: str, runner: Callable[..., Any] = prewarmed.run) -> Project:
-    return Project(REPO, tmp_path, [*MODEL, *args], cli=CLI_MODULE, env=cli_env(), runner=runner)
+def project(tmp_path: Path, *args: str) -> Project:
+    return Project(REPO, tmp_path, [*MODEL, *args], cli=CLI_MODULE, env=cli_env(), runner=prewarmed.run)
 
 
-def litdata_project(tmp_path: Path, chunks: Path, **options: Any) -> Project:
+def litdata_project(tmp_path: Path, chunks: Path) -> Project:
     data = ("--data=tests.zoo.streaming.LitStreamData", f"--data.init_args.input_dir={chunks}")
-    return project(tmp_path, *data, f"--data.init_args.batch_size={BATCH}", **options)
+    return project(tmp_path, *data, f"--data.init_args.batch_size={BATCH}")
 
 
 def stateful_project(tmp_path: Path) -> Project:
@@ -98,24 +98,40 @@ def stateful_project(tmp_path: Path) -> Project:
     return project(tmp_path, *data, f"--data.init_args.batch_size={BATCH}", "--data.init_args.num_workers=2")
 
 
-def hf_project(tmp_path: Path, data: str, *args: str) -> Project:
-    needs("datasets", "pip install datasets")
-    return project(tmp_path, f"--data=tests.zoo.streaming.{data}", f"--data.init_args.size={SAMPLES}",
-                   f"--data.init_args.batch_size={BATCH}", *args)  # fmt: skip
-
-
 def trained_ids(prefix: Path) -> list[list[int]]:
     """The ids of every batch each rank trained, in rank order (``IdRegressor``'s ``ids_file``)."""
     files = sorted(prefix.parent.glob(f"{prefix.name}.*"))
     return [[int(i) for line in file.read_text().splitlines() for i in line.split()] for file in files]
 
 
-def assert_resumes_exactly(project: Project, *args: str) -> None:
+def uninterrupted_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Run, Path]]:
+    """``STEPS`` steps run without a stop, with the prefix of the ids file each rank wrote: one run for each
+    project and arguments, shared by the proofs of a module that compare a stopped run with it."""
+    runs: dict[tuple[str, ...], tuple[Run, Path]] = {}
+
+    def run(project: Project, *args: str) -> tuple[Run, Path]:
+        key = (*project.args, *args)
+        if key not in runs:
+            folder = tmp_path_factory.mktemp("uninterrupted")
+            ids = folder / "ids"
+            straight = project.fit(*args, f"--model.init_args.ids_file={ids}", run_dir=folder / "run", max_steps=STEPS)
+            runs[key] = straight, ids
+        return runs[key]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Run, Path]]:
+    return uninterrupted_runs(tmp_path_factory)
+
+
+def assert_resumes_exactly(uninterrupted: Callable[..., tuple[Run, Path]], project: Project, *args: str) -> None:
     """A run stopped by SIGTERM after step ``STOP_AT`` (the engine saves and stops; under ddp at the step the ranks
     agree on) and resumed with ``--ckpt_path=last`` trains the batches the uninterrupted run trains and ends with
     its weights and optimizer state, bit for bit."""
-    straight_ids, resumed_ids = project.tmp_path / "straight-ids", project.tmp_path / "resumed-ids"
-    straight = project.fit(*args, f"--model.init_args.ids_file={straight_ids}", max_steps=STEPS)
+    straight, straight_ids = uninterrupted(project, *args)
+    resumed_ids = project.tmp_path / "resumed-ids"
     stop = ("--trainer.callbacks+=multigpu.testing.SignalAtStep", f"--trainer.callbacks.step={STOP_AT}",
             "--trainer.callbacks.signal_name=SIGTERM")  # fmt: skip
     stopped = project.fit(*args, *stop, f"--model.init_args.ids_file={resumed_ids}", check=False, max_steps=STEPS)
@@ -125,6 +141,45 @@ def assert_resumes_exactly(project: Project, *args: str) -> None:
         *args, f"--model.init_args.ids_file={resumed_ids}", "--ckpt_path=last", run_dir=stopped.run_dir, max_steps=STEPS
     )
     assert trained_ids(resumed_ids) == trained_ids(straight_ids), resumed.describe()
+    assert_same_end(straight, resumed)
+
+
+#: a checkpoint every step, so that a kill finds one from a step before
+EVERY_STEP = "--checkpoint.every_n_train_steps=1"
+
+
+def killed_mid_epoch(project: Project, *args: str) -> tuple[Run, list[list[int]]]:
+    """A run with a checkpoint every step, SIGKILLed on every process after step ``STOP_AT`` (before its
+    checkpoint), and the ids each rank trained before the kill."""
+    # a session of its own: the kill ends the run's process group, not pytest's
+    killable = copy.copy(project)
+    killable.runner = partial(prewarmed.run, start_new_session=True)
+    ids = f"--model.init_args.ids_file={project.tmp_path / 'ids'}"
+    kill = ("--trainer.callbacks+=tests.helpers.KillAt", f"--trainer.callbacks.step={STOP_AT}")
+    killed = killable.fit(EVERY_STEP, *args, *kill, ids, check=False, max_steps=STEPS)
+    assert killed.returncode == -signal.SIGKILL, killed.describe()
+    return killed, trained_ids(project.tmp_path / "ids")
+
+
+def resume(project: Project, killed: Run, *args: str) -> Run:
+    """The killed run resumed from its last checkpoint, appending to the same ids files."""
+    ids = f"--model.init_args.ids_file={project.tmp_path / 'ids'}"
+    return project.fit(EVERY_STEP, *args, ids, "--ckpt_path=last", run_dir=killed.run_dir, max_steps=STEPS)
+
+
+def assert_killed_resumes_exactly(uninterrupted: Callable[..., tuple[Run, Path]], project: Project, *args: str) -> None:
+    """SIGKILL mid-epoch (``killed_mid_epoch``): ``--ckpt_path=last`` trains on from the step saved, each rank's
+    batches after it and the end bit-equal to an uninterrupted run's."""
+    straight, straight_ids = uninterrupted(project, *args)
+    killed, before = killed_mid_epoch(project, *args)
+    steps = saved(killed)["global_step"]
+    assert 0 < steps < STOP_AT, killed.describe()  # step 1's write ended before step 2's began
+    resumed = resume(project, killed, *args)
+    for rank, (trained, whole) in enumerate(
+        zip(trained_ids(project.tmp_path / "ids"), trained_ids(straight_ids), strict=True)
+    ):
+        per_step = len(whole) // STEPS  # the global batch where the engine samples, the loader's own where it shards
+        assert trained[: steps * per_step] + trained[len(before[rank]) :] == whole, resumed.describe()
     assert_same_end(straight, resumed)
 
 
@@ -149,12 +204,13 @@ def test_litdata_is_kept_as_it_is_and_trains_on_one_device(tmp_path, chunks):
 
 
 def assert_epoch_trains_each_sample_once(
-    project: Project, *args: str, expected: int = SAMPLES, validated: int = SAMPLES
+    project: Project, *args: str, expected: int = SAMPLES, validated: int = SAMPLES, strategy: tuple[str, ...] = DDP
 ) -> Run:
-    """One epoch under ddp on 2 processes trains ``expected`` distinct sample ids, none twice, as many batches on
-    each rank, and its validation (of every sample, ``val_dataloader``) reads each of the ``validated`` ids once."""
+    """One epoch under ``strategy`` on 2 processes trains ``expected`` distinct sample ids, none twice, as many
+    batches on each rank, and its validation (of every sample, ``val_dataloader``) reads each of the ``validated``
+    ids once."""
     ids = project.tmp_path / "ids"
-    run = project.fit(*DDP, *EPOCH, *args, f"--model.init_args.ids_file={ids}", max_steps=-1)
+    run = project.fit(*strategy, *EPOCH, *args, f"--model.init_args.ids_file={ids}", max_steps=-1)
     per_rank = trained_ids(ids)
     assert len(per_rank) == 2 and len(per_rank[0]) == len(per_rank[1]), run.describe()
     assert_each_once(per_rank, expected, run)
@@ -187,105 +243,39 @@ def test_litdata_whose_size_does_not_divide_among_the_ranks_evens_them_out_by_it
 
 
 @pytest.mark.slow
-def test_litdata_resumes_mid_epoch_exactly_on_one_device(tmp_path, chunks):
-    assert_resumes_exactly(litdata_project(tmp_path, chunks))
+def test_litdata_resumes_mid_epoch_exactly_on_one_device(tmp_path, uninterrupted, chunks):
+    assert_resumes_exactly(uninterrupted, litdata_project(tmp_path, chunks))
 
 
 @pytest.mark.slow
-def test_litdata_resumes_mid_epoch_exactly_under_ddp(tmp_path, chunks):
-    assert_resumes_exactly(litdata_project(tmp_path, chunks), *DDP)
+def test_litdata_resumes_mid_epoch_exactly_under_ddp(tmp_path, uninterrupted, chunks):
+    assert_resumes_exactly(uninterrupted, litdata_project(tmp_path, chunks), *DDP)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [(), DDP], ids=["one-device", "ddp"])
-def test_litdata_killed_mid_epoch_resumes_from_its_last_checkpoint_exactly(tmp_path, chunks, processes):
-    """SIGKILL on every process after step ``STOP_AT`` (before its checkpoint), a checkpoint every step:
-    ``--ckpt_path=last`` trains on from the step saved, each rank's batches after it and the end bit-equal to an
-    uninterrupted run's."""
-    # a session of its own: the kill ends the run's process group, not pytest's
-    killable = litdata_project(tmp_path, chunks, runner=partial(prewarmed.run, start_new_session=True))
-    every_step = ("--checkpoint.every_n_train_steps=1", *processes)
-    straight_ids, killed_ids = tmp_path / "straight", tmp_path / "ids"
-    straight = killable.fit(*every_step, f"--model.init_args.ids_file={straight_ids}", max_steps=STEPS)
-    kill = ("--trainer.callbacks+=tests.helpers.KillAt", f"--trainer.callbacks.step={STOP_AT}")
-    killed = killable.fit(*every_step, *kill, f"--model.init_args.ids_file={killed_ids}", check=False, max_steps=STEPS)
-    assert killed.returncode == -signal.SIGKILL, killed.describe()
-    steps = killed.checkpoint()["global_step"]
-    assert 0 < steps < STOP_AT, killed.describe()  # step 1's write ended before step 2's began
-    before = trained_ids(killed_ids)
-    resumed = killable.fit(*every_step, f"--model.init_args.ids_file={killed_ids}", "--ckpt_path=last",
-                           run_dir=killed.run_dir, max_steps=STEPS)  # fmt: skip
-    for rank, (trained, whole) in enumerate(zip(trained_ids(killed_ids), trained_ids(straight_ids), strict=True)):
-        assert trained[: steps * BATCH] + trained[len(before[rank]) :] == whole, resumed.describe()
-    assert_same_end(straight, resumed)
+def test_litdata_killed_mid_epoch_resumes_from_its_last_checkpoint_exactly(tmp_path, chunks, uninterrupted, processes):
+    assert_killed_resumes_exactly(uninterrupted, litdata_project(tmp_path, chunks), *processes)
 
 
 @pytest.mark.slow
-def test_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly(tmp_path):
-    # the learning-rate schedule reads estimated_stepping_batches before the loops are restored (max_epochs set,
-    # so Lightning sets up the data to count): the loader's state must still come back
-    assert_resumes_exactly(stateful_project(tmp_path), "--trainer.max_epochs=1", "--model.init_args.decay=true")
+def test_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly(tmp_path, uninterrupted):
+    assert_resumes_exactly(uninterrupted, stateful_project(tmp_path), *SCHEDULED)
 
 
 @pytest.mark.slow
-def test_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly_under_ddp(tmp_path):
-    assert_resumes_exactly(stateful_project(tmp_path), *DDP, "--trainer.max_epochs=1", "--model.init_args.decay=true")
-
-
-def test_a_hugging_face_dataset_in_a_plain_loader_trains_on_one_device(tmp_path):
-    hf_project(tmp_path, "HFMapData").assert_trains()
+def test_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly_under_ddp(tmp_path, uninterrupted):
+    assert_resumes_exactly(uninterrupted, stateful_project(tmp_path), *DDP, *SCHEDULED)
 
 
 @pytest.mark.slow
-def test_a_hugging_face_dataset_under_ddp_trains_every_sample_of_an_epoch_once(tmp_path):
-    run = assert_epoch_trains_each_sample_once(hf_project(tmp_path, "HFMapData"))
-    assert run.plan()["global_batch"] == BATCH  # the engine samples it: the batch is the global one
+def test_a_stateful_dataloader_with_workers_killed_mid_epoch_under_ddp_resumes_exactly(tmp_path, uninterrupted):
+    assert_killed_resumes_exactly(uninterrupted, stateful_project(tmp_path), *DDP, *SCHEDULED)
 
 
 @pytest.mark.slow
-def test_a_hugging_face_dataset_resumes_mid_epoch_exactly(tmp_path):
-    assert_resumes_exactly(hf_project(tmp_path, "HFMapData"))
-
-
-@pytest.mark.slow
-def test_a_hugging_face_dataset_resumes_mid_epoch_exactly_under_ddp(tmp_path):
-    assert_resumes_exactly(hf_project(tmp_path, "HFMapData"), *DDP)
-
-
-@pytest.mark.slow
-def test_a_hugging_face_stream_split_by_node_trains_every_sample_of_an_epoch_once_under_ddp(tmp_path):
-    run = assert_epoch_trains_each_sample_once(hf_project(tmp_path, "HFStreamData"))
-    assert not run.notes(), run.describe()
-
-
-@pytest.mark.slow
-def test_a_hugging_face_stream_split_by_node_resumes_mid_epoch_exactly_under_ddp(tmp_path):
-    # Lightning draws a batch ahead from a loader without a length: the state saved is the one after the batches
-    # trained, which a resume gives each rank back
-    assert_resumes_exactly(hf_project(tmp_path, "HFStreamData"), *DDP)
-
-
-@pytest.mark.slow
-def test_a_hugging_face_stream_in_a_stateful_dataloader_with_workers_trains_each_sample_once_under_ddp(tmp_path):
-    needs("torchdata", "pip install --no-deps torchdata")
-    assert_epoch_trains_each_sample_once(hf_project(tmp_path, "HFStreamData", *STATEFUL_WORKERS))
-
-
-@pytest.mark.slow
-def test_a_hugging_face_stream_in_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly_under_ddp(tmp_path):
-    # the stream shards itself: torchdata's loader saves each worker's position in the stream
-    needs("torchdata", "pip install --no-deps torchdata")
-    assert_resumes_exactly(hf_project(tmp_path, "HFStreamData", *STATEFUL_WORKERS), *DDP)
-
-
-@pytest.mark.slow
-def test_litdata_resumes_mid_epoch_exactly_under_fsdp2(tmp_path, chunks):
-    assert_resumes_exactly(litdata_project(tmp_path, chunks), *FSDP2)
-
-
-@pytest.mark.slow
-def test_a_hugging_face_stream_split_by_node_resumes_mid_epoch_exactly_under_fsdp2(tmp_path):
-    assert_resumes_exactly(hf_project(tmp_path, "HFStreamData"), *FSDP2)
+def test_litdata_resumes_mid_epoch_exactly_under_fsdp2(tmp_path, uninterrupted, chunks):
+    assert_resumes_exactly(uninterrupted, litdata_project(tmp_path, chunks), *FSDP2)
 
 
 def webdataset_project(tmp_path: Path, shards: Path) -> Project:
@@ -296,6 +286,11 @@ def webdataset_project(tmp_path: Path, shards: Path) -> Project:
 @pytest.mark.slow
 def test_webdataset_split_by_node_and_worker_trains_every_sample_of_an_epoch_once_under_ddp(tmp_path, shards):
     assert_epoch_trains_each_sample_once(webdataset_project(tmp_path, shards))
+
+
+@pytest.mark.slow
+def test_webdataset_split_by_node_and_worker_trains_every_sample_of_an_epoch_once_under_fsdp2(tmp_path, shards):
+    assert_epoch_trains_each_sample_once(webdataset_project(tmp_path, shards), strategy=FSDP2)
 
 
 @pytest.fixture(scope="module")
@@ -328,13 +323,6 @@ def test_webdataset_shards_uneven_among_the_ranks_end_the_epoch_together_and_say
 
 
 @pytest.mark.slow
-def test_a_hugging_face_stream_uneven_among_the_ranks_ends_the_epoch_together_and_says_what_is_left(tmp_path):
-    # 4 shards of 17, 16, 16 and 16 samples: split by node, one rank reads 33 (9 batches) and the other 32 (8)
-    project = hf_project(tmp_path, "HFStreamData", f"--data.init_args.size={UNEVEN_HF}")
-    assert_uneven_epoch_ends_together(project, UNEVEN_HF)
-
-
-@pytest.mark.slow
 def test_webdataset_stopped_mid_epoch_says_in_one_line_that_it_restarts_its_epoch(tmp_path, shards):
     """WebDataset keeps no position: a resume mid-epoch says so in one line and trains the epoch from its start."""
     runs, ids = webdataset_project(tmp_path, shards), f"--model.init_args.ids_file={tmp_path / 'ids'}"
@@ -352,31 +340,14 @@ def test_webdataset_stopped_mid_epoch_says_in_one_line_that_it_restarts_its_epoc
         assert again[:shorter] == first[:shorter], resumed.describe()  # each rank trains its epoch from its start
 
 
-class Counting(IterableDataset):
-    """The numbers below ``size``, whose state is how many it yielded (as Hugging Face's streams keep theirs)."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.start, self.yielded = size, 0, 0
-
-    def __iter__(self):
-        for number in range(self.start, self.size):
-            self.yielded = number + 1
-            yield number
-        self.start = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"yielded": self.yielded}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.start = state["yielded"]
-
-
-def test_a_stream_state_per_batch_is_the_one_after_the_batches_trained_not_those_drawn_ahead():
-    stream = StatePerBatch(Counting(10), batch_size=4)
-    batches = iter(DataLoader(stream, batch_size=4))
-    next(batches), next(batches)  # Lightning draws the second batch before it trains the first
-    assert stream.state_after(1) == {"yielded": 4} and stream.stream.state_dict() == {"yielded": 8}
-    resumed = StatePerBatch(Counting(10), batch_size=4)
-    resumed.restore(stream.state_after(1), 1)
-    assert [batch.tolist() for batch in DataLoader(resumed, batch_size=4)] == [[4, 5, 6, 7], [8, 9]]
-    assert resumed.state_after(3) == {"yielded": 10}  # the last, shorter batch
+@pytest.mark.slow
+def test_webdataset_killed_mid_epoch_under_ddp_says_in_one_line_that_it_restarts_its_epoch_and_trains_on(
+    tmp_path, shards
+):
+    # no position of its own to resume from: the order after a resume is not the uninterrupted run's
+    runs = webdataset_project(tmp_path, shards)
+    killed, _ = killed_mid_epoch(runs, *DDP)
+    resumed = resume(runs, killed, *DDP)
+    restarts = [note for note in resumed.notes() if "starts the epoch again" in note]
+    assert len(restarts) == 1, resumed.describe()
+    assert saved(resumed)["global_step"] == STEPS, resumed.describe()

@@ -2,8 +2,8 @@
 (``tests/zoo/mosaic.py``): shards written by its ``MDSWriter``, read by its ``StreamingDataset`` in its
 ``StreamingDataLoader``. It shards itself by torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``),
 which the engine sets in every process however it was launched; its loader has a state of its own, which the engine
-saves for every rank. Every sample of an epoch is trained once under ddp, and a run stopped mid-epoch resumes bit
-for bit."""
+saves for every rank. Every sample of an epoch is trained once under ddp, and a run stopped mid-epoch (SIGTERM, or
+SIGKILL under ddp) resumes bit for bit."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ from tests.data.test_libraries import (
     DDP,
     SAMPLES,
     assert_epoch_trains_each_sample_once,
+    assert_killed_resumes_exactly,
     assert_resumes_exactly,
     project,
+    uninterrupted_runs,
 )
 from tests.zoo.mosaic import import_streaming
 
@@ -43,6 +45,11 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory):
+    return uninterrupted_runs(tmp_path_factory)
+
+
 def mosaic_project(tmp_path: Path, shards: Path) -> Project:
     data = ("--data=tests.zoo.mosaic.MosaicData", f"--data.init_args.local={shards}")
     return project(tmp_path, *data, f"--data.init_args.batch_size={BATCH}")
@@ -59,13 +66,18 @@ def test_mosaic_streaming_under_ddp_trains_every_sample_of_an_epoch_once(tmp_pat
 
 
 @pytest.mark.slow
-def test_mosaic_streaming_resumes_mid_epoch_exactly_on_one_device(tmp_path, shards):
-    assert_resumes_exactly(mosaic_project(tmp_path, shards))
+def test_mosaic_streaming_resumes_mid_epoch_exactly_on_one_device(tmp_path, uninterrupted, shards):
+    assert_resumes_exactly(uninterrupted, mosaic_project(tmp_path, shards))
 
 
 @pytest.mark.slow
-def test_mosaic_streaming_resumes_mid_epoch_exactly_under_ddp(tmp_path, shards):
-    assert_resumes_exactly(mosaic_project(tmp_path, shards), *DDP)
+def test_mosaic_streaming_resumes_mid_epoch_exactly_under_ddp(tmp_path, uninterrupted, shards):
+    assert_resumes_exactly(uninterrupted, mosaic_project(tmp_path, shards), *DDP)
+
+
+@pytest.mark.slow
+def test_mosaic_streaming_killed_mid_epoch_under_ddp_resumes_exactly(tmp_path, uninterrupted, shards):
+    assert_killed_resumes_exactly(uninterrupted, mosaic_project(tmp_path, shards), *DDP)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """``TrainBatches`` (multigpu/data/train_batches.py) without processes: a loader's state kept after each batch it
 yields, not after those Lightning drew ahead, and counted from the batch a resume starts at; the samples of a
-collated batch. Its even end across ranks is proven under ddp in tests/data/test_libraries.py."""
+collated batch. Its even end across ranks is proven under ddp in tests/data/test_libraries.py and
+test_hugging_face.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from multigpu.data.train_batches import TrainBatches, drawn_ahead, samples_in
-from tests.data.test_libraries import Counting
+from tests.data.test_hugging_face import Counting
 
 
 class CountingLoader:
