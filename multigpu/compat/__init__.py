@@ -229,6 +229,14 @@ def request_train_loaders(trainer: L.Trainer) -> Any:
     return _request_dataloader(trainer.fit_loop._data_source)
 
 
+def restart_training_iterator(trainer: L.Trainer) -> None:
+    """Make the training iterator again. ``FitLoop.setup_data`` makes it when the loaders are first requested, which an
+    early read of ``estimated_stepping_batches`` does before fsdp2 restores a checkpoint's states."""
+    fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+    if fetcher is not None and getattr(fetcher, "_combined_loader", None) is not None:
+        iter(fetcher)
+
+
 def drop_saved_loader_states(checkpoint: dict[str, Any]) -> None:
     """Take the training loaders' states (rank 0's only) out of a checkpoint before Lightning restores its loops."""
     loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})

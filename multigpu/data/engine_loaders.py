@@ -18,6 +18,7 @@ from multigpu.compat import (
     overrides_hook,
     remade_loader,
     request_train_loaders,
+    restart_training_iterator,
     restarted_mid_epoch,
     train_loader_source,
     uses_distributed_sampler,
@@ -75,6 +76,7 @@ class EngineLoaders(Callback):
         self._positioned: list[StatePerBatch] = []
         self._uneven = False
         self._batches: TrainBatches | None = None
+        self._handed: Any = None  # the training loaders last handed to Lightning
         self.fitting: L.Trainer | None = None
         self._wrapped: Any = None
         self._evaluated: list[str] = []
@@ -108,6 +110,7 @@ class EngineLoaders(Callback):
             elif built is None:
                 built = original()
             self._batches = built if isinstance(built, TrainBatches) else None
+            self._handed = built
             self._resume(trainer, built)
             return built
 
@@ -352,6 +355,11 @@ class EngineLoaders(Callback):
         self.fitting = trainer
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._position is not None and self._handed is not None:
+            # restored after the loaders were handed out and their iterator made (fsdp2 builds the optimizers, which
+            # may read estimated_stepping_batches, before it restores the callbacks): placed now, iterator made again
+            self._resume(trainer, self._handed)
+            restart_training_iterator(trainer)
         if restarted_mid_epoch(trainer):
             for name, why in self._kept:
                 notice(

@@ -739,3 +739,33 @@ def test_the_saved_loader_states_are_dropped_before_lightning_restores_them(tmp_
     kept = StatefulLoaderModel()
     trainer(max_steps=3).fit(kept, ckpt_path=path)
     assert kept.loader.loaded == [{"position": 3}]  # without it, Lightning restores rank 0's
+
+
+class CountingLoader(StatefulLoader):
+    def __iter__(self):
+        self.iterated += 1
+        return super().__iter__()
+
+
+class SchedulingModel(StatefulLoaderModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loader = CountingLoader(TensorDataset(torch.randn(8, 32)), batch_size=2)
+        self.loader.loaded, self.loader.iterated = [], 0
+
+    def configure_optimizers(self):
+        self.steps = self.trainer.estimated_stepping_batches  # as a schedule reads it: the loaders requested
+        return super().configure_optimizers()
+
+
+def test_the_training_iterator_made_early_is_made_again():
+    class Restarting(Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.before = pl_module.loader.iterated  # made when the schedule read the steps
+            compat.restart_training_iterator(trainer)
+            self.after = pl_module.loader.iterated
+
+    model, restarting = SchedulingModel(), Restarting()
+    trainer(max_steps=2, callbacks=[restarting]).fit(model)
+    assert model.steps == 2 and (restarting.before, restarting.after) == (1, 2)
+    assert model.trainer.global_step == 2 and model.loader.iterated == 2  # trained from the iterator made again

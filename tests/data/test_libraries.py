@@ -273,6 +273,12 @@ def test_a_stateful_dataloader_with_workers_killed_mid_epoch_under_ddp_resumes_e
     assert_killed_resumes_exactly(uninterrupted, stateful_project(tmp_path), *DDP, *SCHEDULED)
 
 
+def test_a_stateful_dataloader_with_workers_resumes_mid_epoch_exactly_under_fsdp2(tmp_path, uninterrupted):
+    """fsdp2 builds the optimizers, whose schedule reads estimated_stepping_batches (the loader handed out), before
+    the checkpoint's callback states are restored: the position is given to the loader handed out."""
+    assert_resumes_exactly(uninterrupted, stateful_project(tmp_path), *FSDP2, *SCHEDULED)
+
+
 @pytest.mark.slow
 def test_litdata_resumes_mid_epoch_exactly_under_fsdp2(tmp_path, uninterrupted, chunks):
     assert_resumes_exactly(uninterrupted, litdata_project(tmp_path, chunks), *FSDP2)
