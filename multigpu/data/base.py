@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 from multigpu.data.sampling import (
     BatchedDataset,
     EvaluationBatches,
+    GlobalBatchSampler,
     global_seed,
     per_process_batch_size,
 )
@@ -63,11 +64,23 @@ class GlobalBatchDataModule(L.LightningDataModule):
             world_size, _, accumulate = self._world()
             batch_size = per_process_batch_size(self.batch_size, world_size, accumulate)
             return DataLoader(dataset, batch_size=batch_size, **self._loader_kwargs())
+        if trainer is not None and not any(getattr(c, "samples_training_loaders", False) for c in trainer.callbacks):
+            return self._sampled_loader(dataset)  # a plain L.Trainer: the engine's loaders callback is not there
         # a generator of its own: the global one stays the training step's
         generator = seeded_generator(global_seed())
         return DataLoader(
             dataset, batch_size=self.batch_size, shuffle=True, generator=generator, **self._loader_kwargs()
         )
+
+    def _sampled_loader(self, dataset: Dataset) -> DataLoader:
+        """The global batch shared among the processes by the sampler itself, which Lightning keeps (a
+        ``DistributedSampler``): the same math at any device count, without an exact resume mid-epoch."""
+        world_size, rank, accumulate = self._world()
+        sampler = GlobalBatchSampler(
+            dataset, self.batch_size, num_replicas=world_size, rank=rank, accumulate_grad_batches=accumulate
+        )
+        sampler.set_epoch(self.trainer.current_epoch)  # workers draw before Lightning's set_epoch
+        return DataLoader(dataset, batch_size=sampler.micro_batch_size, sampler=sampler, **self._loader_kwargs())
 
     def _evaluation_loader(self, dataset: Dataset | None, name: str) -> DataLoader:
         dataset = self._require(dataset, name)

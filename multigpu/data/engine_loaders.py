@@ -64,6 +64,8 @@ EVALUATION_HOOKS = ("val_dataloader", "test_dataloader")
 class EngineLoaders(Callback):
     """Put the engine's sampling into the loaders; ``per_process``: ``batch_size`` is each process's micro-batch."""
 
+    samples_training_loaders = True  # GlobalBatchDataModule then returns a plain loader for it to sample
+
     def __init__(self, per_process: bool = False) -> None:
         self.per_process = per_process
         self._source: Any = None

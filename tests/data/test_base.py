@@ -27,3 +27,18 @@ def test_a_drawn_32_bit_seed_seeds_the_loaders_generator():
     for seed in seeds:
         torch.Generator().manual_seed(seed)  # raised "Overflow when unpacking long long" before
     assert loader_seed(42, 1, 2) == (42 * 1_000_003 + 1) * 65_537 + 2  # small seeds: unchanged
+
+
+def test_under_a_plain_trainer_the_sampler_shares_the_global_batch_and_under_the_engine_the_engine_does():
+    import lightning as L
+
+    from multigpu.data.engine_loaders import EngineLoaders
+    from multigpu.data.sampling import GlobalBatchSampler
+
+    for callbacks, shared_by_sampler in (([], True), ([EngineLoaders()], False)):
+        data = TinyData(batch_size=32, train_size=256)
+        data.trainer = L.Trainer(accelerator="cpu", devices=1, callbacks=callbacks, logger=False)
+        data.setup("fit")
+        loader = data.train_dataloader()
+        assert isinstance(loader.sampler, GlobalBatchSampler) is shared_by_sampler
+        assert loader.batch_size == 32  # one process: the micro-batch is the global batch
