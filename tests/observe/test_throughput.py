@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import lightning as L
 import pytest
@@ -15,7 +14,23 @@ from tests.cli import main
 from tests.conftest import TINY, read_metrics
 
 LOAD_SECONDS = 0.02  # per batch, in the loader of the user workload below
+STEP_SECONDS = 0.005  # per training step
 FLOPS_PER_BATCH = 3.0e9
+
+
+class Clock:
+    """The time the speed monitor reads in these tests: it moves only when the loader loads or a step computes, so
+    the figures follow from the run's hooks alone, whatever else the machine runs."""
+
+    now = 0.0
+
+    @classmethod
+    def perf_counter(cls) -> float:
+        return cls.now
+
+    @classmethod
+    def advance(cls, seconds: float) -> None:
+        cls.now += seconds
 
 
 class SlowDictData(Dataset):
@@ -29,7 +44,7 @@ class SlowDictData(Dataset):
 
 
 def slow_collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    time.sleep(LOAD_SECONDS)
+    Clock.advance(LOAD_SECONDS)
     return {key: torch.stack([item[key] for item in items]) for key in items[0]}
 
 
@@ -43,10 +58,11 @@ class UserModule(L.LightningModule):
         self.layer = torch.nn.Linear(4, 1)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        Clock.advance(STEP_SECONDS)
         return torch.nn.functional.mse_loss(self.layer(batch["x"]).squeeze(1), batch["y"])
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.log("val/loss", self.training_step(batch, batch_idx))
+        self.log("val/loss", torch.nn.functional.mse_loss(self.layer(batch["x"]).squeeze(1), batch["y"]))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -66,21 +82,53 @@ def logged(rows: list[dict[str, str]], key: str) -> list[float]:
     return [float(row[key]) for row in rows if row.get(key)]
 
 
-def test_user_module_gets_throughput_mfu_memory_and_data_wait(tmp_path, capsys):
+class HookTimes(L.Callback):
+    """When each training batch started and ended on the monitor's clock, as the test sees it."""
+
+    epoch_start = 0.0
+    starts: list[float] = []
+    ends: list[float] = []
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        type(self).epoch_start = Clock.perf_counter()
+
+    def on_train_batch_start(self, *args: object) -> None:
+        self.starts.append(Clock.perf_counter())
+
+    def on_train_batch_end(self, *args: object) -> None:
+        self.ends.append(Clock.perf_counter())
+
+
+def test_user_module_gets_throughput_mfu_memory_and_data_wait(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("multigpu.observe.throughput.time", Clock)
+    monkeypatch.setattr(HookTimes, "starts", [])
+    monkeypatch.setattr(HookTimes, "ends", [])
     run_dir = tmp_path / "run"
     main([
         "fit", "--model=tests.observe.test_throughput.UserModule", "--data=tests.observe.test_throughput.UserData",
         "--trainer.accelerator=cpu", "--trainer.max_epochs=1", "--trainer.log_every_n_steps=2",
         "--trainer.limit_val_batches=1", "--throughput.peak_tflops=2.0", "--progress_bar=plain",
-        f"--trainer.default_root_dir={run_dir}",
+        "--trainer.callbacks+=tests.observe.test_throughput.HookTimes", f"--trainer.default_root_dir={run_dir}",
     ])  # fmt: skip
     rows = read_metrics(run_dir)
     samples = logged(rows, "perf/samples_per_s")
     assert len(samples) == 4  # 8 steps, logged every 2
-    # the loader sleeps LOAD_SECONDS per batch of 8 and the step is nearly free: the rate is bounded by loading
-    assert all(0.3 * 8 / LOAD_SECONDS < s < 8 / LOAD_SECONDS for s in samples), samples
+    # each figure covers two steps: from the end of the last logged one (the epoch's start at first) to its own end
+    window_ends = [HookTimes.ends[step] for step in (1, 3, 5, 7)]
+    elapsed = [end - start for start, end in zip([HookTimes.epoch_start, *window_ends[:-1]], window_ends, strict=True)]
+    assert samples == pytest.approx([16 / seconds for seconds in elapsed], rel=1e-9)
+    gaps = [
+        start - end for start, end in zip(HookTimes.starts, [HookTimes.epoch_start, *HookTimes.ends[:-1]], strict=True)
+    ]
+    waits = [sum(gaps[step : step + 2]) for step in (0, 2, 4, 6)]
+    assert logged(rows, "perf/data_wait") == pytest.approx(
+        [w / e for w, e in zip(waits, elapsed, strict=True)], rel=1e-9
+    )
+    # every batch loaded was waited for, and every step's compute was not
+    assert sum(waits) == pytest.approx(8 * LOAD_SECONDS) and sum(elapsed) == pytest.approx(
+        8 * (LOAD_SECONDS + STEP_SECONDS)
+    )
     assert logged(rows, "perf/samples_per_s_per_device") == samples  # one device
-    assert all(0.5 < wait < 1.0 for wait in logged(rows, "perf/data_wait"))
     tflops = logged(rows, "perf/tflops_per_device")
     assert tflops == pytest.approx([s / 8 * FLOPS_PER_BATCH / 1e12 for s in samples], rel=1e-5)
     assert logged(rows, "perf/mfu") == pytest.approx([t / 2.0 for t in tflops], rel=1e-5)
