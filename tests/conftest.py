@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import csv
 import functools
 import hashlib
@@ -133,17 +134,13 @@ def tree_digest(folder: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished two-step run of the tests' workload (checkpoints, logs and config), which the tests that refuse
-    bad input read and resume (``untouched``)."""
-    from tests.cli import main
-
-    run_dir = tmp_path_factory.mktemp("errors") / "run"
+def finished_run(main: Callable[[list[str]], None], prog: str, args: list[str], run_dir: Path) -> Path:
+    """A finished two-step ``fit`` by ``main`` (checkpoints, logs and config), with ``sys.argv[0]`` the program its
+    messages name."""
     sys_argv = sys.argv
-    sys.argv = [CLI_MODULE]
+    sys.argv = [prog]
     try:
-        main(["fit", *TINY_RUN, f"--trainer.default_root_dir={run_dir}", "--trainer.max_steps=2"])
+        main(["fit", *args, f"--trainer.default_root_dir={run_dir}", "--trainer.max_steps=2"])
     except SystemExit as stop:
         assert stop.code in (0, None)
     finally:
@@ -152,12 +149,27 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+@contextlib.contextmanager
+def unchanged(folder: Path) -> Iterator[Path]:
+    """The folder; fails if any of its files changed meanwhile."""
+    before = tree_digest(folder)
+    yield folder
+    assert tree_digest(folder) == before
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run of the tests' workload, which the tests that refuse bad input read and resume (``untouched``)."""
+    from tests.cli import main
+
+    return finished_run(main, CLI_MODULE, TINY_RUN, tmp_path_factory.mktemp("errors") / "run")
+
+
 @pytest.fixture
 def untouched(tiny_run: Path) -> Iterator[Path]:
     """The tiny run's directory; the test fails if any of its files changed."""
-    before = tree_digest(tiny_run)
-    yield tiny_run
-    assert tree_digest(tiny_run) == before
+    with unchanged(tiny_run):
+        yield tiny_run
 
 
 _START_UP = pytest.StashKey[dict[str, str]]()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch.distributed
 from lightning.pytorch.strategies import DDPStrategy as LightningDDPStrategy
@@ -43,8 +44,12 @@ def put_back_launch_variables(before: dict[str, str | None]) -> None:
             os.environ[name] = value
 
 
-class DDPStrategy(LightningDDPStrategy):
-    """Lightning's ``DDPStrategy`` whose ranks have ``START_TIMEOUT`` to join, and ``timeout`` in every collective."""
+# typed as the strategy it is mixed into; a plain mixin at run time
+_Parallel = ParallelStrategy if TYPE_CHECKING else object
+
+
+class PlacedRanks(_Parallel):
+    """Ranks given ``START_TIMEOUT`` to join, and torchrun's variables set from setup to teardown."""
 
     #: torchrun's variables as they were before ``setup_environment`` set them, put back at ``teardown``
     launch_variables_before: dict[str, str | None] = {}
@@ -58,3 +63,7 @@ class DDPStrategy(LightningDDPStrategy):
         super().teardown()
         put_back_launch_variables(self.launch_variables_before)
         self.launch_variables_before = {}
+
+
+class DDPStrategy(PlacedRanks, LightningDDPStrategy):
+    """Lightning's ``DDPStrategy`` whose ranks have ``START_TIMEOUT`` to join, and ``timeout`` in every collective."""

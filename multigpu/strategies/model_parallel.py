@@ -28,9 +28,9 @@ from multigpu.checkpoints.sharded import (
     staging_path,
     write_shards,
 )
-from multigpu.compat import collective_timeout, overrides_hook, ranks_join_within, set_mesh_sizes
+from multigpu.compat import collective_timeout, overrides_hook, set_mesh_sizes
 from multigpu.errors import ConfigurationError
-from multigpu.strategies.ddp import START_TIMEOUT, export_launch_variables, put_back_launch_variables
+from multigpu.strategies.ddp import PlacedRanks
 from multigpu.strategies.sharding import DefaultShardingPolicy
 
 if TYPE_CHECKING:
@@ -87,20 +87,8 @@ class ClipAcrossMeshes(Callback):
 _Strategy = ModelParallelStrategy if TYPE_CHECKING else object
 
 
-class _ModelParallelMixin(_Strategy):
+class _ModelParallelMixin(PlacedRanks, _Strategy):
     sharded_checkpoints: bool
-    #: torchrun's variables as they were before ``setup_environment`` set them, put back at ``teardown``
-    launch_variables_before: dict[str, str | None] = {}
-
-    def setup_environment(self) -> None:
-        with ranks_join_within(self, START_TIMEOUT):
-            super().setup_environment()
-        self.launch_variables_before = export_launch_variables(self)
-
-    def teardown(self) -> None:
-        super().teardown()
-        put_back_launch_variables(self.launch_variables_before)
-        self.launch_variables_before = {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         if not self.sharded_checkpoints or "://" in str(filepath) or storage_options is not None:

@@ -4,7 +4,6 @@ augmentation), the default run of configs/default.yaml, its bad input, and its t
 from __future__ import annotations
 
 import hashlib
-import sys
 import tarfile
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from src.data.images import (
     synthetic_images,
 )
 from src.models import ImageClassifier
-from tests.conftest import cli_env, last_value, load_state, read_metrics, relative_difference, tree_digest
+from tests.conftest import cli_env, finished_run, last_value, load_state, read_metrics, relative_difference, unchanged
 from tests.errors.test_errors import fails_cleanly
 from tests.examples.conftest import TINY_IMAGE, write_cifar10
 
@@ -170,25 +169,14 @@ def test_ddp_trains_the_image_model_as_one_process_and_compiled_recompiles_nothi
 @pytest.fixture(scope="module")
 def image_run(tmp_path_factory) -> Path:
     """A finished two-step run of the tiny image workload: checkpoints, logs and config."""
-    run_dir = tmp_path_factory.mktemp("errors") / "run"
-    sys_argv = sys.argv
-    sys.argv = ["src.cli"]
-    try:
-        main(["fit", *TINY_IMAGE_RUN, f"--trainer.default_root_dir={run_dir}", "--trainer.max_steps=2"])
-    except SystemExit as stop:
-        assert stop.code in (0, None)
-    finally:
-        sys.argv = sys_argv
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
-    return run_dir
+    return finished_run(main, "src.cli", TINY_IMAGE_RUN, tmp_path_factory.mktemp("errors") / "run")
 
 
 @pytest.fixture
 def untouched(image_run):
     """The image run's directory; the test fails if any of its files changed."""
-    before = tree_digest(image_run)
-    yield image_run
-    assert tree_digest(image_run) == before
+    with unchanged(image_run):
+        yield image_run
 
 
 def resume(run_dir: Path, *args: str) -> list[str]:
