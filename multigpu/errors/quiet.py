@@ -33,37 +33,36 @@ def silence_known_noise() -> None:
     for name in RANK_ZERO_LOGGERS:
         if _LITLOGGER_TIP not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_LITLOGGER_TIP)
-    # torch 2.13 deprecates `LeafSpec`, which Lightning 2.6's own _pytree helper still uses
-    warnings.filterwarnings(
-        "ignore",
-        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-        category=FutureWarning,
-        module=pytree_warning_module(),
-    )
+    for message, category, module in _known_warnings():
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
+def _known_warnings() -> list[tuple[str, type[Warning], str]]:
+    """The (message, category, module) patterns of the warnings that say nothing about the run."""
+    known = [
+        # torch 2.13 deprecates `LeafSpec`, which Lightning 2.6's own _pytree helper still uses
+        (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning, pytree_warning_module()),
+        # a fresh fit into a folder of checkpoints is refused, so this shows only on a resume, where it is meant to
+        (
+            r"Checkpoint directory .* exists and is not empty\.",
+            Warning,
+            r"lightning\.pytorch\.callbacks\.model_checkpoint",
+        ),
+        # a 1x1 convolution's strides differ from DDP's bucket only on dimensions of size 1, same memory layout
+        (
+            r"Grad strides do not match bucket view strides(?s:.*)grad\.sizes\(\) = \[\d+, \d+, 1, 1\],",
+            UserWarning,
+            r"torch\.autograd\.graph",
+        ),
+        # a mid-epoch resume: multigpu/checkpoints/continuation.py's own note says it with the epoch, batch and fix
+        (
+            r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not",
+            Warning,
+            mid_epoch_resume_warning_module(),
+        ),
+    ]
     # Lightning's hint to prefix `srun` fires whenever srun is on PATH, also outside a SLURM job
     if "SLURM_JOB_ID" not in os.environ:
-        warnings.filterwarnings(
-            "ignore",
-            message=r"The `srun` command is available on your system but is not used",
-            category=PossibleUserWarning,
-            module=r"lightning\.fabric\.plugins\.environments\.slurm",
-        )
-    # a fresh fit into a folder of checkpoints is refused, so this shows only on a resume, where it is meant to
-    warnings.filterwarnings(
-        "ignore",
-        message=r"Checkpoint directory .* exists and is not empty\.",
-        module=r"lightning\.pytorch\.callbacks\.model_checkpoint",
-    )
-    # a 1x1 convolution's strides differ from DDP's bucket only on dimensions of size 1, with the same memory layout
-    warnings.filterwarnings(
-        "ignore",
-        message=r"Grad strides do not match bucket view strides(?s:.*)grad\.sizes\(\) = \[\d+, \d+, 1, 1\],",
-        category=UserWarning,
-        module=r"torch\.autograd\.graph",
-    )
-    # a mid-epoch resume: multigpu/checkpoints/continuation.py's own note says it with the epoch, the batch and the fix
-    warnings.filterwarnings(
-        "ignore",
-        message=r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not",
-        module=mid_epoch_resume_warning_module(),
-    )
+        srun_hint = r"The `srun` command is available on your system but is not used"
+        known.append((srun_hint, PossibleUserWarning, r"lightning\.fabric\.plugins\.environments\.slurm"))
+    return known
