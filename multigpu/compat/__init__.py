@@ -161,8 +161,9 @@ def set_device_mesh(strategy: Any, mesh: Any) -> None:
 
 
 def collective_timeout(strategy: Any) -> timedelta | None:
-    """How long a ``DDPStrategy``'s or ``ModelParallelStrategy``'s collectives wait, which neither exposes."""
-    return strategy._timeout
+    """How long a ``DDPStrategy``'s or ``ModelParallelStrategy``'s collectives wait, which neither exposes; None
+    (torch's default) for another strategy."""
+    return getattr(strategy, "_timeout", None)
 
 
 @contextlib.contextmanager

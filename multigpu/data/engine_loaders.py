@@ -8,11 +8,13 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, IterableDataset
 
 from multigpu.compat import (
+    collective_timeout,
     drop_saved_loader_states,
     loader_arguments,
     overrides_hook,
@@ -77,6 +79,7 @@ class EngineLoaders(Callback):
         self._seeded: list[DataLoader] = []
         self._positioned: list[StatePerBatch] = []
         self._uneven = False
+        self._even_group: Any = None  # the ranks' gloo group for TrainBatches, made once per fit
         self._batches: TrainBatches | None = None
         self._handed: Any = None  # the training loaders last handed to Lightning
         self.fitting: L.Trainer | None = None
@@ -127,7 +130,7 @@ class EngineLoaders(Callback):
         if self._wrapped is not None:
             for hook in [HOOK, *self._evaluated]:
                 vars(self._wrapped).pop(hook, None)
-        self._source = self._built = self._wrapped = None
+        self._source = self._built = self._wrapped = self._even_group = None
 
     def _evaluation_loaders(self, trainer: L.Trainer, ask: Any, hook: str) -> Any:
         loaders = ask()
@@ -186,15 +189,24 @@ class EngineLoaders(Callback):
         self._engine, self._kept, self._seeded, self._positioned, self._uneven = [], [], [], [], False
         if isinstance(loaders, DataLoader):
             rebuilt = self._rebuild(loaders, world, f"loader of {owner}")
-            return TrainBatches(rebuilt, self._uneven) if self._uneven or drawn_ahead(rebuilt) else rebuilt
+            even = self._even_across(trainer)
+            return TrainBatches(rebuilt, even) if self._uneven or drawn_ahead(rebuilt) else rebuilt
         combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders, "max_size_cycle")
         combined.flattened = [
             self._rebuild(loader, world, f"loader {index} of {owner}")
             for index, loader in enumerate(combined.flattened)
         ]
         if (self._uneven or any(map(drawn_ahead, combined.flattened))) and not isinstance(loaders, CombinedLoader):
-            return TrainBatches(combined.iterables, self._uneven)  # a CombinedLoader of the user's keeps its mode
+            # a CombinedLoader of the user's keeps its mode
+            return TrainBatches(combined.iterables, self._even_across(trainer))
         return combined
+
+    def _even_across(self, trainer: L.Trainer) -> Any:
+        """The group whose ranks end an epoch of uneven shards together, or None: made once, by every rank here, as
+        every rank builds its loaders and finds them uneven at the same point."""
+        if self._uneven and self._even_group is None:
+            self._even_group = dist.new_group(backend="gloo", timeout=collective_timeout(trainer.strategy))
+        return self._even_group if self._uneven else None
 
     def _rebuild(self, loader: Any, world: World, name: str) -> Any:
         if shards_itself(loader):  # rebuilt, it would lose its sharding; its own state resumes it

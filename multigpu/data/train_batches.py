@@ -13,23 +13,22 @@ from multigpu.errors import notice
 
 
 class TrainBatches(CombinedLoader):
-    """``CombinedLoader`` whose ranks, with ``even``, all end the epoch at the first batch one of them lacks: a rank
-    ending early would leave the others waiting in their gradient all-reduce. One gloo all-reduce per batch."""
+    """``CombinedLoader`` whose ranks, given the gloo group ``even_across``, all end the epoch at the first batch one
+    of them lacks: a rank ending early would leave the others waiting in their gradient all-reduce. One gloo
+    all-reduce per batch."""
 
     KEPT = 4  # the batch trained and those Lightning drew ahead of it
 
-    def __init__(self, iterables: Any, even: bool, mode: str = "max_size_cycle") -> None:
+    def __init__(self, iterables: Any, even_across: Any = None, mode: str = "max_size_cycle") -> None:
         super().__init__(iterables, mode)
-        self.even = even
-        self._group: Any = None
+        self.even = even_across is not None
+        self._group = even_across
         self._batches = 0
         self._start = 0
         self._states: deque[tuple[int, list[Any]]] = deque(maxlen=self.KEPT)
         self._said = False
 
     def __iter__(self) -> TrainBatches:
-        if self.even and self._group is None:  # every rank starts the epoch's iterator at the same point
-            self._group = dist.new_group(backend="gloo")
         self._batches, self._start = self._start, 0
         return super().__iter__()
 

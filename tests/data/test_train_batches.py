@@ -30,10 +30,10 @@ class CountingLoader:
 
 def test_train_batches_keep_a_loader_state_after_each_batch_not_after_those_drawn_ahead():
     loader = CountingLoader(10, batch_size=4)
-    batches = iter(TrainBatches(loader, even=False))
+    batches = iter(TrainBatches(loader))
     next(batches), next(batches)  # Lightning draws the second batch before it trains the first
     assert batches.state_after(loader, 1) == {"yielded": 4} and loader.state_dict() == {"yielded": 8}
-    resumed = TrainBatches(CountingLoader(10, batch_size=4), even=False)
+    resumed = TrainBatches(CountingLoader(10, batch_size=4))
     [restored] = resumed.positioned()
     restored.load_state_dict(batches.state_after(loader, 1))
     resumed.start_at(1)
