@@ -16,9 +16,9 @@
 # go to GPU_CHECK_SCRATCH (default /tmp/gpu_check_runs), and OUTPUT_DIR/outputs.tgz holds every output in one file.
 #
 # Parts, each under its own timeout (seconds; the variable overrides it). On one H200 (torch 2.11) each training
-# process takes 15 to 19 s before its first step, so the whole check takes about 9 to 10 minutes; it also runs in
+# process takes 15 to 19 s before its first step, so the whole check takes about 10 minutes; it also runs in
 # two commands (the second finds the wheels installed):
-#   GPU_CHECK_PARTS="gpu_tests users syncs mfu" bash scripts/gpu_check.sh DIR    (about 4 minutes)
+#   GPU_CHECK_PARTS="gpu_tests users syncs mfu nvtx" bash scripts/gpu_check.sh DIR    (about 5 minutes)
 #   GPU_CHECK_PARTS="bench_gpt stall bench_image" bash scripts/gpu_check.sh DIR2 (about 6 minutes)
 #   setup       (30)  the wheels, the machine and versions: machine.txt
 #   -- correctness, run side by side (none of them is timed):
@@ -34,6 +34,9 @@
 #   mfu         (120) configs/experiment/gpt_gpu.yaml (86M parameters, 1024 tokens, batch 256) in bf16-mixed for
 #                     40 steps (at batch 128 if that fails, the part then failed), and in 32-true at batch 64 for
 #                     20: tokens/s and perf/mfu, mfu/*.json
+#   nvtx        (60)  configs/debug/nsight.yaml's NVTX ranges over 10 steps: under `nsys profile -t cuda,nvtx` where
+#                     nsys is on PATH (nvtx/nvtx_sum.txt, by `nsys stats --report nvtx_sum`), else counted from
+#                     torch.profiler's events by scripts/nvtx_ranges.py (nvtx/ranges.txt)
 #   stall       (120) the stall of an asynchronous checkpoint save of state in GPU memory, by
 #                     scripts/checkpoint_stall.py where this copy has it (a line saying it is absent otherwise)
 #   bench_image (170) as bench_gpt for the image workload (a run cut by its timeout still writes its report)
@@ -62,7 +65,7 @@ part() {
   [[ " ${GPU_CHECK_PARTS:-$name} " == *" $name "* ]] || return 0
   [ "$dry" = 1 ] && limit=$((limit * 4)) # a dry run's tiny parts take longer on a shared CPU than real ones on a GPU
   state="$(declare -p py out runs repo dry accel gpus test_workers half user_steps sync_size bench_size mfu_size \
-    mfu_batches mfu_steps stall_size); $(declare -f gpu_tests users syncs bench gpt_gpu mfu stall)"
+    mfu_batches mfu_steps stall_size nvtx_flags); $(declare -f gpu_tests users syncs bench gpt_gpu mfu nvtx stall)"
   echo "== $name (at most ${limit}s)"
   timeout --kill-after=15 "$limit" bash -c "$state"'; "$@"' "$name" "$@" >"$out/$name.log" 2>&1
   rc=$?
@@ -110,6 +113,7 @@ if [ "$dry" = 1 ]; then
     --model.init_args.block_size=32 --data.init_args.block_size=32 --data.init_args.corpus_chars=20000
     --trainer.log_every_n_steps=1) mfu_batches=(4 2) mfu_steps=(3 3)
   stall_size=(--accelerator cpu --repeats 1 --steps 2 --threads 1 --n-layer 1 --n-embd 32 --n-head 2 --batch-size 2)
+  nvtx_flags=(--stand-in) # the callback believes it trains on CUDA: the ranges are counted, no NVTX call is made
 else
   if ! "$py" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
     echo "PyTorch sees no CUDA GPU: nothing checked (GPU_CHECK_DRY_RUN=1 runs the plumbing on a CPU)" >>"$summary"
@@ -120,6 +124,7 @@ else
   user_steps=30 sync_size=(--warmup 10 --steps 20) bench_size=(--accelerator gpu --steps 30 --warmup 10)
   mfu_size=() mfu_batches=(256 64) mfu_steps=(40 20)
   stall_size=(--accelerator gpu --repeats 1 --steps 10 --threads 8)
+  nvtx_flags=()
 fi
 
 # -- the correctness parts (run side by side) --------------------------------------------------------------------------
@@ -193,6 +198,20 @@ mfu() { # bf16-mixed at the preset's batch (half of it if that fails, e.g. out o
   return $rc
 }
 
+nvtx() { # the Nsight preset's ranges: under nsys where it is installed, else counted by scripts/nvtx_ranges.py
+  local run=$runs/nvtx
+  local fit=(--trainer.accelerator="$accel" --trainer.devices=1 --trainer.limit_train_batches=10
+    --trainer.limit_val_batches=2 --trainer.default_root_dir="$run")
+  mkdir -p "$out/nvtx" "$run"
+  if [ "$dry" != 1 ] && command -v nsys >/dev/null; then
+    nsys profile -t cuda,nvtx --force-overwrite=true -o "$run/nsight" "$py" -m src.cli fit \
+      --config configs/debug/nsight.yaml "${fit[@]}" --progress_bar=none &&
+      nsys stats --report nvtx_sum "$run/nsight.nsys-rep" | tee "$out/nvtx/nvtx_sum.txt"
+  else
+    "$py" scripts/nvtx_ranges.py --out "$out/nvtx/ranges.txt" "${nvtx_flags[@]}" -- "${fit[@]}"
+  fi
+}
+
 stall() {
   if [ ! -e scripts/checkpoint_stall.py ]; then
     echo "skipped: scripts/checkpoint_stall.py is not in this copy (asynchronous checkpoints have not landed)"
@@ -211,6 +230,7 @@ side+=($!)
 wait "${side[@]}" # by their ids: a bare `wait` would also wait for the console's tee, which never ends
 part bench_gpt "${BENCH_GPT_TIMEOUT:-200}" bench gpt
 part mfu "${MFU_TIMEOUT:-120}" mfu
+part nvtx "${NVTX_TIMEOUT:-60}" nvtx
 part stall "${STALL_TIMEOUT:-120}" stall
 part bench_image "${BENCH_IMAGE_TIMEOUT:-170}" bench image
 

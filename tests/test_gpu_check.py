@@ -26,7 +26,7 @@ ON_THE_GPU_MACHINE = {"torch", "lightning", "torchmetrics", "rich", "tensorboard
 #: imported only where a config names its logger (configs/logger/wandb.yaml), which the check does not
 NOT_NEEDED = {"wandb"}
 WHEELS = REPO / "scripts" / "gpu_wheels"
-PARTS = ["setup", "gpu_tests", "users", "syncs", "bench_gpt", "mfu", "stall", "bench_image"]
+PARTS = ["setup", "gpu_tests", "users", "syncs", "bench_gpt", "mfu", "nvtx", "stall", "bench_image"]
 
 
 def wheel_names() -> set[str]:

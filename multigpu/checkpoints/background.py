@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,8 @@ class HostSnapshot:
         self.buffers: list[torch.Tensor] = []
         self.on_gpu = False
         self.ready: Any = None
+        #: what each copy runs inside (a profiler's range: multigpu/observe/nvtx.py)
+        self.around_copy: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
 
     def take(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
         """The checkpoint with every tensor replaced by its copy."""
@@ -75,7 +79,8 @@ class HostSnapshot:
         several = torch.distributed.is_available() and torch.distributed.is_initialized()
         torch.set_num_threads(1 if several and torch.distributed.get_world_size() > 1 else threads)
         try:
-            copied = apply_to_collection(checkpoint, torch.Tensor, copy)
+            with self.around_copy():
+                copied = apply_to_collection(checkpoint, torch.Tensor, copy)
         finally:
             torch.set_num_threads(threads)
         self.ready = torch.cuda.Event() if self.on_gpu else None
@@ -132,6 +137,10 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         self._noted = False
         self._shard_group: Any = None  # gloo: the writer's collectives stay off training's
         self._shard_stager: SnapshotStager | None = None
+
+    def mark_copies(self, around: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
+        """Run each host copy of a checkpoint's state inside ``around()`` (the default: nothing around it)."""
+        self._snapshot.around_copy = around
 
     def _note_synchronous(self, error: BaseException) -> None:
         if not self._noted:

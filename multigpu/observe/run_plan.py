@@ -1,11 +1,13 @@
 """The run plan: what a training run is about to do, printed once by rank 0 and saved as ``run_plan.json``, so
-a wrong batch, precision or checkpoint shows before the first step."""
+a wrong batch, precision or checkpoint shows before the first step; at the first step, the seconds it took to get
+there, in parts (``multigpu/observe/first_step.py``)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from torch import nn
 
 from multigpu.data.libraries import self_sharded_meaning, shards_itself
 from multigpu.data.topology import data_parallel_world
+from multigpu.observe import first_step
 from multigpu.strategies.model_parallel import memory_per_rank
 
 PLAN_FILE = "run_plan.json"
@@ -175,25 +178,68 @@ def format_plan(plan: dict[str, Any]) -> str:
 
 
 class RunPlan(Callback):
-    """Prints the run plan when training starts, on rank 0, and writes it into this start's log directory.
+    """Prints the run plan when training starts, on rank 0, and writes it into this start's log directory; at the
+    end of the first training step, one line of the seconds since the process started, in parts, also written into
+    the plan (``first_step_s``).
 
     Args:
-        print_plan: Print the table (the JSON file is written either way).
+        print_plan: Print the table and the line (the JSON file is written either way).
     """
 
     def __init__(self, print_plan: bool = True) -> None:
         super().__init__()
         self.print_plan = print_plan
         self.plan: dict[str, Any] | None = None
+        self._folder: Path | None = None
+        self._marks: list[tuple[str, float]] = []
+        self._started: float | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._marks = first_step.taken()  # the command line's; without it, the parts start at this fit
+        self._started = first_step.process_started() if self._marks else None
+        self._marks = self._marks or [("fit", time.perf_counter())]
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._mark("setup")
+
+    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._mark("sanity check")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # every rank: `trainer.log_dir` is a broadcast under ddp, so calling it on rank 0 alone would hang
         self.plan = run_plan(trainer, pl_module)
-        folder = Path(trainer.log_dir or trainer.default_root_dir)
+        self._folder = Path(trainer.log_dir or trainer.default_root_dir)
         if not trainer.is_global_zero:
             return
         if self.print_plan:
             print(format_plan(self.plan), flush=True)
-        if not trainer.fast_dev_run:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / PLAN_FILE).write_text(json.dumps(self.plan, indent=2) + "\n")
+        self._write(trainer)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._mark("first batch")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if not self._mark("first step"):
+            return
+        parts = first_step.split(self._marks, self._started)
+        self._marks = []
+        if self.plan is None or not trainer.is_global_zero:
+            return
+        self.plan["first_step_s"] = parts
+        if self.print_plan:
+            print(first_step.line(parts), flush=True)
+        self._write(trainer)
+
+    def _mark(self, part: str) -> bool:
+        """End ``part`` now, the first time only, while the first step is being timed."""
+        if not self._marks or part in dict(self._marks):
+            return False
+        self._marks.append((part, time.perf_counter()))
+        return True
+
+    def _write(self, trainer: L.Trainer) -> None:
+        if not trainer.fast_dev_run and self._folder is not None:
+            self._folder.mkdir(parents=True, exist_ok=True)
+            (self._folder / PLAN_FILE).write_text(json.dumps(self.plan, indent=2) + "\n")

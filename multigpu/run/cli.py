@@ -33,6 +33,7 @@ from multigpu.errors.reporting import report, report_desk
 from multigpu.facts import RunFacts
 from multigpu.facts.argv import CLASSES, chosen_classes, named_subcommand, rebased_defaults, unresolved
 from multigpu.faults.preemption import STOP_EXIT_CODES, forward_stop_signals_to_workers
+from multigpu.observe import first_step
 from multigpu.run.checks import check_before_launch, check_built, check_resumed
 from multigpu.run.parser import TemplateArgumentParser, add_config_option, add_template_options
 from multigpu.run.run_dir import place_loggers, shared_random_seed
@@ -86,6 +87,7 @@ class TemplateCLI(LightningCLI):
             )
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        first_step.command_started()  # the time to the first step, in parts (multigpu/observe/first_step.py)
         started_by(type(self))  # the project's module: what --help, the errors and the subprocesses name
         listed = isinstance(args, (list, tuple, type(None)))
         self.argv = list(sys.argv[1:] if args is None else args) if listed else None
@@ -174,6 +176,7 @@ class TemplateCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """The objects the options name, then the Trainer, then the checks of what was built."""
         facts, options = self.facts, self.chosen()
+        first_step.mark("engine")
         place_loggers(options.trainer, facts.run_dir)
         try:
             self.config_init = self.parser.instantiate_classes(self.config)
@@ -181,7 +184,9 @@ class TemplateCLI(LightningCLI):
             raise building_error(error, facts, objects_built=False) from error
         built = self.chosen(self.config_init)
         self.model, self.datamodule = built.get("model"), built.get("data")
+        first_step.mark("model and data")
         self.trainer = self.build_trainer(options, built)
+        first_step.mark("Trainer")
         if facts.subcommand is None:
             return
         check_built(facts, self.model, self.datamodule, self.trainer, self.resumed)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -58,6 +59,12 @@ def test_the_dry_run_starts_every_part_and_writes_its_outputs(tmp_path):
 
     mfu = [json.loads(p.read_text()) for p in sorted((out / "mfu").glob("*.json"))]
     assert len(mfu) == 2 and all(m["perf/tokens_per_s"] > 0 for m in mfu)
+    ranges = (out / "nvtx" / "ranges.txt").read_text()  # counted with the stand-in: the GPU run counts or uses nsys
+    assert (
+        re.search(r"^step N \(all\) +10 ", ranges, re.MULTILINE)
+        and "ranges left open: 0" in ranges
+        and "optimizer" in ranges
+    )
     stall = (out / "stall.log").read_text()
     assert ("skipped" in stall) != (REPO / "scripts" / "checkpoint_stall.py").exists()
     # the runs' folders (checkpoints) stay out of the outputs, which come back as one archive
