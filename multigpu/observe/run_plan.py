@@ -221,6 +221,8 @@ class RunPlan(Callback):
         self._mark("first batch")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self._marks and trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize(trainer.strategy.root_device)  # once: the step's kernels are part of its time
         if not self._mark("first step"):
             return
         parts = first_step.split(self._marks, self._started)

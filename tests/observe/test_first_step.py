@@ -44,12 +44,14 @@ def test_the_process_start_is_when_the_process_started():
     assert before - 0.02 <= started <= first  # /proc counts in 10 ms ticks
 
 
-def test_a_plain_trainer_splits_from_its_fit_on():
+def test_a_plain_trainer_splits_from_its_fit_on(tmp_path):
     first_step.taken()  # no command's marks: an earlier command's in this process are not this fit's
     trainer = L.Trainer(accelerator="cpu", max_steps=2, num_sanity_val_steps=0, logger=False, callbacks=[RunPlan()],
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(TinyClassifier(), TinyData())
     plan = next(callback for callback in trainer.callbacks if isinstance(callback, RunPlan)).plan
     parts = plan["first_step_s"]
     assert list(parts) == ["setup", "first batch", "first step", "total"]
     assert sum(parts[name] for name in ("setup", "first batch", "first step")) == pytest.approx(parts["total"])
+    assert json.loads((tmp_path / "run_plan.json").read_text())["first_step_s"] == parts  # in its own folder
