@@ -108,6 +108,35 @@ def leaves_out_extended(config: pytest.Config) -> bool:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     if leaves_out_extended(config):
         terminalreporter.write_line("left out: the tests marked extended (python -m pytest -m extended; CI runs both)")
+    written = config.stash.get(_WRITTEN, [])
+    if written:
+        terminalreporter.write_line(f"the tests wrote into the checkout (give them tmp_path): {written}", red=True)
+
+
+def checkout_changes() -> set[str]:
+    """``git status`` of the repository's files, ignored ones left out; empty outside a git checkout."""
+    try:
+        status = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=all"], capture_output=True, text=True
+        )
+    except OSError:  # no git
+        return set()
+    return set(status.stdout.splitlines()) if status.returncode == 0 else set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the run's own process, not a pytest-xdist worker
+        session.config.stash[_CHECKOUT] = checkout_changes()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run whose tests all passed fails if they wrote into the checkout (said in the summary, which follows)."""
+    if _CHECKOUT not in session.config.stash:
+        return
+    written = sorted(checkout_changes() - session.config.stash[_CHECKOUT])
+    session.config.stash[_WRITTEN] = written
+    if written and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(wrapper=True)
@@ -173,6 +202,9 @@ def untouched(tiny_run: Path) -> Iterator[Path]:
 
 
 _START_UP = pytest.StashKey[dict[str, str]]()
+#: the checkout's changes when the run started, and those the tests added
+_CHECKOUT = pytest.StashKey[set[str]]()
+_WRITTEN = pytest.StashKey[list[str]]()
 
 
 @pytest.fixture(autouse=True)
