@@ -14,7 +14,14 @@ from lightning.pytorch.strategies import Strategy
 
 from multigpu.compat import registered_strategy
 from multigpu.facts.argv import import_class
-from multigpu.facts.environment import MULTIPROCESS_PREFIXES, launch, requested_devices, resolve_accelerator, world_size
+from multigpu.facts.environment import (
+    MULTIPROCESS_PREFIXES,
+    Launch,
+    requested_devices,
+    resolve_accelerator,
+    this_launch,
+    world_size,
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,8 @@ class RunFacts:
     strategy_class: type[Strategy] | None
     #: one process per device for the multi-process strategies (and ``auto``), else one (single device, dp)
     processes: int
-    launch: str
+    #: what started this process, its rank and what its ranks share (``this_launch``)
+    launch: Launch
     run_dir: Path
     accumulate_grad_batches: int = 1
     compile: bool = False
@@ -71,7 +79,7 @@ class RunFacts:
             trainer_strategy="ddp" if given == "auto" and several and not interactive else given,
             strategy_class=strategy_class_of(given),
             processes=world_size(strategy, devices or 1, num_nodes),
-            launch=launch(),
+            launch=this_launch(),
             run_dir=Path(trainer.get("default_root_dir") or os.getcwd()),
             accumulate_grad_batches=int(trainer.get("accumulate_grad_batches") or 1),
             compile=bool(options.get("compile")) if whole else False,

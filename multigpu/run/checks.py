@@ -100,7 +100,7 @@ NODE_LAUNCH_ENV = ("NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "LSB_JOBID", "OMPI_
 
 def check_nodes(facts: RunFacts, args: Sequence[Any] | None = None) -> None:
     """Several nodes need a launch on each; a plain launch on one machine would wait for the others forever."""
-    if facts.num_nodes <= 1 or facts.launch in ("srun", "torchrun"):
+    if facts.num_nodes <= 1 or facts.launch.kind in ("srun", "torchrun"):
         return
     if any(name in os.environ for name in NODE_LAUNCH_ENV):
         return
@@ -117,19 +117,19 @@ def check_slurm(facts: RunFacts) -> None:
     # under torchrun (`srun --ntasks-per-node=1 torchrun --nproc_per_node=4 ...`) SLURM's task count is not the ranks
     strategy, devices, num_nodes, processes = facts.strategy, facts.devices, facts.num_nodes, facts.processes
     tasks = int(os.environ.get("SLURM_NTASKS", "1"))
-    if facts.launch == "sbatch" and processes > 1 and tasks > 1:
+    if facts.launch.kind == "sbatch" and processes > 1 and tasks > 1:
         raise ConfigurationError(
             "this runs in a SLURM batch script with several tasks but was not started by srun, so the other ranks"
             f" never start and training would hang. Fix: launch it as `srun {prog()} ...` (see slurm/)."
         )
-    if facts.launch == "interactive_srun" and tasks > 1:
+    if facts.launch.kind == "interactive_srun" and tasks > 1:
         raise ConfigurationError(
             f"srun started {tasks} tasks in a job named '{os.environ['SLURM_JOB_NAME']}' (salloc's default), and"
             " Lightning ignores SLURM's ranks in such a job: each task would start a run of its own. Fix: name the"
             f" job (`salloc -J train ...` or `srun -J train {prog()} ...`), or run `{prog()}` in the"
             " salloc shell without srun (one node)."
         )
-    if facts.launch != "srun":
+    if facts.launch.kind != "srun":
         return
     if strategy is not None and strategy.startswith("ddp_spawn"):
         raise ConfigurationError(
@@ -185,7 +185,7 @@ def check_launch(facts: RunFacts, batch_size: Any = None, args: Sequence[Any] | 
     """Check the launch the run's ``facts`` ask for; ``args`` let a message name the ``--config`` that set a value."""
     check_strategy(facts.strategy)
     check_devices(facts, args)
-    if facts.launch != "torchrun":
+    if facts.launch.kind != "torchrun":
         check_slurm(facts)
     check_nodes(facts, args)
     if isinstance(batch_size, int):

@@ -36,7 +36,7 @@ from multigpu.faults.preemption import STOP_EXIT_CODES, forward_stop_signals_to_
 from multigpu.run.checks import check_before_launch, check_built, check_resumed
 from multigpu.run.parser import TemplateArgumentParser, add_config_option, add_template_options
 from multigpu.run.run_dir import place_loggers, shared_random_seed
-from multigpu.run.run_lock import hold_run_dir, release_run_dir, this_launch
+from multigpu.run.run_lock import hold_run_dir, release_run_dir
 from multigpu.run.trainer import (
     building_error,
     flight_recorder_defaults,
@@ -164,7 +164,7 @@ class TemplateCLI(LightningCLI):
         a live run's folder is neither read nor repaired; the checkpoint, read once and checked; a shared seed."""
         options, facts = self.chosen(), self.facts
         check_before_launch(facts, options, self.argv)
-        hold_run_dir(facts.run_dir, facts.subcommand, this_launch())
+        hold_run_dir(facts.run_dir, facts.subcommand, facts.launch)
         self.resumed = resolve_checkpoint(facts.subcommand, options)
         check_resumed(self.resumed, facts, options, self.argv)
         self.facts = facts.resuming(self.resumed[0] if self.resumed else None)

@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 from jsonargparse import Namespace
-from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelSummary, ProgressBar, Timer
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 
@@ -133,12 +133,13 @@ def steps_networks_apart(model: L.LightningModule) -> bool:
     return count is None or count > 1
 
 
-def checkpoint_plugins(plugins: Any, slurm_requeue: bool = False, background: bool = False) -> list[Any]:
-    """The user's plugins with atomic checkpoint saving; under SLURM without Lightning's requeue unless asked."""
+def checkpoint_plugins(
+    plugins: Any, slurm_ranks: bool, slurm_requeue: bool = False, background: bool = False
+) -> list[Any]:
+    """The user's plugins with atomic checkpoint saving; where Lightning takes the ranks from SLURM
+    (``facts.launch.slurm_ranks``), its SLURM environment without its requeue unless asked."""
     plugins = with_atomic_io(plugins, BackgroundCheckpointIO() if background else None)
-    # Lightning detects torchrun first: it also runs inside SLURM jobs
-    slurm = SLURMEnvironment.detect() and not TorchElasticEnvironment.detect()
-    if not slurm_requeue and slurm and not any(isinstance(p, ClusterEnvironment) for p in plugins):
+    if not slurm_requeue and slurm_ranks and not any(isinstance(p, ClusterEnvironment) for p in plugins):
         plugins.append(SLURMEnvironment(auto_requeue=False))
     return plugins
 
@@ -153,6 +154,7 @@ def trainer_settings(
     checkpoint = built.get("checkpoint") if "checkpoint" not in off else None
     plugins = checkpoint_plugins(
         built.trainer.get("plugins"),
+        facts.launch.slurm_ranks,
         slurm_requeue="preemption" in off,
         background=bool(getattr(checkpoint, "async_save", False)),
     )

@@ -86,10 +86,10 @@ def test_the_launch_is_a_fact_of_the_environment_the_facts_are_derived_in(monkey
     for name in [*os.environ]:
         if name.startswith(("SLURM_", "TORCHELASTIC_")):
             monkeypatch.delenv(name)
-    assert RunFacts.of({}).launch == "plain"
+    assert RunFacts.of({}).launch.kind == "plain"
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("SLURM_NTASKS", "2")
     batch = RunFacts.of({"strategy": "ddp", "devices": 2, "accelerator": "cpu"})
-    assert batch.launch == "sbatch"
+    assert batch.launch.kind == "sbatch"
     monkeypatch.delenv("SLURM_JOB_ID")  # the facts keep the launch they were derived in
-    assert batch.launch == "sbatch" and RunFacts.of({}).launch == "plain"
+    assert batch.launch.kind == "sbatch" and RunFacts.of({}).launch.kind == "plain"

@@ -23,6 +23,7 @@ from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.continuation import ExactContinuation
 from multigpu.checkpoints.files import AtomicCheckpointIO
 from multigpu.facts import RunFacts
+from multigpu.facts.environment import this_launch
 from multigpu.faults.preemption import PreemptionCheckpoint
 from multigpu.observe.run_plan import RunPlan
 from multigpu.observe.throughput import SpeedMonitor
@@ -213,15 +214,18 @@ def test_under_slurm_lightnings_requeue_is_off_while_preemption_handles_signals(
 def test_checkpoints_are_saved_atomically_and_slurms_environment_comes_without_lightnings_requeue(
     under_slurm, monkeypatch
 ):
-    plugins = checkpoint_plugins(None)
+    slurm = this_launch().slurm_ranks
+    assert slurm  # a task srun started: Lightning takes the ranks from SLURM
+    plugins = checkpoint_plugins(None, slurm)
     assert [type(plugin) for plugin in plugins] == [AtomicCheckpointIO, SLURMEnvironment]
     assert plugins[1].auto_requeue is False
     # preemption off: Lightning picks its own SLURM environment, with its save-and-requeue
-    assert [type(plugin) for plugin in checkpoint_plugins([], slurm_requeue=True)] == [AtomicCheckpointIO]
+    assert [type(plugin) for plugin in checkpoint_plugins([], slurm, slurm_requeue=True)] == [AtomicCheckpointIO]
     own = [TorchCheckpointIO(), LightningEnvironment()]
-    assert checkpoint_plugins(own) == own  # the user's checkpoint IO and cluster environment stand
+    assert checkpoint_plugins(own, slurm) == own  # the user's checkpoint IO and cluster environment stand
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")  # torchrun inside the SLURM job started the processes
-    assert [type(plugin) for plugin in checkpoint_plugins(None)] == [AtomicCheckpointIO]
+    assert not this_launch().slurm_ranks
+    assert [type(plugin) for plugin in checkpoint_plugins(None, this_launch().slurm_ranks)] == [AtomicCheckpointIO]
 
 
 def test_checkpoints_are_written_in_the_background_unless_switched_off():
