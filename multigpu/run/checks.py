@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
 from multigpu.command import prog
@@ -247,9 +246,9 @@ def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_clas
     )
 
 
-def check_model_flags(args: Any, init_args: Any, checkpoint: Mapping[str, Any], path: Path) -> None:
+def check_model_flags(args: Any, init_args: Mapping[str, Any], checkpoint: Mapping[str, Any], path: Path) -> None:
     """Refuse a ``--model.*`` flag that differs from the checkpoint's hyperparameters: it would be silently dropped."""
-    if not isinstance(args, (list, tuple)) or not isinstance(init_args, Namespace):
+    if not isinstance(args, (list, tuple)):
         return
     hparams = checkpoint.get("hyper_parameters") or {}
     for flag in [str(a).split("=", 1)[0] for a in args if str(a).startswith("--model.")]:
@@ -322,37 +321,33 @@ def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: b
         )
 
 
-def configured_global_batch(config: Namespace) -> int | None:
+def configured_global_batch(facts: RunFacts) -> int | None:
     """``--data.init_args.batch_size`` where the data module promises a global batch (``GlobalBatchDataModule``)."""
-    data = config.get("data")
-    if not isinstance(data, Namespace) or "class_path" not in data:
-        return None
-    data_class = import_class(data.class_path)
+    data_class = import_class(facts.data_class) if facts.data_class is not None else None
     if data_class is None or not issubclass(data_class, GlobalBatchDataModule):
         return None
-    return data.get("init_args", Namespace()).get("batch_size")
+    return facts.data_batch_size
 
 
-def check_before_launch(facts: RunFacts, config: Namespace, args: Sequence[Any] | None) -> None:
-    """Every check of a run's facts and parsed options before anything is taken, read or built."""
-    batch_size = configured_global_batch(config)
+def check_before_launch(facts: RunFacts, args: Sequence[Any] | None) -> None:
+    """Every check of a run's facts before anything is taken, read or built; ``args`` for the messages."""
+    batch_size = configured_global_batch(facts)
     check_launch(facts, batch_size=batch_size, args=args)
     if facts.compile:  # before the strategy's own checks: what it refuses is the strategy itself
         check_compile(facts)
     if facts.strategy == PipelineStrategy.strategy_name:
         model = import_class(str(facts.model_class))
-        options = PipelineOptions(**config.pipeline.as_dict())
+        options = PipelineOptions(**facts.pipeline)
         check_pipeline(options, facts.processes, model, batch_size, facts.accumulate_grad_batches)
 
 
 def check_resumed(
-    resumed: tuple[Path, dict[str, Any] | None] | None, facts: RunFacts, config: Namespace, args: Sequence[Any] | None
+    resumed: tuple[Path, dict[str, Any] | None] | None, facts: RunFacts, args: Sequence[Any] | None
 ) -> None:
     """The ``--ckpt_path`` checkpoint against the configured model class and ``--model`` options."""
     if resumed is not None and resumed[1] is not None:
         check_checkpoint_model(resumed[1], resumed[0], facts.model_class)
-        init_args = (config.get("model") or Namespace()).get("init_args")
-        check_model_flags(args, init_args, resumed[1], resumed[0])
+        check_model_flags(args, facts.model_init_args, resumed[1], resumed[0])
 
 
 def check_built(facts: RunFacts, model: Any, datamodule: Any, trainer: Any, resumed: tuple[Path, Any] | None) -> None:

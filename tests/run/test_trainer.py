@@ -291,12 +291,18 @@ def test_an_unknown_name_is_refused(capsys):
 def test_the_one_list_orders_the_callbacks_with_a_comment_per_line_and_their_switches():
     listed = inspect.getsource(run_callbacks).split("callbacks = [\n")[1].split("\n    ]")[0].splitlines()
     assert len(listed) > 15 and all("  # " in line for line in listed), listed  # each entry says what it is for
-    options = Namespace(callbacks_off=["straggler"], progress_bar="plain", compile=True, batch_size_per_process=False)
-    built = Namespace(trainer=Namespace(callbacks=[], max_time="00:00:01:00"))
+    built = Namespace(trainer=Namespace(callbacks=[]))
     for name, callback_class in CALLBACK_OPTIONS.items():
         built[name] = callback_class()
-    facts = replace(TemplateCLI(args=TINY, run=False).facts, compile=True)
-    callbacks, switches, off = run_callbacks(facts, options, built)
+    facts = replace(
+        TemplateCLI(args=TINY, run=False).facts,
+        callbacks_off=frozenset({"straggler"}),
+        progress_bar="plain",
+        compile=True,
+        max_time="00:00:01:00",
+        lightning_model_summary=True,  # the tests' tiny.yaml switches it off
+    )
+    callbacks, switches, off = run_callbacks(facts, built)
     assert [type(callback).__name__ for callback in callbacks] == [
         "SpeedMonitor", "PlainProgressBar", "ModelSummary", "CompileModel", "EngineLoaders", "ExactContinuation",
         "RandomState", "RunTimer", "PreemptionCheckpoint", "RunPlan", "NonFiniteLossGuard", "RunCheckpoint",
