@@ -11,6 +11,7 @@ from multigpu.checkpoints.files import is_intact, newest_intact_checkpoint
 from multigpu.checkpoints.safe import read_torch_file
 from multigpu.checkpoints.sharded import check_sharded_checkpoint, is_sharded_checkpoint, restore_interrupted
 from multigpu.errors import ConfigurationError, notice
+from multigpu.facts import RunFacts
 
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 
@@ -20,10 +21,11 @@ def checkpoint_dir(run_dir: str | None) -> str:
     return str(Path(run_dir or Path.cwd()) / "checkpoints")
 
 
-def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[str, Any] | None] | None:
-    """The local checkpoint ``--ckpt_path`` names and its contents (None for a folder of shards), or None."""
-    ckpt_path, run_dir = config.get("ckpt_path"), config.trainer.get("default_root_dir")
-    folder = Path(checkpoint_dir(run_dir))
+def resolve_checkpoint(facts: RunFacts, options: Namespace) -> tuple[Path, dict[str, Any] | None] | None:
+    """The local checkpoint ``--ckpt_path`` names and its contents (None for a folder of shards), or None; a damaged
+    ``last`` replaced in ``options``, which Lightning loads from, by the intact checkpoint read instead."""
+    subcommand, ckpt_path, run_dir = facts.subcommand, facts.ckpt_path_option, facts.run_dir
+    folder = Path(checkpoint_dir(str(run_dir)))
     if ckpt_path == "last":
         restore_interrupted(folder)
     existing = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
@@ -51,7 +53,7 @@ def resolve_checkpoint(subcommand: str, config: Namespace) -> tuple[Path, dict[s
                 f"--ckpt_path=last: {path} is damaged (truncated or corrupt); resuming from the newest intact"
                 f" checkpoint, {fallback}, instead. The damaged file is left as it is."
             )
-            config["ckpt_path"], path = str(fallback), fallback
+            options["ckpt_path"], path = str(fallback), fallback
         return read_checked(path)
     if ckpt_path in SPECIAL_CKPT_PATHS or "://" in str(ckpt_path):
         return None

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,14 @@ from lightning.pytorch.strategies import Strategy
 
 from multigpu.compat import registered_strategy
 from multigpu.facts.argv import import_class
-from multigpu.facts.environment import MULTIPROCESS_PREFIXES, launch, requested_devices, resolve_accelerator, world_size
+from multigpu.facts.environment import (
+    MULTIPROCESS_PREFIXES,
+    Launch,
+    requested_devices,
+    resolve_accelerator,
+    this_launch,
+    world_size,
+)
 
 
 @dataclass(frozen=True)
@@ -36,16 +43,37 @@ class RunFacts:
     strategy_class: type[Strategy] | None
     #: one process per device for the multi-process strategies (and ``auto``), else one (single device, dp)
     processes: int
-    launch: str
+    #: what started this process, its rank and what its ranks share (``this_launch``)
+    launch: Launch
     run_dir: Path
     accumulate_grad_batches: int = 1
-    compile: bool = False
     sync_batchnorm: bool = False
+    #: ``--trainer.max_time`` as given, which the engine's timer takes over
+    max_time: Any = None
+    #: Lightning's own progress bar, model summary and checkpointing, unless the trainer options switch them off
+    lightning_progress_bar: bool = True
+    lightning_model_summary: bool = True
+    lightning_checkpointing: bool = True
+    #: the engine's options (multigpu/run/parser.py)
+    compile: bool = False
+    callbacks_off: frozenset[str] = frozenset()
+    progress_bar: str = "auto"
+    batch_size_per_process: bool = False
+    #: seconds; None for Lightning's own timeout
+    collective_timeout: float | None = None
+    #: the ``--pipeline.*`` options
+    pipeline: Mapping[str, Any] = field(default_factory=dict)
     #: as written, for the messages that quote them
     accelerator_option: Any = "auto"
     devices_option: Any = "auto"
     model_class: str | None = None
     data_class: str | None = None
+    #: ``--model.init_args``, against which a resumed checkpoint's hyperparameters are checked
+    model_init_args: Mapping[str, Any] = field(default_factory=dict)
+    #: ``--data.init_args.batch_size``, a global batch where the data class is a ``GlobalBatchDataModule``
+    data_batch_size: Any = None
+    #: ``--ckpt_path`` as given
+    ckpt_path_option: Any = None
     #: the file ``--ckpt_path`` resolved to
     checkpoint: Path | None = None
 
@@ -71,15 +99,17 @@ class RunFacts:
             trainer_strategy="ddp" if given == "auto" and several and not interactive else given,
             strategy_class=strategy_class_of(given),
             processes=world_size(strategy, devices or 1, num_nodes),
-            launch=launch(),
+            launch=this_launch(),
             run_dir=Path(trainer.get("default_root_dir") or os.getcwd()),
             accumulate_grad_batches=int(trainer.get("accumulate_grad_batches") or 1),
-            compile=bool(options.get("compile")) if whole else False,
             sync_batchnorm=bool(trainer.get("sync_batchnorm")),
+            max_time=trainer.get("max_time"),
+            lightning_progress_bar=trainer.get("enable_progress_bar") is not False,
+            lightning_model_summary=trainer.get("enable_model_summary") is not False and not trainer.get("barebones"),
+            lightning_checkpointing=trainer.get("enable_checkpointing") is not False,
             accelerator_option=trainer.get("accelerator", "auto"),
             devices_option=trainer.get("devices", "auto"),
-            model_class=class_path(options.get("model")) if whole else None,
-            data_class=class_path(options.get("data")) if whole else None,
+            **(subcommand_options(options) if whole else {}),
         )
 
     def resuming(self, checkpoint: Path | None) -> RunFacts:
@@ -105,6 +135,36 @@ class RunFacts:
         return f"--trainer.strategy.class_path={named}" if named else f"--trainer.strategy={given}"
 
 
+def subcommand_options(options: Any) -> dict[str, Any]:
+    """The facts of a subcommand's options beside ``--trainer``: the engine's, the model's, the data's, the
+    checkpoint's."""
+    data = options.get("data")
+    return {
+        "compile": bool(options.get("compile")),
+        "callbacks_off": frozenset(options.get("callbacks_off") or ()),
+        "progress_bar": options.get("progress_bar", "auto"),
+        "batch_size_per_process": bool(options.get("batch_size_per_process")),
+        "collective_timeout": options.get("collective_timeout"),
+        "pipeline": plain(options.get("pipeline")),
+        "model_class": class_path(options.get("model")),
+        "model_init_args": plain(section_of(options.get("model")).get("init_args")),
+        "data_class": class_path(data),
+        "data_batch_size": section_of(section_of(data).get("init_args")).get("batch_size"),
+        "ckpt_path_option": options.get("ckpt_path"),
+    }
+
+
+def section_of(value: Any) -> Any:
+    """``value`` where it is a section of the options (a mapping or namespace), else an empty one."""
+    return value if isinstance(value, Mapping) or hasattr(value, "get") else {}
+
+
+def plain(section: Any) -> dict[str, Any]:
+    """A section of the options as a plain mapping (a namespace's nested sections too)."""
+    section = section_of(section)
+    return section.as_dict() if hasattr(section, "as_dict") else dict(section)
+
+
 def strategy_class_of(strategy: Any) -> type[Strategy] | None:
     """The class a ``--trainer.strategy`` value names: a registered name's, a ``class_path``'s or an object's."""
     if isinstance(strategy, str):
@@ -118,7 +178,7 @@ def strategy_class_of(strategy: Any) -> type[Strategy] | None:
 
 def class_path(section: Any) -> str | None:
     """The class a ``model``, ``data`` or ``strategy`` section of the options names."""
-    if isinstance(section, Mapping) or hasattr(section, "get"):
-        named = section.get("class_path")
-        return named if isinstance(named, str) else None
-    return section if isinstance(section, str) else None
+    if isinstance(section, str):
+        return section
+    named = section_of(section).get("class_path")
+    return named if isinstance(named, str) else None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,7 +41,7 @@ def in_slurm_batch_script() -> bool:
     return "SLURM_JOB_ID" in os.environ and not started_by_srun() and not interactive_job()
 
 
-def launch() -> str:
+def launch_kind() -> str:
     """``torchrun`` (which wins inside SLURM too), ``srun``, ``interactive_srun`` (a job where Lightning ignores
     SLURM), ``sbatch`` (the batch script, not srun) or ``plain``."""
     if launched_by_torchrun():
@@ -49,6 +51,70 @@ def launch() -> str:
     if started_by_srun() and interactive_job():
         return "interactive_srun"
     return "sbatch" if in_slurm_batch_script() else "plain"
+
+
+def ranks_from_slurm() -> bool:
+    """Whether Lightning takes the ranks from SLURM: its ``SLURMEnvironment.detect()`` (a task count, in a job not
+    named interactive), where torchrun did not start the process (Lightning detects torchrun first)."""
+    return "SLURM_NTASKS" in os.environ and not interactive_job() and not launched_by_torchrun()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launch a process belongs to (``this_launch``): what started it, its rank, and what its ranks share."""
+
+    #: ``launch_kind()``
+    kind: str = "plain"
+    rank: int = 0
+    #: what every rank shares and a requeue keeps (``SLURM job 81``, ``torchrun run x at host:port``)
+    job: str | None = None
+    step: str | None = None
+    #: the restart count of the job
+    start: int = 0
+    #: the sweep trial this process runs (``<sweep dir> trial 4``)
+    trial: str | None = None
+    #: whether Lightning takes the ranks from SLURM (``ranks_from_slurm``)
+    slurm_ranks: bool = False
+
+
+#: where a launcher other than srun and torchrun gives a process its rank (Lightning's own launcher, LSF, MPI)
+RANK_VARIABLES = (
+    "RANK",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "LOCAL_RANK",
+    "JSM_NAMESPACE_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+)
+
+
+def this_launch() -> Launch:
+    """The launch this process belongs to, from its launcher's variables."""
+    env = os.environ
+    sweep, trial = env.get("SWEEP_DIR"), env.get("SWEEP_TRIAL")
+    told = {"kind": launch_kind(), "slurm_ranks": ranks_from_slurm()}
+    told["trial"] = f"{Path(sweep).resolve()} trial {trial}" if sweep and trial else None
+    if launched_by_torchrun():
+        job = f"torchrun run {env['TORCHELASTIC_RUN_ID']} at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
+        restart = _count(env.get("TORCHELASTIC_RESTART_COUNT"))
+        return Launch(rank=_count(env.get("RANK")), job=job, start=restart, **told)
+    if "SLURM_JOB_ID" in env:
+        array = env.get("SLURM_ARRAY_JOB_ID")
+        job = f"SLURM job {env['SLURM_JOB_ID']}"
+        job += f" (array task {array}_{env.get('SLURM_ARRAY_TASK_ID')})" if array else ""
+        step = f"step {env.get('SLURM_STEP_ID', env.get('SLURM_STEPID'))}" if started_by_srun() else None
+        rank = _count(env.get("SLURM_PROCID")) if step else _launcher_rank()
+        return Launch(rank=rank, job=job, step=step, start=_count(env.get("SLURM_RESTART_COUNT")), **told)
+    return Launch(rank=_launcher_rank(), **told)
+
+
+def _launcher_rank() -> int:
+    return next((rank for rank in (_count(os.environ.get(name)) for name in RANK_VARIABLES) if rank), 0)
+
+
+def _count(value: str | None) -> int:
+    return int(value) if value is not None and value.strip().isdigit() else 0
 
 
 def resolve_accelerator(accelerator: Any) -> str:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
 from multigpu.command import prog
@@ -100,7 +99,7 @@ NODE_LAUNCH_ENV = ("NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "LSB_JOBID", "OMPI_
 
 def check_nodes(facts: RunFacts, args: Sequence[Any] | None = None) -> None:
     """Several nodes need a launch on each; a plain launch on one machine would wait for the others forever."""
-    if facts.num_nodes <= 1 or facts.launch in ("srun", "torchrun"):
+    if facts.num_nodes <= 1 or facts.launch.kind in ("srun", "torchrun"):
         return
     if any(name in os.environ for name in NODE_LAUNCH_ENV):
         return
@@ -117,19 +116,19 @@ def check_slurm(facts: RunFacts) -> None:
     # under torchrun (`srun --ntasks-per-node=1 torchrun --nproc_per_node=4 ...`) SLURM's task count is not the ranks
     strategy, devices, num_nodes, processes = facts.strategy, facts.devices, facts.num_nodes, facts.processes
     tasks = int(os.environ.get("SLURM_NTASKS", "1"))
-    if facts.launch == "sbatch" and processes > 1 and tasks > 1:
+    if facts.launch.kind == "sbatch" and processes > 1 and tasks > 1:
         raise ConfigurationError(
             "this runs in a SLURM batch script with several tasks but was not started by srun, so the other ranks"
             f" never start and training would hang. Fix: launch it as `srun {prog()} ...` (see slurm/)."
         )
-    if facts.launch == "interactive_srun" and tasks > 1:
+    if facts.launch.kind == "interactive_srun" and tasks > 1:
         raise ConfigurationError(
             f"srun started {tasks} tasks in a job named '{os.environ['SLURM_JOB_NAME']}' (salloc's default), and"
             " Lightning ignores SLURM's ranks in such a job: each task would start a run of its own. Fix: name the"
             f" job (`salloc -J train ...` or `srun -J train {prog()} ...`), or run `{prog()}` in the"
             " salloc shell without srun (one node)."
         )
-    if facts.launch != "srun":
+    if facts.launch.kind != "srun":
         return
     if strategy is not None and strategy.startswith("ddp_spawn"):
         raise ConfigurationError(
@@ -185,7 +184,7 @@ def check_launch(facts: RunFacts, batch_size: Any = None, args: Sequence[Any] | 
     """Check the launch the run's ``facts`` ask for; ``args`` let a message name the ``--config`` that set a value."""
     check_strategy(facts.strategy)
     check_devices(facts, args)
-    if facts.launch != "torchrun":
+    if facts.launch.kind != "torchrun":
         check_slurm(facts)
     check_nodes(facts, args)
     if isinstance(batch_size, int):
@@ -247,9 +246,9 @@ def check_checkpoint_model(checkpoint: Mapping[str, Any], path: Path, model_clas
     )
 
 
-def check_model_flags(args: Any, init_args: Any, checkpoint: Mapping[str, Any], path: Path) -> None:
+def check_model_flags(args: Any, init_args: Mapping[str, Any], checkpoint: Mapping[str, Any], path: Path) -> None:
     """Refuse a ``--model.*`` flag that differs from the checkpoint's hyperparameters: it would be silently dropped."""
-    if not isinstance(args, (list, tuple)) or not isinstance(init_args, Namespace):
+    if not isinstance(args, (list, tuple)):
         return
     hparams = checkpoint.get("hyper_parameters") or {}
     for flag in [str(a).split("=", 1)[0] for a in args if str(a).startswith("--model.")]:
@@ -322,37 +321,33 @@ def check_sync_batchnorm(model: torch.nn.Module, trainer: Any, sync_batchnorm: b
         )
 
 
-def configured_global_batch(config: Namespace) -> int | None:
+def configured_global_batch(facts: RunFacts) -> int | None:
     """``--data.init_args.batch_size`` where the data module promises a global batch (``GlobalBatchDataModule``)."""
-    data = config.get("data")
-    if not isinstance(data, Namespace) or "class_path" not in data:
-        return None
-    data_class = import_class(data.class_path)
+    data_class = import_class(facts.data_class) if facts.data_class is not None else None
     if data_class is None or not issubclass(data_class, GlobalBatchDataModule):
         return None
-    return data.get("init_args", Namespace()).get("batch_size")
+    return facts.data_batch_size
 
 
-def check_before_launch(facts: RunFacts, config: Namespace, args: Sequence[Any] | None) -> None:
-    """Every check of a run's facts and parsed options before anything is taken, read or built."""
-    batch_size = configured_global_batch(config)
+def check_before_launch(facts: RunFacts, args: Sequence[Any] | None) -> None:
+    """Every check of a run's facts before anything is taken, read or built; ``args`` for the messages."""
+    batch_size = configured_global_batch(facts)
     check_launch(facts, batch_size=batch_size, args=args)
     if facts.compile:  # before the strategy's own checks: what it refuses is the strategy itself
         check_compile(facts)
     if facts.strategy == PipelineStrategy.strategy_name:
         model = import_class(str(facts.model_class))
-        options = PipelineOptions(**config.pipeline.as_dict())
+        options = PipelineOptions(**facts.pipeline)
         check_pipeline(options, facts.processes, model, batch_size, facts.accumulate_grad_batches)
 
 
 def check_resumed(
-    resumed: tuple[Path, dict[str, Any] | None] | None, facts: RunFacts, config: Namespace, args: Sequence[Any] | None
+    resumed: tuple[Path, dict[str, Any] | None] | None, facts: RunFacts, args: Sequence[Any] | None
 ) -> None:
     """The ``--ckpt_path`` checkpoint against the configured model class and ``--model`` options."""
     if resumed is not None and resumed[1] is not None:
         check_checkpoint_model(resumed[1], resumed[0], facts.model_class)
-        init_args = (config.get("model") or Namespace()).get("init_args")
-        check_model_flags(args, init_args, resumed[1], resumed[0])
+        check_model_flags(args, facts.model_init_args, resumed[1], resumed[0])
 
 
 def check_built(facts: RunFacts, model: Any, datamodule: Any, trainer: Any, resumed: tuple[Path, Any] | None) -> None:

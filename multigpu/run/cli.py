@@ -37,7 +37,7 @@ from multigpu.observe import first_step
 from multigpu.run.checks import check_before_launch, check_built, check_resumed
 from multigpu.run.parser import TemplateArgumentParser, add_config_option, add_template_options
 from multigpu.run.run_dir import place_loggers, shared_random_seed
-from multigpu.run.run_lock import hold_run_dir, release_run_dir, this_launch
+from multigpu.run.run_lock import hold_run_dir, release_run_dir
 from multigpu.run.trainer import (
     building_error,
     flight_recorder_defaults,
@@ -165,10 +165,10 @@ class TemplateCLI(LightningCLI):
         """The checks (nothing taken or written yet); the run directory, held before the checkpoint is read, so that
         a live run's folder is neither read nor repaired; the checkpoint, read once and checked; a shared seed."""
         options, facts = self.chosen(), self.facts
-        check_before_launch(facts, options, self.argv)
-        hold_run_dir(facts.run_dir, facts.subcommand, this_launch())
-        self.resumed = resolve_checkpoint(facts.subcommand, options)
-        check_resumed(self.resumed, facts, options, self.argv)
+        check_before_launch(facts, self.argv)
+        hold_run_dir(facts.run_dir, facts.subcommand, facts.launch)
+        self.resumed = resolve_checkpoint(facts, options)
+        check_resumed(self.resumed, facts, self.argv)
         self.facts = facts.resuming(self.resumed[0] if self.resumed else None)
         if options.get("seed_everything") is True:
             options["seed_everything"] = shared_random_seed()  # the same on every process of one launch
@@ -185,17 +185,17 @@ class TemplateCLI(LightningCLI):
         built = self.chosen(self.config_init)
         self.model, self.datamodule = built.get("model"), built.get("data")
         first_step.mark("model and data")
-        self.trainer = self.build_trainer(options, built)
+        self.trainer = self.build_trainer(built)
         first_step.mark("Trainer")
         if facts.subcommand is None:
             return
         check_built(facts, self.model, self.datamodule, self.trainer, self.resumed)
         self.resumed = None  # checked: the memory-mapped file is Lightning's to read now
 
-    def build_trainer(self, options: Namespace, built: Namespace) -> L.Trainer:
+    def build_trainer(self, built: Namespace) -> L.Trainer:
         """The Trainer with the run's callbacks, strategy options and plugins, through ``instantiate_trainer``."""
-        callbacks, switches, off = run_callbacks(self.facts, options, built)
-        arguments, strategy_settings, plugins = trainer_settings(self.facts, options, built, self.model, off)
+        callbacks, switches, off = run_callbacks(self.facts, built)
+        arguments, strategy_settings, plugins = trainer_settings(self.facts, built, self.model, off)
         flight_recorder_defaults(self.facts)  # before the process group exists
         strategy = arguments.get("strategy")
         try:

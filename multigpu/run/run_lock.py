@@ -13,12 +13,11 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from multigpu.errors import ConfigurationError, notice
-from multigpu.facts.environment import launched_by_torchrun, started_by_srun
+from multigpu.facts.environment import Launch
 from multigpu.faults.processes import HEARTBEAT_S, process_gone, process_start
 
 LOCK_FILE = ".run.lock"
@@ -33,18 +32,6 @@ GUARD_STALE_S = 30.0
 TAKE_ATTEMPTS = 20
 #: a change another host makes is seen only by looking again: flock is node-local on some Lustre and NFS mounts
 LOOK_AGAIN_S = 0.5
-
-
-@dataclass(frozen=True)
-class Launch:
-    """The launch a process belongs to (``this_launch``); rank 0 holds the directory."""
-
-    rank: int = 0
-    #: what every rank shares and a requeue keeps (``SLURM job 81``, ``torchrun run x at host:port``)
-    job: str | None = None
-    step: str | None = None
-    start: int = 0
-    trial: str | None = None
 
 
 class HeldRunDir:
@@ -94,8 +81,10 @@ def release_run_dir() -> None:
 atexit.register(release_run_dir)
 
 
-def hold_run_dir(run_dir: str | os.PathLike | None, command: str, launch: Launch = Launch()) -> HeldRunDir | None:
-    """Hold ``run_dir`` or refuse naming the live run that holds it; None where another process of this launch does."""
+def hold_run_dir(run_dir: str | os.PathLike | None, command: str, launch: Launch | None = None) -> HeldRunDir | None:
+    """Hold ``run_dir`` or refuse naming the live run that holds it; None where another process of this launch does.
+    ``launch``: the run's (``facts.launch``); by default a plain command's rank 0."""
+    launch = launch or Launch()
     path = Path(run_dir or os.getcwd()).absolute() / LOCK_FILE
     if path in _held:
         return _held[path]
@@ -331,41 +320,3 @@ def _remove_empty(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             break
-
-
-#: where a launcher other than srun and torchrun gives a process its rank (Lightning's own launcher, LSF, MPI)
-RANK_VARIABLES = (
-    "RANK",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "LOCAL_RANK",
-    "JSM_NAMESPACE_RANK",
-    "OMPI_COMM_WORLD_RANK",
-    "PMI_RANK",
-)
-
-
-def this_launch() -> Launch:
-    """The launch this process belongs to: its rank, and the job, step and restart count every rank shares."""
-    env = os.environ
-    sweep, trial = env.get("SWEEP_DIR"), env.get("SWEEP_TRIAL")
-    trial = f"{Path(sweep).resolve()} trial {trial}" if sweep and trial else None
-    if launched_by_torchrun():
-        job = f"torchrun run {env['TORCHELASTIC_RUN_ID']} at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
-        return Launch(_count(env.get("RANK")), job, None, _count(env.get("TORCHELASTIC_RESTART_COUNT")), trial)
-    if "SLURM_JOB_ID" in env:
-        array = env.get("SLURM_ARRAY_JOB_ID")
-        job = f"SLURM job {env['SLURM_JOB_ID']}"
-        job += f" (array task {array}_{env.get('SLURM_ARRAY_TASK_ID')})" if array else ""
-        step = f"step {env.get('SLURM_STEP_ID', env.get('SLURM_STEPID'))}" if started_by_srun() else None
-        rank = _count(env.get("SLURM_PROCID")) if step else _launcher_rank()
-        return Launch(rank, job, step, _count(env.get("SLURM_RESTART_COUNT")), trial)
-    return Launch(_launcher_rank(), trial=trial)
-
-
-def _launcher_rank() -> int:
-    return next((rank for rank in (_count(os.environ.get(name)) for name in RANK_VARIABLES) if rank), 0)
-
-
-def _count(value: str | None) -> int:
-    return int(value) if value is not None and value.strip().isdigit() else 0

@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 from jsonargparse import Namespace
-from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelSummary, ProgressBar, Timer
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 
@@ -133,26 +133,28 @@ def steps_networks_apart(model: L.LightningModule) -> bool:
     return count is None or count > 1
 
 
-def checkpoint_plugins(plugins: Any, slurm_requeue: bool = False, background: bool = False) -> list[Any]:
-    """The user's plugins with atomic checkpoint saving; under SLURM without Lightning's requeue unless asked."""
+def checkpoint_plugins(
+    plugins: Any, slurm_ranks: bool, slurm_requeue: bool = False, background: bool = False
+) -> list[Any]:
+    """The user's plugins with atomic checkpoint saving; where Lightning takes the ranks from SLURM
+    (``facts.launch.slurm_ranks``), its SLURM environment without its requeue unless asked."""
     plugins = with_atomic_io(plugins, BackgroundCheckpointIO() if background else None)
-    # Lightning detects torchrun first: it also runs inside SLURM jobs
-    slurm = SLURMEnvironment.detect() and not TorchElasticEnvironment.detect()
-    if not slurm_requeue and slurm and not any(isinstance(p, ClusterEnvironment) for p in plugins):
+    if not slurm_requeue and slurm_ranks and not any(isinstance(p, ClusterEnvironment) for p in plugins):
         plugins.append(SLURMEnvironment(auto_requeue=False))
     return plugins
 
 
 def trainer_settings(
-    facts: RunFacts, options: Namespace, built: Namespace, model: Any, off: set[str]
+    facts: RunFacts, built: Namespace, model: Any, off: set[str]
 ) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
     """The Trainer's strategy argument (where the engine adds options to it), those options and the plugins."""
-    settings = strategy_options(facts.trainer_strategy, options.get("collective_timeout"), model)
+    settings = strategy_options(facts.trainer_strategy, facts.collective_timeout, model)
     if facts.trainer_strategy == PipelineStrategy.strategy_name:
-        settings.update(options.pipeline.as_dict())
+        settings.update(facts.pipeline)
     checkpoint = built.get("checkpoint") if "checkpoint" not in off else None
     plugins = checkpoint_plugins(
         built.trainer.get("plugins"),
+        facts.launch.slurm_ranks,
         slurm_requeue="preemption" in off,
         background=bool(getattr(checkpoint, "async_save", False)),
     )
@@ -160,33 +162,30 @@ def trainer_settings(
     return arguments, settings, plugins
 
 
-def run_callbacks(
-    facts: RunFacts, options: Namespace, built: Namespace
-) -> tuple[list[Callback], dict[str, Any], set[str]]:
-    """The run's callbacks in the order Lightning calls them, the Trainer switches they need, the names left out."""
-    trainer = built.get("trainer") or {}
-    off = set(options.get("callbacks_off") or [])
-    yours = trainer.get("callbacks") or []
+def run_callbacks(facts: RunFacts, built: Namespace) -> tuple[list[Callback], dict[str, Any], set[str]]:
+    """The run's callbacks in the order Lightning calls them, the Trainer switches they need, the names left out;
+    ``built``: the objects the options built (the engine's callbacks by name, ``--trainer.callbacks``)."""
+    off = set(facts.callbacks_off)
+    yours = (built.get("trainer") or {}).get("callbacks") or []
     yours = list(yours) if isinstance(yours, list) else [yours]
     switches: dict[str, Any] = {}
 
-    bar = None if "progress_bar" in off else progress_bar(options.get("progress_bar", "auto"))
-    if trainer.get("enable_progress_bar") is False or any(isinstance(c, ProgressBar) for c in yours):
+    bar = None if "progress_bar" in off else progress_bar(facts.progress_bar)
+    if not facts.lightning_progress_bar or any(isinstance(c, ProgressBar) for c in yours):
         bar = None
     elif bar is None:
         switches["enable_progress_bar"] = False
     summary = None
-    summarises = trainer.get("enable_model_summary") is not False and not trainer.get("barebones")
     if "model_summary" in off:
         switches["enable_model_summary"] = False
-    elif summarises and not any(isinstance(c, ModelSummary) for c in yours):
+    elif facts.lightning_model_summary and not any(isinstance(c, ModelSummary) for c in yours):
         summary = FlopsAwareModelSummary()
         switches["enable_model_summary"] = False
     timer = None
-    if trainer.get("max_time") is not None and not any(isinstance(c, Timer) for c in yours):
-        timer = RunTimer(duration=trainer.get("max_time"))
+    if facts.max_time is not None and not any(isinstance(c, Timer) for c in yours):
+        timer = RunTimer(duration=facts.max_time)
         switches["max_time"] = None
-    if trainer.get("enable_checkpointing") is False:
+    if not facts.lightning_checkpointing:
         off.add("checkpoint")  # the Trainer refuses a ModelCheckpoint when checkpointing is off
     elif "checkpoint" in off:
         switches["enable_checkpointing"] = False  # else Lightning adds a ModelCheckpoint of its own
@@ -208,7 +207,7 @@ def run_callbacks(
         summary,  # the parameter table at fit start, FLOPs only where known
         CompileModel() if facts.compile else None,  # --compile=true: forward compiled at setup
         ClipAcrossMeshes() if clip_across_meshes else None,  # gradient clipping across device meshes
-        EngineLoaders(per_process=bool(options.get("batch_size_per_process"))),  # the engine's sampling
+        EngineLoaders(per_process=facts.batch_size_per_process),  # the engine's sampling
         ExactContinuation(),  # a stop saved as the position it is: --ckpt_path=last continues exactly
         RandomState(),  # every rank's generators saved and restored: dropout draws as if uninterrupted
         timer,  # --trainer.max_time, stopping at a step boundary

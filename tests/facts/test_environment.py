@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from multigpu.facts import environment
+from multigpu.facts.environment import Launch, this_launch
 
 
 @pytest.fixture
@@ -33,16 +35,60 @@ def test_a_batch_script_a_step_and_an_interactive_job_are_told_apart(no_launcher
 
 
 def test_the_launch_is_named_once_from_the_same_variables(no_launcher):
-    assert environment.launch() == "plain"
+    assert environment.launch_kind() == "plain"
     no_launcher.setenv("SLURM_JOB_ID", "7")
     no_launcher.setenv("SLURM_NTASKS", "2")
-    assert environment.launch() == "sbatch"
+    assert environment.launch_kind() == "sbatch"
     no_launcher.setenv("SLURM_STEP_ID", "0")
-    assert environment.launch() == "srun"
+    assert environment.launch_kind() == "srun"
     no_launcher.setenv("SLURM_JOB_NAME", "interactive")
-    assert environment.launch() == "interactive_srun"  # Lightning ignores SLURM's ranks in salloc's job
+    assert environment.launch_kind() == "interactive_srun"  # Lightning ignores SLURM's ranks in salloc's job
     no_launcher.setenv("TORCHELASTIC_RUN_ID", "x")  # torchrun inside an srun step: torchrun's ranks win
-    assert environment.launch() == "torchrun"
+    assert environment.launch_kind() == "torchrun"
+
+
+def test_the_ranks_are_slurms_exactly_where_lightnings_slurm_environment_detects_the_job(no_launcher):
+    def slurm_ranks() -> bool:
+        told = this_launch().slurm_ranks
+        assert told is (SLURMEnvironment.detect() and not environment.launched_by_torchrun())  # Lightning's rule
+        return told
+
+    assert not slurm_ranks()
+    no_launcher.setenv("SLURM_JOB_ID", "7")
+    assert not slurm_ranks()  # a batch script of a job without a task count: Lightning ignores SLURM
+    no_launcher.setenv("SLURM_NTASKS", "2")
+    assert slurm_ranks()  # the batch script of `sbatch --ntasks=2`
+    no_launcher.setenv("SLURM_STEP_ID", "0")
+    assert slurm_ranks()
+    no_launcher.setenv("SLURM_JOB_NAME", "interactive")
+    assert not slurm_ranks()
+    no_launcher.setenv("SLURM_JOB_NAME", "train")
+    no_launcher.setenv("TORCHELASTIC_RUN_ID", "x")  # torchrun inside the step: Lightning takes torchrun's ranks
+    assert not slurm_ranks()
+
+
+def test_the_launch_a_process_belongs_to_is_told_from_its_launchers_variables(no_launcher, tmp_path):
+    for name in ("RANK", "NODE_RANK", "LOCAL_RANK", "SWEEP_DIR", "SWEEP_TRIAL"):
+        no_launcher.delenv(name, raising=False)
+    assert this_launch() == Launch()  # a plain command: it launches, and holds its run directory
+    no_launcher.setenv("LOCAL_RANK", "1")  # a rank that Lightning's launcher started
+    assert this_launch() == Launch(rank=1)
+    no_launcher.delenv("LOCAL_RANK")
+    slurm = {"SLURM_JOB_ID": "81", "SLURM_PROCID": "3", "SLURM_ARRAY_JOB_ID": "80", "SLURM_ARRAY_TASK_ID": "1"}
+    for name, value in slurm.items():
+        no_launcher.setenv(name, value)
+    job = "SLURM job 81 (array task 80_1)"
+    assert this_launch() == Launch("sbatch", rank=0, job=job)  # the batch script: srun started nothing
+    for name, value in {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "4", "SLURM_RESTART_COUNT": "2"}.items():
+        no_launcher.setenv(name, value)
+    no_launcher.setenv("SWEEP_DIR", str(tmp_path))
+    no_launcher.setenv("SWEEP_TRIAL", "5")
+    trial = f"{tmp_path} trial 5"
+    assert this_launch() == Launch("srun", 3, job, "step 0", start=2, trial=trial, slurm_ranks=True)
+    torchrun = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    for name, value in {**torchrun, "TORCHELASTIC_RESTART_COUNT": "1"}.items():
+        no_launcher.setenv(name, value)
+    assert this_launch() == Launch("torchrun", 1, "torchrun run abc at n1:29500", None, 1, trial)  # torchrun wins
 
 
 def test_the_devices_asked_for_are_counted_as_lightning_counts_them():

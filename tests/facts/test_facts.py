@@ -82,14 +82,35 @@ def test_the_trainer_options_later_steps_need_are_facts(tmp_path):
     assert (plain.accumulate_grad_batches, plain.compile, plain.sync_batchnorm) == (1, False, False)
 
 
+def test_the_options_later_steps_read_are_facts_of_the_parsed_command_line(tmp_path):
+    from tests.cli import CLI
+    from tests.conftest import TINY
+
+    cli = CLI(args=[
+        *TINY, "--callbacks_off=[throughput]", "--progress_bar=plain", "--batch_size_per_process=true",
+        "--collective_timeout=12", "--pipeline.micro_batches=8", "--model.init_args.hidden=8",
+        "--data.init_args.batch_size=16", "--trainer.max_time=00:00:05:00", "--trainer.enable_checkpointing=false",
+    ], run=False)  # fmt: skip
+    facts = cli.facts
+    assert (facts.callbacks_off, facts.progress_bar, facts.batch_size_per_process) == ({"throughput"}, "plain", True)
+    assert facts.collective_timeout == 12 and facts.pipeline == cli.config.pipeline.as_dict()
+    assert facts.pipeline["micro_batches"] == 8
+    assert facts.model_init_args["hidden"] == 8 and facts.data_batch_size == 16 and facts.ckpt_path_option is None
+    assert facts.max_time == "00:00:05:00" and not facts.lightning_checkpointing
+    assert not facts.lightning_model_summary and facts.lightning_progress_bar  # tiny.yaml: enable_model_summary: false
+    alone = RunFacts.of({"devices": 1, "barebones": True})  # a trainer mapping alone: the engine's defaults
+    assert (alone.callbacks_off, alone.collective_timeout, alone.pipeline) == (set(), None, {})
+    assert alone.model_init_args == {} and not alone.lightning_model_summary
+
+
 def test_the_launch_is_a_fact_of_the_environment_the_facts_are_derived_in(monkeypatch):
     for name in [*os.environ]:
         if name.startswith(("SLURM_", "TORCHELASTIC_")):
             monkeypatch.delenv(name)
-    assert RunFacts.of({}).launch == "plain"
+    assert RunFacts.of({}).launch.kind == "plain"
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("SLURM_NTASKS", "2")
     batch = RunFacts.of({"strategy": "ddp", "devices": 2, "accelerator": "cpu"})
-    assert batch.launch == "sbatch"
+    assert batch.launch.kind == "sbatch"
     monkeypatch.delenv("SLURM_JOB_ID")  # the facts keep the launch they were derived in
-    assert batch.launch == "sbatch" and RunFacts.of({}).launch == "plain"
+    assert batch.launch.kind == "sbatch" and RunFacts.of({}).launch.kind == "plain"

@@ -7,7 +7,6 @@ import os
 import lightning as L
 import pytest
 import torch
-from jsonargparse import Namespace
 from lightning.pytorch.cli import instantiate_class
 
 from multigpu.checkpoints.resume import load_checkpoint
@@ -80,9 +79,9 @@ def test_checkpoint_checks(tmp_path):
     assert import_class("tests.fixtures.TinyClassifier") is TinyClassifier and import_class("no.Such") is None
     with pytest.raises(ConfigurationError, match=r"TinyClassifier, but the config builds a Other"):
         check_checkpoint_model(checkpoint, same, "Other")
-    check_model_flags(["--model.init_args.hidden=16"], Namespace(hidden=16), checkpoint, same)
+    check_model_flags(["--model.init_args.hidden=16"], {"hidden": 16}, checkpoint, same)
     with pytest.raises(ConfigurationError, match=r"--model.init_args.hidden=8 differs .* trained with hidden=16"):
-        check_model_flags(["--model.init_args.hidden=8"], Namespace(hidden=8), checkpoint, same)
+        check_model_flags(["--model.init_args.hidden=8"], {"hidden": 8}, checkpoint, same)
 
     wider = tmp_path / "wider.ckpt"
     save_checkpoint(wider, TinyClassifier(hidden=32))

@@ -366,3 +366,43 @@ def test_collective_timeout_null_leaves_lightnings_default_to_a_strategy_by_name
     assert collective_timeout(cli.trainer.strategy) == timedelta(seconds=60)
     # the options reach the one strategy the Trainer builds: the registry keeps Lightning's own
     assert StrategyRegistry[strategy]["init_params"] == ({"start_method": "popen"} if strategy == "ddp" else {})
+
+
+class Built(Exception):
+    """Raised by ``OptionsChangedAfterFacts`` once the Trainer is built, before the subcommand runs."""
+
+
+class OptionsChangedAfterFacts(CLI):
+    """Changes every option a step after the facts could read, as soon as the facts are derived."""
+
+    def take_run(self) -> None:
+        options = self.chosen()
+        changed = {"callbacks_off": [], "progress_bar": "plain", "batch_size_per_process": True}
+        for key, value in {**changed, "collective_timeout": 7.0, "ckpt_path": "missing.ckpt"}.items():
+            options[key] = value
+        options.data.init_args.batch_size = 33  # two processes cannot share it: check_before_launch would refuse
+        super().take_run()
+
+    def before_fit(self) -> None:
+        raise Built(self)
+
+
+def test_no_step_after_the_facts_reads_the_options(tmp_path):
+    """The checks, the run directory, the checkpoint, the callbacks and the Trainer's settings follow the facts."""
+    with pytest.raises(Built) as built:
+        OptionsChangedAfterFacts(args=[
+            "fit", *TINY, "--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn", "--trainer.devices=2",
+            "--callbacks_off=[throughput,run_plan]", "--progress_bar=none", "--collective_timeout=42",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+        ])  # fmt: skip
+    cli = built.value.args[0]
+    options, facts = cli.chosen(), cli.facts
+    assert (options.collective_timeout, options.ckpt_path, options.progress_bar) == (7.0, "missing.ckpt", "plain")
+    assert (facts.collective_timeout, facts.ckpt_path_option, facts.data_batch_size) == (42.0, None, 32)
+    assert cli.resumed is None  # the facts' --ckpt_path (none), not the changed one that does not exist
+    assert collective_timeout(cli.trainer.strategy).total_seconds() == 42
+    kinds = {type(callback).__name__ for callback in cli.trainer.callbacks}
+    assert not {"SpeedMonitor", "RunPlan"} & kinds and cli.trainer.progress_bar_callback is None
+    loaders = next(callback for callback in cli.trainer.callbacks if type(callback).__name__ == "EngineLoaders")
+    assert loaders.per_process is False
+    assert cli.datamodule.batch_size == 33  # the objects are built from the options: building is no step's decision

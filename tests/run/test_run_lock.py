@@ -20,9 +20,10 @@ import pytest
 import torch
 
 from multigpu.errors import ConfigurationError
+from multigpu.facts.environment import Launch
 from multigpu.faults.processes import process_start
 from multigpu.run import run_lock
-from multigpu.run.run_lock import LOCK_FILE, TOKEN_ENV, Launch, hold_run_dir, read_lock, release_run_dir
+from multigpu.run.run_lock import LOCK_FILE, TOKEN_ENV, hold_run_dir, read_lock, release_run_dir
 from tests import prewarmed
 from tests.cli import main
 from tests.conftest import REPO, TINY, cli_env, read_metrics
@@ -325,31 +326,3 @@ def test_a_fit_killed_outright_resumes_with_ckpt_path_last(tmp_path, run_cli):
     steps = [int(row["step"]) for row in read_metrics(run_dir, 1)]
     assert steps and min(steps) >= 8  # the second start continued from step 8
     assert not (run_dir / LOCK_FILE).exists()
-
-
-def test_the_launch_a_process_belongs_to_is_told_from_its_launchers_variables(tmp_path, monkeypatch):
-    for name in [*os.environ]:
-        if name.startswith(("SLURM_", "TORCHELASTIC_", "SWEEP_")) or name in ("RANK", "NODE_RANK", "LOCAL_RANK"):
-            monkeypatch.delenv(name)
-    assert run_lock.this_launch() == run_lock.Launch()  # a plain command: it launches, and holds its run directory
-    monkeypatch.setenv("LOCAL_RANK", "1")  # a rank that Lightning's launcher started
-    assert run_lock.this_launch() == run_lock.Launch(rank=1)
-    monkeypatch.delenv("LOCAL_RANK")
-    slurm = {"SLURM_JOB_ID": "81", "SLURM_PROCID": "3", "SLURM_ARRAY_JOB_ID": "80", "SLURM_ARRAY_TASK_ID": "1"}
-    for name, value in slurm.items():
-        monkeypatch.setenv(name, value)
-    job = "SLURM job 81 (array task 80_1)"
-    assert run_lock.this_launch() == run_lock.Launch(rank=0, job=job)  # the batch script: srun started nothing
-    monkeypatch.setenv("SLURM_STEP_ID", "0")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    monkeypatch.setenv("SWEEP_DIR", str(tmp_path))
-    monkeypatch.setenv("SWEEP_TRIAL", "5")
-    assert run_lock.this_launch() == run_lock.Launch(
-        rank=3, job=job, step="step 0", start=2, trial=f"{tmp_path} trial 5"
-    )
-    torchrun = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
-    for name, value in {**torchrun, "TORCHELASTIC_RESTART_COUNT": "1"}.items():
-        monkeypatch.setenv(name, value)
-    assert run_lock.this_launch() == run_lock.Launch(
-        1, "torchrun run abc at n1:29500", None, 1, f"{tmp_path} trial 5"
-    )  # torchrun wins

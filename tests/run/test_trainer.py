@@ -23,6 +23,7 @@ from multigpu.checkpoints.background import BackgroundCheckpointIO
 from multigpu.checkpoints.continuation import ExactContinuation
 from multigpu.checkpoints.files import AtomicCheckpointIO
 from multigpu.facts import RunFacts
+from multigpu.facts.environment import this_launch
 from multigpu.faults.preemption import PreemptionCheckpoint
 from multigpu.observe.run_plan import RunPlan
 from multigpu.observe.throughput import SpeedMonitor
@@ -213,15 +214,18 @@ def test_under_slurm_lightnings_requeue_is_off_while_preemption_handles_signals(
 def test_checkpoints_are_saved_atomically_and_slurms_environment_comes_without_lightnings_requeue(
     under_slurm, monkeypatch
 ):
-    plugins = checkpoint_plugins(None)
+    slurm = this_launch().slurm_ranks
+    assert slurm  # a task srun started: Lightning takes the ranks from SLURM
+    plugins = checkpoint_plugins(None, slurm)
     assert [type(plugin) for plugin in plugins] == [AtomicCheckpointIO, SLURMEnvironment]
     assert plugins[1].auto_requeue is False
     # preemption off: Lightning picks its own SLURM environment, with its save-and-requeue
-    assert [type(plugin) for plugin in checkpoint_plugins([], slurm_requeue=True)] == [AtomicCheckpointIO]
+    assert [type(plugin) for plugin in checkpoint_plugins([], slurm, slurm_requeue=True)] == [AtomicCheckpointIO]
     own = [TorchCheckpointIO(), LightningEnvironment()]
-    assert checkpoint_plugins(own) == own  # the user's checkpoint IO and cluster environment stand
+    assert checkpoint_plugins(own, slurm) == own  # the user's checkpoint IO and cluster environment stand
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")  # torchrun inside the SLURM job started the processes
-    assert [type(plugin) for plugin in checkpoint_plugins(None)] == [AtomicCheckpointIO]
+    assert not this_launch().slurm_ranks
+    assert [type(plugin) for plugin in checkpoint_plugins(None, this_launch().slurm_ranks)] == [AtomicCheckpointIO]
 
 
 def test_checkpoints_are_written_in_the_background_unless_switched_off():
@@ -287,12 +291,18 @@ def test_an_unknown_name_is_refused(capsys):
 def test_the_one_list_orders_the_callbacks_with_a_comment_per_line_and_their_switches():
     listed = inspect.getsource(run_callbacks).split("callbacks = [\n")[1].split("\n    ]")[0].splitlines()
     assert len(listed) > 15 and all("  # " in line for line in listed), listed  # each entry says what it is for
-    options = Namespace(callbacks_off=["straggler"], progress_bar="plain", compile=True, batch_size_per_process=False)
-    built = Namespace(trainer=Namespace(callbacks=[], max_time="00:00:01:00"))
+    built = Namespace(trainer=Namespace(callbacks=[]))
     for name, callback_class in CALLBACK_OPTIONS.items():
         built[name] = callback_class()
-    facts = replace(TemplateCLI(args=TINY, run=False).facts, compile=True)
-    callbacks, switches, off = run_callbacks(facts, options, built)
+    facts = replace(
+        TemplateCLI(args=TINY, run=False).facts,
+        callbacks_off=frozenset({"straggler"}),
+        progress_bar="plain",
+        compile=True,
+        max_time="00:00:01:00",
+        lightning_model_summary=True,  # the tests' tiny.yaml switches it off
+    )
+    callbacks, switches, off = run_callbacks(facts, built)
     assert [type(callback).__name__ for callback in callbacks] == [
         "SpeedMonitor", "PlainProgressBar", "ModelSummary", "CompileModel", "EngineLoaders", "ExactContinuation",
         "RandomState", "RunTimer", "PreemptionCheckpoint", "RunPlan", "NonFiniteLossGuard", "RunCheckpoint",
