@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import lightning.pytorch  # noqa: F401 (imported first: see pytest_runtest_teardown)
 import pytest
 import torch
 
@@ -148,7 +149,9 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     """A test leaves the variables read at start-up as it found them (after its fixtures are undone): one left
-    behind in this worker's environment would start every later command of the worker fresh (tests/prewarmed.py)."""
+    behind in this worker's environment would start every later command of the worker fresh (tests/prewarmed.py).
+    Lightning is imported before any test, as its import sets some (``PYTORCH_NVML_BASED_CUDA_CHECK``, and torch's
+    inductor its cache folder) that no test should be blamed for."""
     result = yield
     before, after = item.stash.get(_START_UP, None), prewarmed.read_at_start(cli_env())
     if before is not None:
