@@ -75,6 +75,26 @@ class Launch:
     trial: str | None = None
     #: whether Lightning takes the ranks from SLURM (``ranks_from_slurm``)
     slurm_ranks: bool = False
+    #: the SLURM job's tasks and nodes, where this runs in one
+    slurm: SlurmTasks | None = None
+    #: whether a launcher other than SLURM or torchrun placed this process among several nodes (``NODE_LAUNCH_ENV``)
+    node_launcher: bool = False
+
+
+@dataclass(frozen=True)
+class SlurmTasks:
+    """What a SLURM job (or, inside an srun step, the step) asked for."""
+
+    tasks: int = 1
+    #: the step's nodes inside a step (``SLURM_NNODES``), else the allocation's
+    nodes: int = 1
+    #: whether ``--ntasks-per-node`` was given: Lightning places the ranks by it
+    tasks_per_node_given: bool = False
+    job_name: str | None = None
+
+
+#: set where another launcher than SLURM or torchrun starts every node's processes (Lightning's own, LSF, MPI, Kubeflow)
+NODE_LAUNCH_ENV = ("NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 #: where a launcher other than srun and torchrun gives a process its rank (Lightning's own launcher, LSF, MPI)
@@ -93,7 +113,16 @@ def this_launch() -> Launch:
     """The launch this process belongs to, from its launcher's variables."""
     env = os.environ
     sweep, trial = env.get("SWEEP_DIR"), env.get("SWEEP_TRIAL")
-    told = {"kind": launch_kind(), "slurm_ranks": ranks_from_slurm()}
+    told: dict[str, Any] = {"kind": launch_kind(), "slurm_ranks": ranks_from_slurm()}
+    told["node_launcher"] = any(name in env for name in NODE_LAUNCH_ENV)
+    if "SLURM_JOB_ID" in env:
+        nodes = env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES"))
+        told["slurm"] = SlurmTasks(
+            tasks=_count(env.get("SLURM_NTASKS")) or 1,
+            nodes=_count(nodes) or 1,
+            tasks_per_node_given="SLURM_NTASKS_PER_NODE" in env,
+            job_name=env.get("SLURM_JOB_NAME"),
+        )
     told["trial"] = f"{Path(sweep).resolve()} trial {trial}" if sweep and trial else None
     if launched_by_torchrun():
         job = f"torchrun run {env['TORCHELASTIC_RUN_ID']} at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"

@@ -18,9 +18,7 @@ from multigpu.data.sampling import per_process_batch_size
 from multigpu.errors import DEBUG_ENV, ConfigurationError, describe
 from multigpu.facts import RunFacts
 from multigpu.facts.argv import given_as, import_class, option_origin, trainer_section, yaml_value
-from multigpu.facts.environment import (
-    available_devices,
-)
+from multigpu.facts.environment import SlurmTasks, available_devices
 from multigpu.hooks.readers import check_datamodule
 from multigpu.observe.run_plan import batch_norm_layers
 from multigpu.strategies.compile import compile_refusal
@@ -93,15 +91,11 @@ def check_devices(facts: RunFacts, args: Sequence[Any] | None = None) -> None:
         )
 
 
-#: set where another launcher than SLURM or torchrun starts every node's processes (Lightning's own, LSF, MPI, Kubeflow)
-NODE_LAUNCH_ENV = ("NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-
-
 def check_nodes(facts: RunFacts, args: Sequence[Any] | None = None) -> None:
     """Several nodes need a launch on each; a plain launch on one machine would wait for the others forever."""
     if facts.num_nodes <= 1 or facts.launch.kind in ("srun", "torchrun"):
         return
-    if any(name in os.environ for name in NODE_LAUNCH_ENV):
+    if facts.launch.node_launcher:
         return
     raise ConfigurationError(
         f"{given_as(args, 'num_nodes', facts.num_nodes)} needs the command started on every node (srun in a SLURM job,"
@@ -115,7 +109,8 @@ def check_nodes(facts: RunFacts, args: Sequence[Any] | None = None) -> None:
 def check_slurm(facts: RunFacts) -> None:
     # under torchrun (`srun --ntasks-per-node=1 torchrun --nproc_per_node=4 ...`) SLURM's task count is not the ranks
     strategy, devices, num_nodes, processes = facts.strategy, facts.devices, facts.num_nodes, facts.processes
-    tasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    slurm = facts.launch.slurm or SlurmTasks()
+    tasks = slurm.tasks
     if facts.launch.kind == "sbatch" and processes > 1 and tasks > 1:
         raise ConfigurationError(
             "this runs in a SLURM batch script with several tasks but was not started by srun, so the other ranks"
@@ -123,7 +118,7 @@ def check_slurm(facts: RunFacts) -> None:
         )
     if facts.launch.kind == "interactive_srun" and tasks > 1:
         raise ConfigurationError(
-            f"srun started {tasks} tasks in a job named '{os.environ['SLURM_JOB_NAME']}' (salloc's default), and"
+            f"srun started {tasks} tasks in a job named '{slurm.job_name}' (salloc's default), and"
             " Lightning ignores SLURM's ranks in such a job: each task would start a run of its own. Fix: name the"
             f" job (`salloc -J train ...` or `srun -J train {prog()} ...`), or run `{prog()}` in the"
             " salloc shell without srun (one node)."
@@ -136,8 +131,7 @@ def check_slurm(facts: RunFacts) -> None:
             " each would spawn its own workers with ranks SLURM did not assign. Fix: use --trainer.strategy=ddp"
             " (one process per task, ranks from SLURM)."
         )
-    # inside a step SLURM_NNODES is the step's node count; SLURM_JOB_NUM_NODES is the allocation's
-    nodes = int(os.environ.get("SLURM_NNODES", os.environ.get("SLURM_JOB_NUM_NODES", "1")))
+    nodes = slurm.nodes
     if devices is not None and (processes != tasks or num_nodes != nodes):
         per_node = tasks // nodes if tasks % nodes == 0 else None
         if per_node is None:
@@ -152,7 +146,7 @@ def check_slurm(facts: RunFacts) -> None:
             f" {num_nodes} node(s), so the process group would never complete. Fix: pass {fix}, or change the job's"
             " --nodes / --ntasks-per-node (and --gres) to match."
         )
-    if tasks > 1 and "SLURM_NTASKS_PER_NODE" not in os.environ:
+    if tasks > 1 and not slurm.tasks_per_node_given:
         # Lightning reads the per-node count from this variable and stops with a traceback without it
         raise ConfigurationError(
             f"the SLURM job asked for --ntasks={tasks} without --ntasks-per-node, which Lightning needs to place"

@@ -9,7 +9,7 @@ import pytest
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from multigpu.facts import environment
-from multigpu.facts.environment import Launch, this_launch
+from multigpu.facts.environment import Launch, SlurmTasks, this_launch
 
 
 @pytest.fixture
@@ -78,17 +78,23 @@ def test_the_launch_a_process_belongs_to_is_told_from_its_launchers_variables(no
     for name, value in slurm.items():
         no_launcher.setenv(name, value)
     job = "SLURM job 81 (array task 80_1)"
-    assert this_launch() == Launch("sbatch", rank=0, job=job)  # the batch script: srun started nothing
+    assert this_launch() == Launch(
+        "sbatch", rank=0, job=job, slurm=SlurmTasks()
+    )  # the batch script: srun started nothing
     for name, value in {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "4", "SLURM_RESTART_COUNT": "2"}.items():
         no_launcher.setenv(name, value)
     no_launcher.setenv("SWEEP_DIR", str(tmp_path))
     no_launcher.setenv("SWEEP_TRIAL", "5")
     trial = f"{tmp_path} trial 5"
-    assert this_launch() == Launch("srun", 3, job, "step 0", start=2, trial=trial, slurm_ranks=True)
+    tasks = SlurmTasks(tasks=4)
+    assert this_launch() == Launch("srun", 3, job, "step 0", start=2, trial=trial, slurm_ranks=True, slurm=tasks)
     torchrun = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
     for name, value in {**torchrun, "TORCHELASTIC_RESTART_COUNT": "1"}.items():
         no_launcher.setenv(name, value)
-    assert this_launch() == Launch("torchrun", 1, "torchrun run abc at n1:29500", None, 1, trial)  # torchrun wins
+    torchrun_launch = Launch(
+        "torchrun", 1, "torchrun run abc at n1:29500", None, 1, trial, slurm=tasks, node_launcher=True
+    )
+    assert this_launch() == torchrun_launch  # torchrun wins
 
 
 def test_the_devices_asked_for_are_counted_as_lightning_counts_them():
