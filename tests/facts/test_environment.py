@@ -9,7 +9,7 @@ import pytest
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from multigpu.facts import environment
-from multigpu.facts.environment import Launch, SlurmTasks, this_launch
+from multigpu.facts.environment import NODE_LAUNCH_ENV, Launch, SlurmTasks, this_launch
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_the_ranks_are_slurms_exactly_where_lightnings_slurm_environment_detects
 
 
 def test_the_launch_a_process_belongs_to_is_told_from_its_launchers_variables(no_launcher, tmp_path):
-    for name in ("RANK", "NODE_RANK", "LOCAL_RANK", "SWEEP_DIR", "SWEEP_TRIAL"):
+    for name in ("RANK", "LOCAL_RANK", "SWEEP_DIR", "SWEEP_TRIAL", *NODE_LAUNCH_ENV):  # an earlier ddp test's too
         no_launcher.delenv(name, raising=False)
     assert this_launch() == Launch()  # a plain command: it launches, and holds its run directory
     no_launcher.setenv("LOCAL_RANK", "1")  # a rank that Lightning's launcher started
