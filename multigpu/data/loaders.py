@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import multiprocessing
 import pickle
 from collections.abc import Iterator, Mapping, Sized
 from contextlib import contextmanager
@@ -211,10 +212,10 @@ def digest(sample: Any) -> str:
 
 
 def first_sample(stream: Any, seed: int) -> str:
-    with isolated():
-        seed_generators(seed)
-        sample = next(iter(stream), None)
-    return digest(sample)
+    """The digest of the first sample this process reads from ``stream``, read in a loader worker: a stream that
+    counts its own position (Hugging Face's ``IterableDataset``) stays at its start here, where the training loader's
+    workers copy it from."""
+    return digest(next(iter(_first(probe(stream, 1, seed), 1)), None))
 
 
 def plain_batching(loader: DataLoader) -> bool:
@@ -303,8 +304,21 @@ def loader_refusal(error: BaseException, owner: str) -> ConfigurationError | Non
 
 
 def workers_differ(stream: Any, seed: int) -> bool:
-    probe = DataLoader(stream, batch_size=None, num_workers=2, worker_init_fn=partial(seed_worker, seed))
-    return len({digest(sample) for sample in _first(probe, 2)}) > 1
+    return len({digest(sample) for sample in _first(probe(stream, 2, seed), 2)}) > 1
+
+
+def probe(stream: Any, workers: int, seed: int) -> DataLoader:
+    """A loader reading ``stream`` sample by sample in ``workers`` forked workers (they see this process's rank),
+    its base seed drawn from a generator of its own: this process's generators and the stream are left as they are."""
+    fork = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    return DataLoader(
+        stream,
+        batch_size=None,
+        num_workers=workers,
+        worker_init_fn=partial(seed_worker, seed),
+        multiprocessing_context=fork,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def seed_worker(seed: int, worker_id: int) -> None:

@@ -146,16 +146,20 @@ def assert_resumes_exactly(uninterrupted: Callable[..., tuple[Run, Path]], proje
 
 #: a checkpoint every step, so that a kill finds one from a step before
 EVERY_STEP = "--checkpoint.every_n_train_steps=1"
+#: ``KillAt``'s step and moment: once step ``STOP_AT``'s update is done, before its checkpoint
+AFTER_STOP_AT = (STOP_AT, "step")
 
 
-def killed_mid_epoch(project: Project, *args: str) -> tuple[Run, list[list[int]]]:
-    """A run with a checkpoint every step, SIGKILLed on every process after step ``STOP_AT`` (before its
-    checkpoint), and the ids each rank trained before the kill."""
+def killed_mid_epoch(project: Project, *args: str, at: tuple[int, str] = AFTER_STOP_AT) -> tuple[Run, list[list[int]]]:
+    """A run with a checkpoint every step, SIGKILLed on every process ``at`` a step and moment of ``KillAt``, and
+    the ids each rank trained before the kill."""
     # a session of its own: the kill ends the run's process group, not pytest's
     killable = copy.copy(project)
     killable.runner = partial(prewarmed.run, start_new_session=True)
     ids = f"--model.init_args.ids_file={project.tmp_path / 'ids'}"
-    kill = ("--trainer.callbacks+=tests.helpers.KillAt", f"--trainer.callbacks.step={STOP_AT}")
+    step, moment = at
+    kill = ("--trainer.callbacks+=tests.helpers.KillAt", f"--trainer.callbacks.step={step}",
+            f"--trainer.callbacks.moment={moment}")  # fmt: skip
     killed = killable.fit(EVERY_STEP, *args, *kill, ids, check=False, max_steps=STEPS)
     assert killed.returncode == -signal.SIGKILL, killed.describe()
     return killed, trained_ids(project.tmp_path / "ids")
@@ -167,13 +171,15 @@ def resume(project: Project, killed: Run, *args: str) -> Run:
     return project.fit(EVERY_STEP, *args, ids, "--ckpt_path=last", run_dir=killed.run_dir, max_steps=STEPS)
 
 
-def assert_killed_resumes_exactly(uninterrupted: Callable[..., tuple[Run, Path]], project: Project, *args: str) -> None:
+def assert_killed_resumes_exactly(
+    uninterrupted: Callable[..., tuple[Run, Path]], project: Project, *args: str, at: tuple[int, str] = AFTER_STOP_AT
+) -> None:
     """SIGKILL mid-epoch (``killed_mid_epoch``): ``--ckpt_path=last`` trains on from the step saved, each rank's
     batches after it and the end bit-equal to an uninterrupted run's."""
     straight, straight_ids = uninterrupted(project, *args)
-    killed, before = killed_mid_epoch(project, *args)
+    killed, before = killed_mid_epoch(project, *args, at=at)
     steps = saved(killed)["global_step"]
-    assert 0 < steps < STOP_AT, killed.describe()  # step 1's write ended before step 2's began
+    assert 0 < steps < at[0], killed.describe()  # step 1's write ended before step 2's began
     resumed = resume(project, killed, *args)
     for rank, (trained, whole) in enumerate(
         zip(trained_ids(project.tmp_path / "ids"), trained_ids(straight_ids), strict=True)

@@ -18,11 +18,14 @@ from multigpu.data.loaders import (
     TorchRefusal,
     World,
     digest,
+    first_sample,
     loader_refusal,
     per_process,
     torch_refusals,
+    workers_differ,
 )
 from multigpu.errors import ConfigurationError
+from tests.data.test_hugging_face import Counting
 
 
 def world(replicas: int = 1, rank: int = 0, accumulate: int = 1, per_process: bool = False) -> World:
@@ -154,6 +157,19 @@ def test_a_samples_fingerprint_is_its_values():
     assert digest((value, label)) == digest((value, torch.tensor(3))) != digest((value, torch.tensor(4)))
     assert digest(torch.tensor(3)) != digest(torch.tensor([3]))  # the shape counts
     assert digest(torch.empty(0, dtype=torch.int64)) != digest(torch.empty(0))
+
+
+def test_reading_a_streams_first_samples_leaves_the_stream_and_this_processs_generators_as_they_were():
+    # the training loader's workers copy the stream as it is after the engine's look: one sample on, a stream that
+    # counts its position (Hugging Face's) would tell them it starts one sample in
+    stream = Counting(8)
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    generators = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    assert first_sample(stream, seed=5) == digest(0)
+    assert not workers_differ(stream, seed=5)  # each worker reads the whole stream
+    assert stream.state_dict() == {"yielded": 0}
+    assert torch.equal(torch.get_rng_state(), generators[0]) and random.getstate() == generators[1]
+    assert np.array_equal(np.random.get_state()[1], generators[2])
 
 
 class OwnLoader(DataLoader):
