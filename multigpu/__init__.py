@@ -11,7 +11,7 @@ from multigpu import moved
 
 moved.install()  # the 1.x module names, through 2.x
 
-__version__ = "2.1.0"
+__version__ = "2.1.1"
 
 #: imported when first used, so that ``import multigpu`` stays cheap
 _PUBLIC = {

@@ -329,16 +329,14 @@ class EngineLoaders(Callback):
         loaders = stateful_loaders(built)
         saved_world, ranks = position.states["world_size"], position.states["ranks"]
         if saved_world == trainer.world_size:
-            for loader, state in zip(loaders, ranks[trainer.global_rank], strict=True):
-                load_loader_state(loader, state, position.batches_done)
+            self._give(built, list(zip(loaders, ranks[trainer.global_rank], strict=True)), position.batches_done)
             if isinstance(built, TrainBatches):
                 built.start_at(position.batches_done)
             return True
         # another world size: a loader that shards itself gets a saved rank's state and re-stripes from it
         sampled = {id(item) for item, _ in self._engine}
         own = [loader for loader in loaders if id(engine_owner(loader)) not in sampled]
-        for loader, state in zip(own, ranks[trainer.global_rank % saved_world], strict=False):
-            load_loader_state(loader, state, position.batches_done)
+        self._give(built, list(zip(own, ranks[trainer.global_rank % saved_world], strict=False)), position.batches_done)
         if own and trainer.is_global_zero:
             names = ", ".join(type(loader).__name__ for loader in own)
             notice(
@@ -348,6 +346,13 @@ class EngineLoaders(Callback):
                 f" run on {trainer.world_size} would."
             )
         return False
+
+    @staticmethod
+    def _give(built: Any, given: list[tuple[Any, Any]], batches_done: int) -> None:
+        for loader, state in given:
+            load_loader_state(loader, state, batches_done)
+            if isinstance(built, TrainBatches):
+                built.give(loader, state)
 
     def _seed_workers(self, epoch: int) -> None:
         for loader in self._seeded:

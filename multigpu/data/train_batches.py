@@ -1,4 +1,5 @@
-"""The training batches of the loaders the engine keeps: an even end across ranks, states per batch (docs/data.md)."""
+"""The training batches of the loaders the engine keeps: an even end across ranks, states per batch, a resumed
+loader's workers given back their restored states until they yield (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities import CombinedLoader
 
+from multigpu.compat.stateful_loader import keep_restored_workers
 from multigpu.errors import notice
 
 
@@ -27,10 +29,15 @@ class TrainBatches(CombinedLoader):
         self._start = 0
         self._states: deque[tuple[int, list[Any]]] = deque(maxlen=self.KEPT)
         self._said = False
+        self._given: dict[int, Any] = {}  # id(loader): the state a resume gave it, for the epoch it resumes
+        self._started: dict[int, tuple[Any, Any]] = {}
 
     def __iter__(self) -> TrainBatches:
         self._batches, self._start = self._start, 0
-        return super().__iter__()
+        iterator = super().__iter__()  # each loader's iterator made: its workers have reported their states
+        given, self._given = self._given, {}
+        self._started = {id(x): (x.state_dict(), given[id(x)]) for x in self.positioned() if id(x) in given}
+        return iterator
 
     def __next__(self) -> Any:
         try:
@@ -43,7 +50,7 @@ class TrainBatches(CombinedLoader):
             self._tell(has, samples_in(out[0]) + self._drain() if has else 0)
             raise StopIteration
         self._batches += 1
-        states = [loader.state_dict() for loader in self.positioned()]
+        states = [self._state(loader) for loader in self.positioned()]
         if states:
             self._states.append((self._batches, states))
         return out
@@ -53,10 +60,19 @@ class TrainBatches(CombinedLoader):
 
     def state_after(self, loader: Any, batches: int) -> Any:
         index = next(i for i, positioned in enumerate(self.positioned()) if positioned is loader)
-        return next((states[index] for drawn, states in self._states if drawn == batches), loader.state_dict())
+        return next((states[index] for drawn, states in self._states if drawn == batches), self._state(loader))
 
     def start_at(self, batches: int) -> None:
         self._start = batches
+
+    def give(self, loader: Any, state: Any) -> None:
+        """Note the state ``loader`` was given to resume from: until each of its workers yields a batch, that worker's
+        part of it is what the loader's state says, not the worker's first report."""
+        self._given[id(loader)] = state
+
+    def _state(self, loader: Any) -> Any:
+        started = self._started.get(id(loader))
+        return loader.state_dict() if started is None else keep_restored_workers(loader.state_dict(), *started)
 
     def _every_rank_has(self, has: int) -> bool:
         every = torch.tensor([has])

@@ -3,7 +3,7 @@
 by node with ``split_dataset_by_node``, whose state after each batch every rank saves (in a plain loader, or in
 torchdata's ``StatefulDataLoader`` with workers). Every sample of an epoch is trained once under ddp; a run stopped
 mid-epoch (SIGTERM, or SIGKILL under ddp) resumes bit for bit, the map-style one also on one device and under fsdp2,
-the stream also under fsdp2; a stream uneven among the ranks ends the epoch on every rank together with one note.
+the stream also under fsdp2 and, in a ``StatefulDataLoader`` with workers, after two kills; a stream uneven among the ranks ends the epoch on every rank together with one note.
 The data is written by ``Dataset.from_dict`` in memory: no download."""
 
 from __future__ import annotations
@@ -120,7 +120,19 @@ def test_a_hugging_face_stream_in_a_stateful_dataloader_with_workers_killed_mid_
     # start (it has yielded no batch yet), as the workers' copy of the stream told it
     needs("torchdata", "pip install --no-deps torchdata")
     project = hf_project(tmp_path, "HFStreamData", *STATEFUL_WORKERS)
-    assert_killed_resumes_exactly(uninterrupted, project, *DDP, at=(2, "write"))
+    assert_killed_resumes_exactly(uninterrupted, project, *DDP, kills=((2, "write"),))
+
+
+@pytest.mark.slow
+def test_a_hugging_face_stream_in_a_stateful_dataloader_with_workers_killed_twice_under_ddp_resumes_exactly(
+    tmp_path, uninterrupted
+):
+    # resumed from step 1, killed again while step 3's checkpoint is written: step 2's, saved when only the second
+    # worker had yielded since the resume, holds the first worker's restored position (its stream reports its start
+    # until it reads), and the second resume trains on from there
+    needs("torchdata", "pip install --no-deps torchdata")
+    project = hf_project(tmp_path, "HFStreamData", *STATEFUL_WORKERS)
+    assert_killed_resumes_exactly(uninterrupted, project, *DDP, kills=((2, "write"), (3, "write")))
 
 
 @pytest.mark.slow

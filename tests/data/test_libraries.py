@@ -150,9 +150,11 @@ EVERY_STEP = "--checkpoint.every_n_train_steps=1"
 AFTER_STOP_AT = (STOP_AT, "step")
 
 
-def killed_mid_epoch(project: Project, *args: str, at: tuple[int, str] = AFTER_STOP_AT) -> tuple[Run, list[list[int]]]:
-    """A run with a checkpoint every step, SIGKILLed on every process ``at`` a step and moment of ``KillAt``, and
-    the ids each rank trained before the kill."""
+def killed_mid_epoch(
+    project: Project, *args: str, at: tuple[int, str] = AFTER_STOP_AT, run_dir: Path | None = None
+) -> tuple[Run, list[list[int]]]:
+    """A run with a checkpoint every step (in ``run_dir``, where given), SIGKILLed on every process ``at`` a step and
+    moment of ``KillAt``, and the ids each rank trained before the kill."""
     # a session of its own: the kill ends the run's process group, not pytest's
     killable = copy.copy(project)
     killable.runner = partial(prewarmed.run, start_new_session=True)
@@ -160,7 +162,7 @@ def killed_mid_epoch(project: Project, *args: str, at: tuple[int, str] = AFTER_S
     step, moment = at
     kill = ("--trainer.callbacks+=tests.helpers.KillAt", f"--trainer.callbacks.step={step}",
             f"--trainer.callbacks.moment={moment}")  # fmt: skip
-    killed = killable.fit(EVERY_STEP, *args, *kill, ids, check=False, max_steps=STEPS)
+    killed = killable.fit(EVERY_STEP, *args, *kill, ids, check=False, max_steps=STEPS, run_dir=run_dir)
     assert killed.returncode == -signal.SIGKILL, killed.describe()
     return killed, trained_ids(project.tmp_path / "ids")
 
@@ -172,20 +174,34 @@ def resume(project: Project, killed: Run, *args: str) -> Run:
 
 
 def assert_killed_resumes_exactly(
-    uninterrupted: Callable[..., tuple[Run, Path]], project: Project, *args: str, at: tuple[int, str] = AFTER_STOP_AT
+    uninterrupted: Callable[..., tuple[Run, Path]],
+    project: Project,
+    *args: str,
+    kills: tuple[tuple[int, str], ...] = (AFTER_STOP_AT,),
 ) -> None:
-    """SIGKILL mid-epoch (``killed_mid_epoch``): ``--ckpt_path=last`` trains on from the step saved, each rank's
-    batches after it and the end bit-equal to an uninterrupted run's."""
+    """SIGKILL mid-epoch (``killed_mid_epoch``) at each of ``kills`` in turn, each killed run resumed by the next:
+    ``--ckpt_path=last`` trains on from the step saved, each rank's batches after it and the end bit-equal to an
+    uninterrupted run's."""
     straight, straight_ids = uninterrupted(project, *args)
-    killed, before = killed_mid_epoch(project, *args, at=at)
-    steps = saved(killed)["global_step"]
-    assert 0 < steps < at[0], killed.describe()  # step 1's write ended before step 2's began
+    runs: list[tuple[int, list[list[int]]]] = []  # each killed run's step saved, and the ids trained until its kill
+    killed, resumes = None, ()
+    for at in kills:
+        killed, before = killed_mid_epoch(project, *args, *resumes, at=at, run_dir=killed and killed.run_dir)
+        steps = saved(killed)["global_step"]
+        # each write ended before the next began: the kill finds the checkpoint of a step before its own
+        assert (runs[-1][0] if runs else 0) < steps < at[0], killed.describe()
+        runs.append((steps, before))
+        resumes = ("--ckpt_path=last",)
     resumed = resume(project, killed, *args)
     for rank, (trained, whole) in enumerate(
         zip(trained_ids(project.tmp_path / "ids"), trained_ids(straight_ids), strict=True)
     ):
         per_step = len(whole) // STEPS  # the global batch where the engine samples, the loader's own where it shards
-        assert trained[: steps * per_step] + trained[len(before[rank]) :] == whole, resumed.describe()
+        kept, start, done = [], 0, 0  # each run's batches up to the step it saved, then the last run's
+        for steps, before in runs:
+            kept += trained[start : start + (steps - done) * per_step]
+            start, done = len(before[rank]), steps
+        assert kept + trained[start:] == whole, resumed.describe()
     assert_same_end(straight, resumed)
 
 
