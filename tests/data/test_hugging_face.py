@@ -3,8 +3,9 @@
 by node with ``split_dataset_by_node``, whose state after each batch every rank saves (in a plain loader, or in
 torchdata's ``StatefulDataLoader`` with workers). Every sample of an epoch is trained once under ddp; a run stopped
 mid-epoch (SIGTERM, or SIGKILL under ddp) resumes bit for bit, the map-style one also on one device and under fsdp2,
-the stream also under fsdp2 and, in a ``StatefulDataLoader`` with workers, after two kills; a stream uneven among the ranks ends the epoch on every rank together with one note.
-The data is written by ``Dataset.from_dict`` in memory: no download."""
+the stream also under fsdp2 and, in a ``StatefulDataLoader`` with workers, after two kills; a stream uneven among the
+ranks ends the epoch on every rank together with one note. The data is written by ``Dataset.from_dict`` in memory:
+no download."""
 
 from __future__ import annotations
 
