@@ -27,8 +27,10 @@ from tests.data.test_libraries import (
 )
 from tests.zoo.mosaic import import_streaming
 
-#: the library is no dependency of the project: CI installs it before it runs the extended suite (.ci/run)
-pytestmark = pytest.mark.extended
+#: the library is no dependency of the project: CI installs it before it runs the extended suite (.ci/run); its
+#: runs pick a shared-memory prefix per machine without a lock, so two starting at once in two pytest workers can
+#: take the same one (docs/data.md): one worker runs them, one after another
+pytestmark = [pytest.mark.extended, pytest.mark.xdist_group("test_mosaic")]
 
 INSTALL = "the install line of docs/data.md"
 
